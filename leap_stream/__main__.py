@@ -1,0 +1,3 @@
+from leap_stream.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,50 @@
+"""The `leap-stream` console script.
+
+Each subcommand lives next to the code it drives and exposes ``register(subparsers)``; the
+modules are imported only when their command runs, so `leap-stream --version` stays instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from leap_stream import __version__
+
+# subcommand -> (module with register(sub) and run(args) -> int, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "config": ("leap_stream.config_cli", "print the effective settings"),
+    "dev": ("leap_stream.dev.cli", "start, inspect and stop local Kafka and Redis"),
+    "topics": ("leap_stream.dev.topics_cli", "create the topics the service uses"),
+}
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, str]]:
+    parser = argparse.ArgumentParser(prog="leap-stream", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"leap-stream {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (_module, help_text) in COMMANDS.items():
+        sub.add_parser(name, help=help_text, add_help=False)
+    return parser, {name: module for name, (module, _h) in COMMANDS.items()}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser, modules = build_parser()
+    if not argv or argv[0] not in modules:
+        parser.parse_args(argv)  # handles --version, --help and unknown commands
+        parser.print_help()
+        return 2
+    name, rest = argv[0], argv[1:]
+    module = importlib.import_module(modules[name])
+    command_parser = argparse.ArgumentParser(prog=f"leap-stream {name}", description=COMMANDS[name][1])
+    module.register(command_parser)
+    args = command_parser.parse_args(rest)
+    result: int = module.run(args)
+    return result
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
