@@ -39,7 +39,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     name, rest = argv[0], argv[1:]
     module = importlib.import_module(modules[name])
-    command_parser = argparse.ArgumentParser(prog=f"leap-stream {name}", description=COMMANDS[name][1])
+    command_parser = argparse.ArgumentParser(
+        prog=f"leap-stream {name}", description=COMMANDS[name][1]
+    )
     module.register(command_parser)
     args = command_parser.parse_args(rest)
     result: int = module.run(args)

@@ -21,9 +21,17 @@ class Setting:
 # (env var, default, what it is for). Defaults are strings exactly as they would be set.
 SETTINGS: tuple[Setting, ...] = (
     # --- Kafka
-    Setting("LEAP_KAFKA_BOOTSTRAP", "", "Kafka bootstrap servers. Empty: `dev up` starts a local broker and tools use it."),
-    Setting("LEAP_KAFKA_SECURITY_PROTOCOL", "PLAINTEXT", "PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL."),
-    Setting("LEAP_KAFKA_SASL_MECHANISM", "", "PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 when SASL is used."),
+    Setting(
+        "LEAP_KAFKA_BOOTSTRAP",
+        "",
+        "Kafka bootstrap servers. Empty: `dev up` starts a local broker and tools use it.",
+    ),
+    Setting(
+        "LEAP_KAFKA_SECURITY_PROTOCOL", "PLAINTEXT", "PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL."
+    ),
+    Setting(
+        "LEAP_KAFKA_SASL_MECHANISM", "", "PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 when SASL is used."
+    ),
     Setting("LEAP_KAFKA_SASL_USERNAME", "", "SASL user name."),
     Setting("LEAP_KAFKA_SASL_PASSWORD", "", "SASL password (prefer a mounted Secret)."),
     Setting("LEAP_KAFKA_SSL_CAFILE", "", "CA bundle for SSL."),
@@ -31,35 +39,79 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("LEAP_KAFKA_SSL_KEYFILE", "", "Client key for mutual TLS."),
     Setting("LEAP_TOPIC_SUBMISSIONS", "leap.job-submissions", "Job-submission events (input)."),
     Setting("LEAP_TOPIC_COMPLETIONS", "leap.job-completions", "Job-completion telemetry (input)."),
-    Setting("LEAP_TOPIC_RANKINGS", "leap.rankings", "Hardware rankings (output, read by the scheduler)."),
+    Setting(
+        "LEAP_TOPIC_RANKINGS", "leap.rankings", "Hardware rankings (output, read by the scheduler)."
+    ),
     Setting("LEAP_TOPIC_DEAD_LETTER", "leap.dead-letter", "Rejected input with the reason."),
     Setting("LEAP_TOPIC_PARTITIONS", "4", "Partitions per topic for `topics create`."),
     Setting("LEAP_TOPIC_REPLICATION", "1", "Replication factor for `topics create`."),
     Setting("LEAP_TOPIC_RETENTION_MS", "604800000", "Retention of the event topics (7 days)."),
     Setting("LEAP_DLQ_RETENTION_MS", "2592000000", "Retention of the dead-letter topic (30 days)."),
     Setting("LEAP_CONSUMER_GROUP", "leap-stream", "Consumer group (Faust app id) of the worker."),
-    Setting("LEAP_MAX_MESSAGE_BYTES", "1048576", "Largest event accepted; larger ones go to the dead-letter topic."),
+    Setting(
+        "LEAP_MAX_MESSAGE_BYTES",
+        "1048576",
+        "Largest event accepted; larger ones go to the dead-letter topic.",
+    ),
     # --- Redis (online store)
-    Setting("LEAP_REDIS_URL", "", "Redis URL (redis:// or rediss://, password in the URL or LEAP_REDIS_PASSWORD). Empty: `dev up` starts one."),
+    Setting(
+        "LEAP_REDIS_URL",
+        "",
+        "Redis URL (redis:// or rediss://, password in the URL or LEAP_REDIS_PASSWORD). Empty: `dev up` starts one.",
+    ),
     Setting("LEAP_REDIS_PASSWORD", "", "Redis AUTH password when not in the URL."),
     Setting("LEAP_REDIS_PREFIX", "leap:", "Key prefix of every key leap-stream writes."),
-    Setting("LEAP_DEDUP_TTL_S", "1209600", "How long a completion event_id is remembered for de-duplication (14 days)."),
-    Setting("LEAP_SUBMISSION_TTL_S", "2592000", "How long a submission's config is kept to join its completion (30 days)."),
+    Setting(
+        "LEAP_DEDUP_TTL_S",
+        "1209600",
+        "How long a completion event_id is remembered for de-duplication (14 days).",
+    ),
+    Setting(
+        "LEAP_SUBMISSION_TTL_S",
+        "2592000",
+        "How long a submission's config is kept to join its completion (30 days).",
+    ),
     # --- Files
-    Setting("LEAP_HOME", "~/.cache/leap-stream", "Folder for local state: broker and Redis data, pid files, logs."),
-    Setting("LEAP_DATASET_DIR", "", "Training dataset (Parquet, partitioned by day). Empty: $LEAP_HOME/dataset."),
+    Setting(
+        "LEAP_HOME",
+        "~/.cache/leap-stream",
+        "Folder for local state: broker and Redis data, pid files, logs.",
+    ),
+    Setting(
+        "LEAP_DATASET_DIR",
+        "",
+        "Training dataset (Parquet, partitioned by day). Empty: $LEAP_HOME/dataset.",
+    ),
     Setting("LEAP_REGISTRY_DIR", "", "Model registry. Empty: $LEAP_HOME/registry."),
     # --- Local services (`leap-stream dev`)
-    Setting("LEAP_KAFKA_VERSION", "4.1.0", "Apache Kafka version fetched from Maven Central by `dev up`."),
-    Setting("LEAP_KAFKA_PORT", "0", "Broker port for `dev up`; 0 picks 9092 if free, else a free port."),
+    Setting(
+        "LEAP_KAFKA_VERSION",
+        "4.1.0",
+        "Apache Kafka version fetched from Maven Central by `dev up`.",
+    ),
+    Setting(
+        "LEAP_KAFKA_PORT", "0", "Broker port for `dev up`; 0 picks 9092 if free, else a free port."
+    ),
     Setting("LEAP_KAFKA_HEAP", "-Xms256m -Xmx768m", "JVM heap of the local broker."),
-    Setting("LEAP_REDIS_PORT", "0", "Redis port for `dev up`; 0 picks 6379 if free, else a free port."),
+    Setting(
+        "LEAP_REDIS_PORT", "0", "Redis port for `dev up`; 0 picks 6379 if free, else a free port."
+    ),
     # --- Worker
     Setting("LEAP_BATCH_SIZE", "500", "Most events taken per batch."),
     Setting("LEAP_BATCH_WITHIN_S", "0.005", "Longest wait to fill a batch (seconds)."),
-    Setting("LEAP_METRICS_PORT", "9108", "Port of the Prometheus /metrics endpoint; 0 disables it."),
-    Setting("LEAP_MODEL_POLL_S", "5", "How often the worker checks the registry for a new current model."),
-    Setting("LEAP_DATASET_FLUSH_ROWS", "5000", "Rows buffered before the dataset sink writes a Parquet file."),
+    Setting(
+        "LEAP_METRICS_PORT", "9108", "Port of the Prometheus /metrics endpoint; 0 disables it."
+    ),
+    Setting(
+        "LEAP_MODEL_POLL_S",
+        "5",
+        "How often the worker checks the registry for a new current model.",
+    ),
+    Setting(
+        "LEAP_DATASET_FLUSH_ROWS",
+        "5000",
+        "Rows buffered before the dataset sink writes a Parquet file.",
+    ),
     Setting("LEAP_DATASET_FLUSH_S", "10", "Longest time rows wait in the dataset buffer."),
     Setting("LEAP_LOG_LEVEL", "INFO", "Log level."),
 )

@@ -11,7 +11,9 @@ from leap_stream import config
 
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="one JSON object instead of a table")
-    parser.add_argument("--markdown", action="store_true", help="the documented table (docs/configuration.md)")
+    parser.add_argument(
+        "--markdown", action="store_true", help="the documented table (docs/configuration.md)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
