@@ -1,0 +1,102 @@
+"""The packaged hardware catalog is valid, complete enough and physically sane."""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+
+import orjson
+import pytest
+
+from leap_stream.catalog import CATALOG_PATH, CatalogError, HardwareCatalog, load_catalog
+
+
+def test_default_catalog_is_valid_and_large_enough() -> None:
+    cat = load_catalog()
+    assert len(cat.types) >= 22
+    assert set(cat.vendors) == {"nvidia", "amd", "google", "aws", "intel"}
+    for t in cat.types:
+        assert re.fullmatch(r"[a-z0-9][a-z0-9-]*", t)
+        assert cat[t].source.strip()
+
+
+def test_expected_types_present() -> None:
+    cat = load_catalog()
+    for t in (
+        "v100-sxm",
+        "a100-40g",
+        "a100-80g",
+        "h100-sxm",
+        "h100-pcie",
+        "h200",
+        "b200",
+        "l4",
+        "l40s",
+        "mi250x",
+        "mi300x",
+        "mi325x",
+        "tpu-v4",
+        "tpu-v5e",
+        "tpu-v5p",
+        "tpu-v6e",
+        "trn1",
+        "trn2",
+        "gaudi2",
+        "gaudi3",
+        "a10g",
+        "rtx-6000-ada",
+    ):
+        assert t in cat
+    assert "inf2" not in cat  # inference part
+
+
+def test_spec_matrix_shape_and_sanity() -> None:
+    m = load_catalog().spec_matrix()
+    assert list(m.columns) == [
+        "device_memory_gib",
+        "peak_bf16_tflops",
+        "memory_bandwidth_gbps",
+        "interconnect_gbps",
+        "cost_per_device_hour",
+        "vendor",
+    ]
+    assert m.index.name == "type_id"
+    num = m.drop(columns="vendor")
+    assert (num > 0).all().all()
+    # newer generations are faster: a few well-known orderings
+    assert m.loc["h100-sxm", "peak_bf16_tflops"] > m.loc["a100-80g", "peak_bf16_tflops"]
+    assert m.loc["b200", "peak_bf16_tflops"] > m.loc["h100-sxm", "peak_bf16_tflops"]
+    assert m.loc["h200", "memory_bandwidth_gbps"] > m.loc["h100-sxm", "memory_bandwidth_gbps"]
+    assert m.loc["mi300x", "device_memory_gib"] > m.loc["h100-sxm", "device_memory_gib"]
+    assert m.loc["h100-sxm", "cost_per_device_hour"] > m.loc["l4", "cost_per_device_hour"]
+
+
+def test_default_is_cached_and_explicit_path_loads(tmp_path: Path) -> None:
+    assert load_catalog() is load_catalog()
+    p = tmp_path / "c.json"
+    p.write_bytes(CATALOG_PATH.read_bytes())
+    assert load_catalog(p).types == load_catalog().types
+
+
+def test_invalid_catalog_rejected() -> None:
+    doc = orjson.loads(CATALOG_PATH.read_bytes())
+    bad = copy.deepcopy(doc)
+    bad["hardware"][0]["vendor"] = "acme"
+    with pytest.raises(CatalogError):
+        HardwareCatalog.from_dict(bad)
+    bad = copy.deepcopy(doc)
+    bad["hardware"][1]["type_id"] = bad["hardware"][0]["type_id"]
+    with pytest.raises(CatalogError):
+        HardwareCatalog.from_dict(bad)
+    bad = copy.deepcopy(doc)
+    del bad["hardware"][0]["source"]
+    with pytest.raises(CatalogError):
+        HardwareCatalog.from_dict(bad)
+
+
+def test_to_dict_round_trips() -> None:
+    cat = load_catalog()
+    again = HardwareCatalog.from_dict(cat.to_dict())
+    assert again.types == cat.types
+    assert all(again[t] == cat[t] for t in cat.types)
