@@ -60,6 +60,12 @@ SETTINGS: tuple[Setting, ...] = (
         "Redis URL (redis:// or rediss://, password in the URL or LEAP_REDIS_PASSWORD). Empty: `dev up` starts one.",
     ),
     Setting("LEAP_REDIS_PASSWORD", "", "Redis AUTH password when not in the URL."),
+    Setting("LEAP_REDIS_TIMEOUT_S", "1.0", "Redis socket and connect timeout (seconds)."),
+    Setting(
+        "LEAP_REDIS_RETRIES",
+        "2",
+        "Quick retries (exponential backoff) on a Redis connection error.",
+    ),
     Setting("LEAP_REDIS_PREFIX", "leap:", "Key prefix of every key leap-stream writes."),
     Setting(
         "LEAP_DEDUP_TTL_S",

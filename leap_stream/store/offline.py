@@ -1,0 +1,381 @@
+"""The offline store: the training dataset, one Parquet row per completion joined with its submission.
+
+Writes are atomic and idempotent (temp file, fsync, ``os.replace`` to a name derived from the
+batch's event ids, fsync of the folder), reads de-duplicate by ``event_id``, so a worker that
+crashes after writing but before committing its Kafka offsets never produces a duplicate row.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import uuid
+from collections.abc import Iterable, Mapping
+from datetime import date, datetime
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+_TS = pa.timestamp("ns", tz="UTC")
+
+# The dataset contract of docs/design.md, in order. The simulator writes the same columns.
+SCHEMA = pa.schema(
+    [
+        ("event_id", pa.string()),
+        ("job_id", pa.string()),
+        ("attempt", pa.int64()),
+        ("lineage_id", pa.string()),
+        ("submitted_at", _TS),
+        ("team", pa.string()),
+        ("family", pa.string()),
+        ("model_type", pa.string()),
+        ("parameters", pa.float64()),
+        ("active_parameters", pa.float64()),
+        ("layers", pa.int64()),
+        ("hidden_size", pa.int64()),
+        ("sequence_length", pa.int64()),
+        ("precision", pa.string()),
+        ("optimizer", pa.string()),
+        ("framework", pa.string()),
+        ("framework_version", pa.string()),
+        ("global_batch_size", pa.int64()),
+        ("micro_batch_size", pa.int64()),
+        ("num_devices", pa.int64()),
+        ("data_parallel", pa.int64()),
+        ("tensor_parallel", pa.int64()),
+        ("pipeline_parallel", pa.int64()),
+        ("activation_checkpointing", pa.bool_()),
+        ("candidate_hardware", pa.string()),
+        ("default_hardware", pa.string()),
+        ("hardware_type", pa.string()),
+        ("status", pa.string()),
+        ("samples_per_s", pa.float64()),
+        ("tokens_per_s", pa.float64()),
+        ("steps", pa.int64()),
+        ("started_at", _TS),
+        ("ended_at", _TS),
+        ("device_hours", pa.float64()),
+    ]
+)
+DATASET_COLUMNS: tuple[str, ...] = tuple(SCHEMA.names)
+TIMESTAMP_COLUMNS = ("submitted_at", "started_at", "ended_at")
+
+# Columns that come from the submission; the online store keeps exactly these for the join.
+SUBMISSION_COLUMNS: tuple[str, ...] = (
+    "job_id",
+    "attempt",
+    "lineage_id",
+    "submitted_at",
+    "team",
+    "family",
+    "model_type",
+    "parameters",
+    "active_parameters",
+    "layers",
+    "hidden_size",
+    "sequence_length",
+    "precision",
+    "optimizer",
+    "framework",
+    "framework_version",
+    "global_batch_size",
+    "micro_batch_size",
+    "num_devices",
+    "data_parallel",
+    "tensor_parallel",
+    "pipeline_parallel",
+    "activation_checkpointing",
+    "candidate_hardware",
+    "default_hardware",
+)
+
+
+def parse_ts(value: str | date | datetime | pd.Timestamp) -> pd.Timestamp:
+    """RFC 3339 → UTC timestamp; a naive value is taken as UTC."""
+    ts = pd.Timestamp(value)
+    return ts.tz_localize("UTC") if ts.tzinfo is None else ts.tz_convert("UTC")
+
+
+def epoch_s(value: str | datetime | pd.Timestamp) -> float:
+    """Epoch seconds, the unit of `Measurement.measured_at`."""
+    return parse_ts(value).value / 1e9
+
+
+def submission_fields(submission: Mapping[str, Any]) -> dict[str, Any]:
+    """The submission side of a dataset row, flat and JSON-friendly (stored in Redis for the join).
+
+    Accepts a nested ``JobSubmitted`` event or an already flat dict (idempotent).
+    """
+    if "model" not in submission:
+        return {k: submission[k] for k in SUBMISSION_COLUMNS}
+    model = submission["model"]
+    training = submission["training"]
+    return {
+        "job_id": submission["job_id"],
+        "attempt": int(submission["attempt"]),
+        "lineage_id": submission["lineage_id"],
+        "submitted_at": submission["submitted_at"],
+        "team": submission["team"],
+        "family": model["family"],
+        "model_type": model["model_type"],
+        "parameters": float(model["parameters"]),
+        "active_parameters": float(model.get("active_parameters") or model["parameters"]),
+        "layers": int(model["layers"]),
+        "hidden_size": int(model["hidden_size"]),
+        "sequence_length": int(model["sequence_length"]),
+        "precision": model["precision"],
+        "optimizer": model["optimizer"],
+        "framework": model["framework"],
+        "framework_version": model["framework_version"],
+        "global_batch_size": int(training["global_batch_size"]),
+        "micro_batch_size": int(training["micro_batch_size"]),
+        "num_devices": int(training["num_devices"]),
+        "data_parallel": int(training["data_parallel"]),
+        "tensor_parallel": int(training["tensor_parallel"]),
+        "pipeline_parallel": int(training["pipeline_parallel"]),
+        "activation_checkpointing": bool(training["activation_checkpointing"]),
+        "candidate_hardware": "|".join(submission["candidate_hardware"]),
+        "default_hardware": submission["default_hardware"],
+    }
+
+
+def flatten(submission: Mapping[str, Any], completion: Mapping[str, Any]) -> dict[str, Any]:
+    """One dataset row. ``num_devices`` is the completion's: the count the throughput was measured at."""
+    row = submission_fields(submission)
+    throughput = completion.get("throughput") or {}
+    sps = throughput.get("samples_per_s")
+    tps = throughput.get("tokens_per_s")
+    row.update(
+        event_id=completion["event_id"],
+        num_devices=int(completion["num_devices"]),
+        hardware_type=completion["hardware_type"],
+        status=completion["status"],
+        samples_per_s=math.nan if sps is None else float(sps),
+        tokens_per_s=math.nan if tps is None else float(tps),
+        steps=int(completion["steps"]),
+        started_at=completion["started_at"],
+        ended_at=completion["ended_at"],
+        device_hours=float(completion["device_hours"]),
+    )
+    for col in TIMESTAMP_COLUMNS:
+        row[col] = parse_ts(row[col])
+    return {col: row[col] for col in DATASET_COLUMNS}
+
+
+def rows_to_table(rows: Iterable[Mapping[str, Any]]) -> pa.Table:
+    """Rows (dicts) → a table with exactly ``SCHEMA``, timestamps normalised to ns UTC."""
+    columns: dict[str, list[Any]] = {c: [] for c in DATASET_COLUMNS}
+    for row in rows:
+        for c in DATASET_COLUMNS:
+            columns[c].append(row[c])
+    arrays = []
+    for field in SCHEMA:
+        values = columns[field.name]
+        if field.name in TIMESTAMP_COLUMNS:
+            values = [parse_ts(v).value for v in values]
+            arrays.append(pa.array(values, type=pa.int64()).cast(field.type))
+        else:
+            arrays.append(pa.array(values, type=field.type, from_pandas=True))
+    return pa.Table.from_arrays(arrays, schema=SCHEMA)
+
+
+def conform(table: pa.Table) -> pa.Table:
+    """Cast a table read from disk (ours or the simulator's) to ``SCHEMA``, dropping extra columns."""
+    arrays = []
+    for field in SCHEMA:
+        col = table.column(field.name)
+        if col.type != field.type:
+            if pa.types.is_timestamp(col.type) and col.type.tz is None:
+                col = col.cast(pa.timestamp(col.type.unit)).cast(pa.timestamp(col.type.unit, "UTC"))
+            if pa.types.is_dictionary(col.type):
+                col = col.cast(col.type.value_type)
+            col = col.cast(field.type)
+        arrays.append(col)
+    return pa.Table.from_arrays(arrays, schema=SCHEMA)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _batch_name(event_ids: Iterable[str]) -> str:
+    digest = hashlib.sha256("\n".join(sorted(event_ids)).encode()).hexdigest()[:32]
+    return f"part-{digest}.parquet"
+
+
+def _write_atomic(table: pa.Table, folder: Path, name: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    final = folder / name
+    tmp = folder / f".tmp-{uuid.uuid4().hex}.parquet"
+    try:
+        with open(tmp, "wb") as fh:
+            pq.write_table(table, fh, compression="zstd")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(folder)
+    return final
+
+
+def _day_of(ts: pd.Timestamp) -> str:
+    return ts.strftime("%Y-%m-%d")
+
+
+class DatasetSink:
+    """Appends rows to ``root/day=YYYY-MM-DD/part-<hash>.parquet``; durable when `append` returns."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+
+    def append(self, rows: Iterable[Mapping[str, Any]]) -> list[Path]:
+        by_day: dict[str, list[Mapping[str, Any]]] = {}
+        for row in rows:
+            by_day.setdefault(_day_of(parse_ts(row["submitted_at"])), []).append(row)
+        written = []
+        for day, day_rows in sorted(by_day.items()):
+            table = rows_to_table(day_rows)
+            name = _batch_name(str(r["event_id"]) for r in day_rows)
+            written.append(_write_atomic(table, self.root / f"day={day}", name))
+        if written:
+            _fsync_dir(self.root)
+        return written
+
+
+def _as_day(value: str | date | datetime | pd.Timestamp | None) -> str | None:
+    if value is None:
+        return None
+    return _day_of(parse_ts(value))
+
+
+def _files(root: Path, start_day: str | None, end_day: str | None) -> list[Path]:
+    """Data files, earliest first (mtime, then name), within the day-partition range."""
+    files: list[Path] = []
+    for folder in sorted(root.glob("day=*")):
+        day = folder.name.removeprefix("day=")
+        if (start_day and day < start_day) or (end_day and day > end_day):
+            continue
+        files.extend(p for p in folder.glob("*.parquet") if not p.name.startswith("."))
+    files.extend(p for p in root.glob("*.parquet") if not p.name.startswith("."))
+
+    def key(p: Path) -> tuple[int, str]:
+        try:
+            return (p.stat().st_mtime_ns, str(p))
+        except FileNotFoundError:  # compacted away meanwhile
+            return (0, str(p))
+
+    return sorted(files, key=key)
+
+
+def _read_tables(files: list[Path]) -> pa.Table:
+    tables = []
+    for path in files:
+        try:
+            tables.append(conform(pq.read_table(path)))
+        except FileNotFoundError:
+            continue  # removed by a concurrent compact; its rows live in the compacted file
+    if not tables:
+        return SCHEMA.empty_table()
+    return pa.concat_tables(tables)
+
+
+def _dedup(table: pa.Table) -> pa.Table:
+    """Keep the first row of every event_id (tables are concatenated earliest file first)."""
+    if table.num_rows == 0:
+        return table
+    idx = pa.array(range(table.num_rows), type=pa.int64())
+    firsts = (
+        table.select(["event_id"])
+        .append_column("_i", idx)
+        .group_by("event_id", use_threads=False)
+        .aggregate([("_i", "min")])
+        .column("_i_min")
+    )
+    return table.take(firsts.take(pc.array_sort_indices(firsts)))
+
+
+def to_frame(table: pa.Table) -> pd.DataFrame:
+    frame = table.to_pandas()
+    for col in TIMESTAMP_COLUMNS:
+        frame[col] = frame[col].astype("datetime64[ns, UTC]")
+    return frame
+
+
+def read_dataset(
+    root: str | os.PathLike[str],
+    start: str | date | datetime | pd.Timestamp | None = None,
+    end: str | date | datetime | pd.Timestamp | None = None,
+) -> pd.DataFrame:
+    """Rows with ``start <= submitted_at < end`` (either bound optional), one per event_id.
+
+    ``root`` is a dataset folder (``day=`` partitions) or a single Parquet file (the simulator's).
+    """
+    root = Path(root)
+    if root.is_file():
+        table = conform(pq.read_table(root))
+    elif root.is_dir():
+        table = _read_tables(_files(root, _as_day(start), _as_day(end)))
+    else:
+        table = SCHEMA.empty_table()
+    table = _dedup(table)
+    if start is not None or end is not None:
+        sub = table.column("submitted_at")
+        mask = pa.array([True] * table.num_rows, type=pa.bool_())
+        if start is not None:
+            lo = pa.scalar(parse_ts(start).value, pa.int64()).cast(_TS)
+            mask = pc.and_(mask, pc.greater_equal(sub, lo))
+        if end is not None:
+            hi = pa.scalar(parse_ts(end).value, pa.int64()).cast(_TS)
+            mask = pc.and_(mask, pc.less(sub, hi))
+        table = table.filter(mask)
+    return to_frame(table)
+
+
+def compact(root: str | os.PathLike[str], day: str | date | datetime | pd.Timestamp) -> Path | None:
+    """Rewrite one day partition as a single de-duplicated file; None when the day is empty.
+
+    The new file is durable before the old ones go, so a crash in between leaves duplicates
+    that `read_dataset` drops (same rows), never a loss.
+    """
+    day_s = _as_day(day)
+    folder = Path(root) / f"day={day_s}"
+    files = _files(Path(root), day_s, day_s)
+    files = [p for p in files if p.parent == folder]
+    if not files:
+        return None
+    table = _dedup(_read_tables(files))
+    table = table.take(pc.sort_indices(table, sort_keys=[("submitted_at", "ascending")]))
+    name = _batch_name(table.column("event_id").to_pylist())
+    if len(files) == 1 and files[0].name == name:
+        return files[0]
+    final = _write_atomic(table, folder, name)
+    for path in files:
+        if path != final:
+            path.unlink(missing_ok=True)
+    _fsync_dir(folder)
+    return final
+
+
+__all__ = [
+    "DATASET_COLUMNS",
+    "SCHEMA",
+    "SUBMISSION_COLUMNS",
+    "DatasetSink",
+    "compact",
+    "epoch_s",
+    "flatten",
+    "read_dataset",
+    "rows_to_table",
+    "submission_fields",
+]

@@ -1,0 +1,352 @@
+"""The online store: serving-time history in Redis, one round trip per batch.
+
+Layout (docs/design.md): ``{p}lin:{lineage}`` and ``{p}agg:{model_type}`` hashes of hardware →
+orjson arrays, ``{p}seen:{event_id}`` dedup markers, ``{p}sub:{job_id}:{attempt}`` submissions
+kept for the completion → dataset join. History updates run in a Lua script so each completion
+is applied atomically and at most once, with exactly the rules of `leap_stream.core.history`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import orjson
+import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+from leap_stream import config
+from leap_stream.core.history import (
+    HISTORY_EWMA_ALPHA,
+    LineageHistory,
+    Measurement,
+    TypeAggregate,
+    TypeAggregates,
+    is_measurement,
+)
+from leap_stream.store.offline import epoch_s, submission_fields
+
+T = TypeVar("T")
+
+
+class OnlineStoreUnavailable(Exception):
+    """Redis failed (down, timeout, auth): the worker ranks without history and counts it."""
+
+    def __init__(self, op: str, cause: BaseException) -> None:
+        super().__init__(f"online store {op} failed: {type(cause).__name__}: {cause}")
+        self.op = op
+        self.cause = cause
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyResult:
+    event_id: str
+    new: bool  # False: seen before (duplicate), nothing changed
+    measured: bool  # True: the history was updated
+
+
+# One call applies many completions in arrival order. Per event: KEYS seen, lin, agg; ARGV
+# measured flag, hardware, samples_per_s, num_devices, measured_at, log(samples_per_s/num_devices)
+# (computed in Python so both sides use the same libm). Floats leave as %.17g: exact round trip.
+# Returns per event 0 duplicate, 1 new without measurement, 2 new and applied.
+APPLY_LUA = """
+local alpha = tonumber(ARGV[1])
+local ttl = ARGV[2]
+local out = {}
+local n = #KEYS / 3
+for i = 0, n - 1 do
+  local a = 3 + 6 * i
+  if not redis.call('SET', KEYS[3*i+1], '1', 'NX', 'EX', ttl) then
+    out[i+1] = 0
+  elseif ARGV[a] ~= '1' then
+    out[i+1] = 1
+  else
+    local hw = ARGV[a+1]
+    local s = tonumber(ARGV[a+2])
+    local nd = tonumber(ARGV[a+3])
+    local at = tonumber(ARGV[a+4])
+    local x = tonumber(ARGV[a+5])
+    local prev = redis.call('HGET', KEYS[3*i+2], hw)
+    local m1, m2, m3, m4 = s, nd, at, 1
+    if prev then
+      local p = cjson.decode(prev)
+      m4 = p[4] + 1
+      if at < p[3] then m1, m2, m3 = p[1], p[2], p[3] end
+    end
+    redis.call('HSET', KEYS[3*i+2], hw, string.format('[%.17g,%d,%.17g,%d]', m1, m2, m3, m4))
+    local pa = redis.call('HGET', KEYS[3*i+3], hw)
+    local e, c, last = x, 1, at
+    if pa then
+      local q = cjson.decode(pa)
+      e = q[1] + alpha * (x - q[1])
+      c = q[2] + 1
+      last = math.max(q[3], at)
+    end
+    redis.call('HSET', KEYS[3*i+3], hw, string.format('[%.17g,%d,%.17g]', e, c, last))
+    out[i+1] = 2
+  end
+end
+return out
+"""
+
+# Read variant: HGETALL of every key inside one script (compared with a pipeline in the bench).
+READ_LUA = """
+local out = {}
+for i = 1, #KEYS do out[i] = redis.call('HGETALL', KEYS[i]) end
+return out
+"""
+
+_APPLY_CHUNK = 500  # events per EVALSHA: bounds how long one script blocks Redis
+
+
+def _sha1(script: str) -> str:
+    return hashlib.sha1(script.encode()).hexdigest()
+
+
+def _text(v: bytes | str) -> str:
+    return v.decode() if isinstance(v, bytes) else v
+
+
+def _decode_lineage(raw: Mapping[Any, Any] | None) -> LineageHistory:
+    return {_text(k): Measurement.from_list(orjson.loads(v)) for k, v in (raw or {}).items()}
+
+
+def _decode_aggregates(raw: Mapping[Any, Any] | None) -> TypeAggregates:
+    return {_text(k): TypeAggregate.from_list(orjson.loads(v)) for k, v in (raw or {}).items()}
+
+
+def _pairs(flat: Sequence[Any]) -> dict[Any, Any]:
+    return dict(zip(flat[::2], flat[1::2], strict=True))
+
+
+def _unique(values: Iterable[str]) -> list[str]:
+    return list(dict.fromkeys(values))
+
+
+def connect(url: str | None = None, password: str | None = None) -> redis.Redis:
+    """A client with short timeouts and a few quick retries: a dead Redis must fail fast."""
+    url = url or config.get("LEAP_REDIS_URL") or "redis://localhost:6379/0"
+    password = password or config.get("LEAP_REDIS_PASSWORD") or None
+    timeout = float(config.get("LEAP_REDIS_TIMEOUT_S"))
+    retries = int(config.get("LEAP_REDIS_RETRIES"))
+    kwargs: dict[str, Any] = {
+        "socket_timeout": timeout,
+        "socket_connect_timeout": timeout,
+        "retry": Retry(ExponentialBackoff(cap=0.25, base=0.01), retries),
+        "retry_on_error": [redis.ConnectionError, redis.TimeoutError],
+        "health_check_interval": 30,
+    }
+    if password and "@" not in url.split("//", 1)[-1]:
+        kwargs["password"] = password
+    return redis.Redis.from_url(url, **kwargs)
+
+
+class OnlineStore:
+    """History reads, submission memory, and idempotent history updates over one Redis client."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        prefix: str | None = None,
+        dedup_ttl_s: int | None = None,
+        submission_ttl_s: int | None = None,
+    ) -> None:
+        self.r = client
+        self.prefix = config.get("LEAP_REDIS_PREFIX") if prefix is None else prefix
+        self.dedup_ttl_s = dedup_ttl_s or int(config.get("LEAP_DEDUP_TTL_S"))
+        self.submission_ttl_s = submission_ttl_s or int(config.get("LEAP_SUBMISSION_TTL_S"))
+        self._apply_sha = _sha1(APPLY_LUA)
+        self._read_sha = _sha1(READ_LUA)
+        self._loaded: set[str] = set()
+
+    # --- keys
+    def lin_key(self, lineage_id: str) -> str:
+        return f"{self.prefix}lin:{lineage_id}"
+
+    def agg_key(self, model_type: str) -> str:
+        return f"{self.prefix}agg:{model_type}"
+
+    def seen_key(self, event_id: str) -> str:
+        return f"{self.prefix}seen:{event_id}"
+
+    def sub_key(self, job_id: str, attempt: int) -> str:
+        return f"{self.prefix}sub:{job_id}:{attempt}"
+
+    # --- plumbing
+    def _guard(self, op: str, fn: Callable[[], T]) -> T:
+        try:
+            return fn()
+        except (redis.RedisError, OSError) as exc:
+            raise OnlineStoreUnavailable(op, exc) from exc
+
+    def _load_scripts(self) -> None:
+        for script in (APPLY_LUA, READ_LUA):
+            self._loaded.add(self.r.script_load(script))
+
+    def _execute(self, op: str, build: Callable[[Any], None]) -> list[Any]:
+        """Run a pipeline built by ``build``; on NOSCRIPT (Redis restarted/flushed) load and rerun.
+
+        Rerunning is safe: a NOSCRIPT reply means the script did nothing, the rest is reads
+        and idempotent SETs.
+        """
+
+        def run() -> list[Any]:
+            for attempt in range(2):
+                pipe = self.r.pipeline(transaction=False)
+                build(pipe)
+                results: list[Any] = pipe.execute(raise_on_error=False)
+                if attempt == 0 and any(
+                    isinstance(x, redis.exceptions.NoScriptError) for x in results
+                ):
+                    self._load_scripts()
+                    continue
+                for x in results:
+                    if isinstance(x, Exception):
+                        raise x
+                return results
+            raise AssertionError("unreachable")
+
+        return self._guard(op, run)
+
+    # --- reads
+    def _queue_reads(
+        self, pipe: Any, lineage_ids: Sequence[str], model_types: Sequence[str]
+    ) -> None:
+        for lid in lineage_ids:
+            pipe.hgetall(self.lin_key(lid))
+        for mt in model_types:
+            pipe.hgetall(self.agg_key(mt))
+
+    def _decode_reads(
+        self, results: Sequence[Any], lineage_ids: Sequence[str], model_types: Sequence[str]
+    ) -> tuple[list[LineageHistory], dict[str, TypeAggregates]]:
+        n = len(lineage_ids)
+        histories = [_decode_lineage(results[i]) for i in range(n)]
+        aggregates = {mt: _decode_aggregates(results[n + j]) for j, mt in enumerate(model_types)}
+        return histories, aggregates
+
+    def read_batch(
+        self, lineage_ids: Sequence[str], model_types: Iterable[str]
+    ) -> tuple[list[LineageHistory], dict[str, TypeAggregates]]:
+        """History of every lineage (in order) and aggregates of every model type, one round trip."""
+        types = _unique(model_types)
+        results = self._execute("read", lambda p: self._queue_reads(p, lineage_ids, types))
+        return self._decode_reads(results, lineage_ids, types)
+
+    def read_batch_lua(
+        self, lineage_ids: Sequence[str], model_types: Iterable[str]
+    ) -> tuple[list[LineageHistory], dict[str, TypeAggregates]]:
+        """Same as `read_batch` through one EVALSHA (kept for the benchmark comparison)."""
+        types = _unique(model_types)
+        keys = [self.lin_key(x) for x in lineage_ids] + [self.agg_key(t) for t in types]
+        results = self._execute("read", lambda p: p.evalsha(self._read_sha, len(keys), *keys))
+        flat = [_pairs(x) for x in results[0]]
+        return self._decode_reads(flat, lineage_ids, types)
+
+    # --- submissions
+    def _queue_remember(self, pipe: Any, submissions: Iterable[Mapping[str, Any]]) -> None:
+        for sub in submissions:
+            fields = submission_fields(sub)
+            pipe.set(
+                self.sub_key(fields["job_id"], fields["attempt"]),
+                orjson.dumps(fields),
+                ex=self.submission_ttl_s,
+            )
+
+    def remember_submissions(self, submissions: Sequence[Mapping[str, Any]]) -> None:
+        """Keep each submission's dataset fields until its completion arrives (EX the TTL)."""
+        if submissions:
+            self._execute("remember", lambda p: self._queue_remember(p, submissions))
+
+    def read_and_remember(
+        self, submissions: Sequence[Mapping[str, Any]]
+    ) -> tuple[list[LineageHistory], dict[str, TypeAggregates]]:
+        """The submissions hot path: history reads and submission SETs in one round trip."""
+        lineage_ids = [s["lineage_id"] for s in submissions]
+        types = _unique(submission_fields(s)["model_type"] for s in submissions)
+
+        def build(p: Any) -> None:
+            self._queue_reads(p, lineage_ids, types)
+            self._queue_remember(p, submissions)
+
+        results = self._execute("read", build)
+        return self._decode_reads(results, lineage_ids, types)
+
+    def fetch_submissions(self, keys: Sequence[tuple[str, int]]) -> list[dict[str, Any] | None]:
+        """Stored submission fields for (job_id, attempt) pairs; None when unknown or expired."""
+        if not keys:
+            return []
+        names = [self.sub_key(j, a) for j, a in keys]
+        results = self._execute("fetch", lambda p: p.mget(names))
+        return [None if v is None else orjson.loads(v) for v in results[0]]
+
+    # --- completions
+    def _queue_apply(self, pipe: Any, completions: Sequence[Mapping[str, Any]]) -> None:
+        for start in range(0, len(completions), _APPLY_CHUNK):
+            keys: list[str] = []
+            args: list[str | int] = [repr(HISTORY_EWMA_ALPHA), self.dedup_ttl_s]
+            for c in completions[start : start + _APPLY_CHUNK]:
+                keys += [
+                    self.seen_key(c["event_id"]),
+                    self.lin_key(c["lineage_id"]),
+                    self.agg_key(c["model_type"]),
+                ]
+                sps_raw = (c.get("throughput") or {}).get("samples_per_s")
+                sps = None if sps_raw is None else float(sps_raw)
+                nd = int(c["num_devices"])
+                if is_measurement(c["status"], sps) and nd > 0:
+                    assert sps is not None
+                    at = epoch_s(c["ended_at"])
+                    x = math.log(sps / nd)
+                    args += ["1", c["hardware_type"], repr(sps), nd, repr(at), repr(x)]
+                else:
+                    args += ["0", c["hardware_type"], "0", 0, "0", "0"]
+            pipe.evalsha(self._apply_sha, len(keys), *keys, *args)
+
+    def _apply_results(
+        self, results: Sequence[Any], completions: Sequence[Mapping[str, Any]]
+    ) -> list[ApplyResult]:
+        codes = [int(code) for chunk in results for code in chunk]
+        return [
+            ApplyResult(c["event_id"], new=code > 0, measured=code == 2)
+            for c, code in zip(completions, codes, strict=True)
+        ]
+
+    def apply_completions(self, completions: Sequence[Mapping[str, Any]]) -> list[ApplyResult]:
+        """Dedup and history update, atomic per event, in list (arrival) order, one round trip."""
+        if not completions:
+            return []
+        results = self._execute("apply", lambda p: self._queue_apply(p, completions))
+        return self._apply_results(results, completions)
+
+    def apply_and_fetch(
+        self, completions: Sequence[Mapping[str, Any]]
+    ) -> tuple[list[ApplyResult], list[dict[str, Any] | None]]:
+        """The completions hot path: `apply_completions` and `fetch_submissions` in one round trip."""
+        if not completions:
+            return [], []
+        names = [self.sub_key(c["job_id"], int(c["attempt"])) for c in completions]
+
+        def build(p: Any) -> None:
+            self._queue_apply(p, completions)
+            p.mget(names)
+
+        results = self._execute("apply", build)
+        subs = [None if v is None else orjson.loads(v) for v in results[-1]]
+        return self._apply_results(results[:-1], completions), subs
+
+    def ping(self) -> bool:
+        return bool(self._guard("ping", self.r.ping))
+
+
+__all__ = [
+    "APPLY_LUA",
+    "ApplyResult",
+    "OnlineStore",
+    "OnlineStoreUnavailable",
+    "connect",
+]

@@ -1,0 +1,145 @@
+"""The Redis online store against a real redis-server: same state as the pure HistoryBook."""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+
+import pytest
+import redis
+
+from leap_stream.core.history import HistoryBook
+from leap_stream.store import synthetic
+from leap_stream.store.offline import epoch_s, flatten, submission_fields
+from leap_stream.store.online import OnlineStore, OnlineStoreUnavailable, connect
+
+pytestmark = pytest.mark.services
+
+
+@pytest.fixture
+def store(redis_client: redis.Redis, redis_prefix: str) -> OnlineStore:
+    return OnlineStore(redis_client, redis_prefix, dedup_ttl_s=3600, submission_ttl_s=7200)
+
+
+def _replay(completions: list[dict]) -> HistoryBook:
+    book = HistoryBook()
+    seen: set[str] = set()
+    for c in completions:
+        if c["event_id"] in seen:
+            continue
+        seen.add(c["event_id"])
+        book.apply(
+            c["lineage_id"],
+            c["model_type"],
+            c["hardware_type"],
+            c["status"],
+            (c.get("throughput") or {}).get("samples_per_s"),
+            c["num_devices"],
+            epoch_s(c["ended_at"]),
+        )
+    return book
+
+
+def test_shuffled_duplicated_completions_match_history_book(store: OnlineStore) -> None:
+    completions = [c for _s, c in synthetic.pairs(600, seed=3, lineages=40)]
+    rng = random.Random(7)
+    arrivals = completions + rng.sample(completions, 200)  # redeliveries
+    rng.shuffle(arrivals)
+
+    results = []
+    for i in range(0, len(arrivals), 137):  # several batches, duplicates across and within
+        results += store.apply_completions(arrivals[i : i + 137])
+
+    book = _replay(arrivals)
+    assert sum(r.new for r in results) == len(completions)
+    assert sum(not r.new for r in results) == 200
+    first_seen: dict[str, int] = {}
+    for i, c in enumerate(arrivals):
+        first_seen.setdefault(c["event_id"], i)
+    for i, (c, r) in enumerate(zip(arrivals, results, strict=True)):
+        assert r.event_id == c["event_id"]
+        assert r.new == (first_seen[c["event_id"]] == i)
+
+    lineage_ids = sorted({c["lineage_id"] for c in completions})
+    histories, aggregates = store.read_batch(lineage_ids, synthetic.MODEL_TYPES)
+    for lid, got in zip(lineage_ids, histories, strict=True):
+        assert got == book.lineage(lid)  # newest-wins and counts: exact
+    for mt in synthetic.MODEL_TYPES:
+        want = book.aggregates(mt)
+        assert set(aggregates[mt]) == set(want)
+        for hw, agg in aggregates[mt].items():
+            assert agg.count == want[hw].count
+            assert agg.last_at == want[hw].last_at
+            assert math.isclose(
+                agg.ewma_log_per_device, want[hw].ewma_log_per_device, rel_tol=1e-12
+            )
+        # log() is taken in Python and the EWMA is plain IEEE arithmetic both sides: bit-exact.
+        assert aggregates[mt] == want
+
+
+def test_lua_read_equals_pipeline_read(store: OnlineStore) -> None:
+    completions = [c for _s, c in synthetic.pairs(300, seed=5, lineages=50)]
+    store.apply_completions(completions)
+    ids = [f"lin-{i:06d}" for i in range(60)]  # some never seen
+    assert store.read_batch_lua(ids, synthetic.MODEL_TYPES) == store.read_batch(
+        ids, synthetic.MODEL_TYPES
+    )
+    histories, _ = store.read_batch(ids, ["no-such-type"])
+    assert histories[-1] == {}
+
+
+def test_unmeasured_completions_are_marked_but_change_nothing(store: OnlineStore) -> None:
+    (_s, c), *_ = synthetic.pairs(1, seed=1)
+    c = dict(c, status="failed")
+    c.pop("throughput", None)
+    [r] = store.apply_completions([c])
+    assert r.new and not r.measured
+    histories, aggs = store.read_batch([c["lineage_id"]], [c["model_type"]])
+    assert histories == [{}] and aggs == {c["model_type"]: {}}
+    [again] = store.apply_completions([c])
+    assert not again.new
+
+
+def test_ttls_and_submission_join(store: OnlineStore, redis_client: redis.Redis) -> None:
+    pairs = synthetic.pairs(20, seed=9)
+    subs = [s for s, _c in pairs]
+    comps = [c for _s, c in pairs]
+    histories, _ = store.read_and_remember(subs)
+    assert len(histories) == 20
+    key = store.sub_key(subs[0]["job_id"], subs[0]["attempt"])
+    assert 7000 < redis_client.ttl(key) <= 7200
+
+    results, joined = store.apply_and_fetch(comps)
+    assert all(r.new for r in results)
+    assert 3500 < redis_client.ttl(store.seen_key(comps[0]["event_id"])) <= 3600
+    for sub, comp, got in zip(subs, comps, joined, strict=True):
+        assert got == submission_fields(sub)
+        assert flatten(got, comp) == flatten(sub, comp)
+
+    assert store.fetch_submissions(
+        [("no-such-job", 1), (subs[1]["job_id"], subs[1]["attempt"])]
+    ) == [
+        None,
+        submission_fields(subs[1]),
+    ]
+
+
+def test_script_reloaded_after_flush(store: OnlineStore, redis_client: redis.Redis) -> None:
+    comps = [c for _s, c in synthetic.pairs(10, seed=11)]
+    store.apply_completions(comps[:5])
+    redis_client.script_flush()
+    results = store.apply_completions(comps)  # NOSCRIPT → load → rerun, nothing double-counted
+    assert [r.new for r in results] == [False] * 5 + [True] * 5
+
+
+def test_down_redis_raises_quickly() -> None:
+    client = connect("redis://127.0.0.1:1/0")  # nothing listens on port 1
+    store = OnlineStore(client, "x:")
+    t0 = time.monotonic()
+    with pytest.raises(OnlineStoreUnavailable) as info:
+        store.read_batch(["a"], ["b"])
+    assert info.value.op == "read"
+    with pytest.raises(OnlineStoreUnavailable):
+        store.apply_completions([c for _s, c in synthetic.pairs(2)])
+    assert time.monotonic() - t0 < 5.0
