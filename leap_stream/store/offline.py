@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import time
 import uuid
 from collections.abc import Iterable, Mapping
 from datetime import date, datetime
@@ -212,8 +213,20 @@ def _batch_name(event_ids: Iterable[str]) -> str:
     return f"part-{digest}.parquet"
 
 
+_WRITTEN_KEY = b"leap.written_ns"
+_last_stamp = 0
+
+
+def _stamp() -> bytes:
+    """Strictly increasing write stamp (ns): mtimes can tie within one clock tick."""
+    global _last_stamp
+    _last_stamp = max(time.time_ns(), _last_stamp + 1)
+    return str(_last_stamp).encode()
+
+
 def _write_atomic(table: pa.Table, folder: Path, name: str) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
+    table = table.replace_schema_metadata({_WRITTEN_KEY: _stamp()})
     final = folder / name
     tmp = folder / f".tmp-{uuid.uuid4().hex}.parquet"
     try:
@@ -260,7 +273,7 @@ def _as_day(value: str | date | datetime | pd.Timestamp | None) -> str | None:
 
 
 def _files(root: Path, start_day: str | None, end_day: str | None) -> list[Path]:
-    """Data files, earliest first (mtime, then name), within the day-partition range."""
+    """Data files within the day-partition range (temp files of a crashed write excluded)."""
     files: list[Path] = []
     for folder in sorted(root.glob("day=*")):
         day = folder.name.removeprefix("day=")
@@ -268,26 +281,31 @@ def _files(root: Path, start_day: str | None, end_day: str | None) -> list[Path]
             continue
         files.extend(p for p in folder.glob("*.parquet") if not p.name.startswith("."))
     files.extend(p for p in root.glob("*.parquet") if not p.name.startswith("."))
+    return files
 
-    def key(p: Path) -> tuple[int, str]:
-        try:
-            return (p.stat().st_mtime_ns, str(p))
-        except FileNotFoundError:  # compacted away meanwhile
-            return (0, str(p))
 
-    return sorted(files, key=key)
+def _written_key(table: pa.Table, path: Path) -> tuple[int, str]:
+    """Write order: our stamp in the file metadata, else the mtime (files of other writers)."""
+    meta = table.schema.metadata or {}
+    stamp = meta.get(_WRITTEN_KEY)
+    if stamp is not None:
+        return (int(stamp), path.name)
+    return (path.stat().st_mtime_ns, path.name)
 
 
 def _read_tables(files: list[Path]) -> pa.Table:
-    tables = []
+    """All files concatenated earliest written first, so `_dedup` keeps the earliest copy."""
+    keyed = []
     for path in files:
         try:
-            tables.append(conform(pq.read_table(path)))
+            raw = pq.read_table(path)
+            keyed.append((_written_key(raw, path), conform(raw)))
         except FileNotFoundError:
             continue  # removed by a concurrent compact; its rows live in the compacted file
-    if not tables:
+    if not keyed:
         return SCHEMA.empty_table()
-    return pa.concat_tables(tables)
+    keyed.sort(key=lambda kt: kt[0])
+    return pa.concat_tables([t for _k, t in keyed])
 
 
 def _dedup(table: pa.Table) -> pa.Table:
