@@ -29,19 +29,11 @@ NUMERIC_COLUMNS = (
 )
 
 
-def _schema_dir() -> Path:
-    """Repo checkout: ``schemas/``; installed wheel: ``leap_stream/_schemas`` (force-include)."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here.parent.parent / "schemas", here.parent / "_schemas"):
-        if (candidate / f"{SCHEMA_NAME}.schema.json").is_file():
-            return candidate
-    raise FileNotFoundError("cannot find the schemas folder (schemas/ or leap_stream/_schemas)")
-
-
 @functools.cache
 def _validator() -> Callable[[Any], Any]:
-    schema = orjson.loads((_schema_dir() / f"{SCHEMA_NAME}.schema.json").read_bytes())
-    return fastjsonschema.compile(schema)  # type: ignore[no-any-return,unused-ignore]
+    from leap_stream.contracts.schemas import validator
+
+    return validator(SCHEMA_NAME)
 
 
 class CatalogError(ValueError):
