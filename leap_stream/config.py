@@ -119,6 +119,8 @@ SETTINGS: tuple[Setting, ...] = (
         "Rows buffered before the dataset sink writes a Parquet file.",
     ),
     Setting("LEAP_DATASET_FLUSH_S", "10", "Longest time rows wait in the dataset buffer."),
+    Setting("LEAP_COMMIT_INTERVAL_S", "1.0", "How often the worker commits acked offsets (Faust)."),
+    Setting("LEAP_LAG_INTERVAL_S", "15", "How often the worker measures its consumer lag."),
     Setting("LEAP_LOG_LEVEL", "INFO", "Log level."),
 )
 

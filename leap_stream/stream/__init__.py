@@ -1,0 +1,1 @@
+"""The streaming worker: Faust agents, output producer, metrics, lag and the rankings client."""

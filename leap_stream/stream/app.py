@@ -1,0 +1,307 @@
+"""The Faust app: two agents (submissions, completions), a model-reload timer and a lag timer.
+
+Faust owns consumption, group membership and offset commits; the agents own durability. Both
+agents read with ``stream.noack_take`` so that *nothing* is acked implicitly: an event is acked
+only after every output it caused is durable (rankings and dead letters acknowledged by the
+broker; dataset rows fsynced; history applied in Redis). Faust commits only acked offsets, and
+only contiguous ones, so a crash anywhere repeats work and never loses it (docs/worker.md).
+
+The blocking work of a batch (Redis round trip, one LightGBM call, Parquet write, producer
+flush) runs in one single-thread executor per agent: the event loop keeps fetching meanwhile,
+and each agent's batches stay in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import ssl
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import faust
+import orjson
+
+from leap_stream import config
+from leap_stream.stream.batch import (
+    CompletionBatchResult,
+    CompletionProcessor,
+    Record,
+    SubmissionBatchResult,
+    SubmissionProcessor,
+)
+from leap_stream.stream.metrics import Metrics
+from leap_stream.stream.output import OutputProducer
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# Exit status when the worker had to stop with work it could not make durable (e.g. SIGTERM
+# while Redis is down): the offsets of that work are not committed and it is redone on restart.
+EXIT_UNFINISHED = 3
+
+
+def faust_broker_url(bootstrap: str) -> str:
+    """'a:9092,b:9092' → 'kafka://a:9092;b:9092' (Faust's multi-host URL form)."""
+    hosts = [h.strip() for h in bootstrap.split(",") if h.strip()]
+    return ";".join(f"kafka://{h}" if "://" not in h else h for h in hosts)
+
+
+def faust_credentials() -> Any:
+    """SASL/SSL credentials for Faust's aiokafka clients, from the same settings librdkafka uses."""
+    protocol = config.get("LEAP_KAFKA_SECURITY_PROTOCOL").upper()
+    if protocol == "PLAINTEXT":
+        return None
+    context = None
+    if protocol in ("SSL", "SASL_SSL"):
+        context = ssl.create_default_context(cafile=config.get("LEAP_KAFKA_SSL_CAFILE") or None)
+        if cert := config.get("LEAP_KAFKA_SSL_CERTFILE"):
+            context.load_cert_chain(cert, config.get("LEAP_KAFKA_SSL_KEYFILE") or None)
+    if protocol == "SSL":
+        return faust.SSLCredentials(context)
+    return faust.SASLCredentials(
+        username=config.get("LEAP_KAFKA_SASL_USERNAME"),
+        password=config.get("LEAP_KAFKA_SASL_PASSWORD"),
+        mechanism=config.get("LEAP_KAFKA_SASL_MECHANISM") or "PLAIN",
+        ssl_context=context,
+    )
+
+
+def record_of(event: Any) -> Record:
+    m = event.message
+    return Record(m.topic, m.partition, m.offset, m.key, m.value)
+
+
+def dead_letter_key(dl: dict[str, Any]) -> bytes:
+    s = dl["source"]
+    return f"{s['topic']}/{s['partition']}/{s['offset']}".encode()
+
+
+@dataclass
+class WorkerDeps:
+    """Everything the agents use, built by the worker command (or a test) before the app starts."""
+
+    cfg: config.Config
+    bootstrap: str
+    submissions: SubmissionProcessor
+    completions: CompletionProcessor
+    dataset_append: Callable[[list[dict[str, Any]]], object]
+    output: OutputProducer
+    metrics: Metrics
+    model_poll: Callable[[], object] | None = None  # runs in a thread; hot reload
+    lag_poll: Callable[[], object] | None = None  # runs in a thread; updates the lag gauge
+    flush_rows: int = 5000
+    flush_s: float = 10.0
+    lag_interval_s: float = 15.0
+    retry_cap_s: float = 10.0
+    stats: dict[str, float] = field(default_factory=dict)
+
+
+class _Pending:
+    """Completion events whose rows wait for the next dataset write, unacked until then."""
+
+    def __init__(self) -> None:
+        self.events: list[Any] = []
+        self.rows: dict[str, dict[str, Any]] = {}
+        self.since: float | None = None
+        self.lock = asyncio.Lock()
+
+    def add(self, events: list[Any], rows: list[dict[str, Any]]) -> None:
+        if self.since is None:
+            self.since = time.monotonic()
+        self.events.extend(events)
+        for row in rows:
+            self.rows.setdefault(str(row["event_id"]), row)  # first wins, as in read_dataset
+
+
+def build_app(deps: WorkerDeps) -> faust.App:
+    cfg = deps.cfg
+    app = faust.App(
+        cfg.consumer_group,
+        broker=faust_broker_url(deps.bootstrap),
+        broker_credentials=faust_credentials(),
+        key_serializer="raw",
+        value_serializer="raw",
+        # State lives in Redis: no tables, no changelogs, no leader topic. The broker runs with
+        # auto.create.topics.enable=false and topics come from `leap-stream topics create`.
+        topic_allow_declare=False,
+        topic_disable_leader=True,
+        web_enabled=False,
+        datadir=str(cfg.home / "faust" / cfg.consumer_group),
+        consumer_auto_offset_reset="earliest",
+        stream_wait_empty=True,  # shutdown/rebalance waits for the batch in hand to be acked
+        broker_commit_interval=float(config.get("LEAP_COMMIT_INTERVAL_S")),
+        broker_commit_every=cfg.batch_size,
+        stream_buffer_maxsize=max(4 * cfg.batch_size, 4096),
+        broker_max_poll_records=cfg.batch_size,
+        producer_acks=-1,
+        autodiscover=False,
+    )
+    submissions_topic = app.topic(
+        cfg.topic_submissions, key_type=bytes, value_type=bytes, internal=False
+    )
+    completions_topic = app.topic(
+        cfg.topic_completions, key_type=bytes, value_type=bytes, internal=False
+    )
+    sub_pool = ThreadPoolExecutor(1, thread_name_prefix="leap-submissions")
+    comp_pool = ThreadPoolExecutor(1, thread_name_prefix="leap-completions")
+    aux_pool = ThreadPoolExecutor(1, thread_name_prefix="leap-aux")
+    m = deps.metrics
+    pending = _Pending()
+    stats = deps.stats
+
+    async def in_thread(pool: ThreadPoolExecutor, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
+
+    async def until_done(what: str, pool: ThreadPoolExecutor, fn: Callable[..., T], *a: Any) -> T:
+        """Retry an infrastructure step with backoff; at shutdown give up without acking."""
+        delay = 0.2
+        while True:
+            try:
+                return await in_thread(pool, fn, *a)
+            except Exception as exc:
+                if "Redis" in type(exc).__name__ or "OnlineStore" in type(exc).__name__:
+                    m.redis_errors.labels(op=what).inc()
+                if app.should_stop:
+                    log.error(
+                        "stopping while %s fails (%r): exiting without committing it", what, exc
+                    )
+                    deps.output.close(5.0)
+                    os._exit(EXIT_UNFINISHED)
+                log.warning("%s failed (%r); retrying in %.1fs", what, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(deps.retry_cap_s, delay * 2)
+
+    def send_all(rankings: list[dict[str, Any]], dead: list[dict[str, Any]]) -> int:
+        for r in rankings:
+            deps.output.send(cfg.topic_rankings, str(r["job_id"]).encode(), orjson.dumps(r))
+        for dl in dead:
+            deps.output.send(cfg.topic_dead_letter, dead_letter_key(dl), orjson.dumps(dl))
+        return deps.output.flush()
+
+    def count_dead(topic: str, dead: list[dict[str, Any]]) -> None:
+        for dl in dead:
+            m.dead_letter.labels(topic=topic, kind=dl["error"]["kind"]).inc()
+
+    @app.agent(submissions_topic)
+    async def submissions(stream: Any) -> None:
+        async for events in stream.noack_take(cfg.batch_size, within=cfg.batch_within_s):
+            t0 = time.perf_counter()
+            records = [record_of(e) for e in events]
+            now = datetime.now(UTC)
+            res: SubmissionBatchResult = await until_done(
+                "rank", sub_pool, deps.submissions.process, records, now
+            )
+            if res.rankings or res.dead_letters:
+                await until_done("produce", sub_pool, send_all, res.rankings, res.dead_letters)
+            for e in events:
+                await stream.ack(e)
+            # metrics after the outputs are durable
+            topic = cfg.topic_submissions
+            m.events_in.labels(topic=topic, outcome="valid").inc(res.valid)
+            m.events_in.labels(topic=topic, outcome="invalid").inc(len(records) - res.valid)
+            count_dead(topic, res.dead_letters)
+            if res.redis_error is not None:
+                if res.redis_error != "backoff":
+                    m.redis_errors.labels(op="read_and_remember").inc()
+                m.history_unavailable.inc(len(res.rankings))
+            covered = 0
+            for r in res.rankings:
+                m.rankings_out.labels(source=r["source"]).inc()
+                if r["source"] != "model":
+                    m.fallback.labels(reason=r["reason"]).inc()
+                covered += r["source"] != "none"
+                m.ranking_latency.observe(max(0.0, float(r["latency_ms"])) / 1000.0)
+            m.observe_coverage(len(res.rankings), covered)
+            m.batch_size.labels(agent="submissions").observe(len(records))
+            m.batch_seconds.labels(agent="submissions").observe(time.perf_counter() - t0)
+            stats["submissions_in"] = stats.get("submissions_in", 0) + len(records)
+            stats["rankings_out"] = stats.get("rankings_out", 0) + len(res.rankings)
+
+    async def flush_pending(force: bool = False) -> None:
+        async with pending.lock:
+            if not pending.events:
+                return
+            age = time.monotonic() - (pending.since or time.monotonic())
+            if not (force or len(pending.rows) >= deps.flush_rows or age >= deps.flush_s):
+                return
+            rows = list(pending.rows.values())
+            if rows:
+                await until_done("dataset", comp_pool, deps.dataset_append, rows)
+                m.dataset_rows_written.inc(len(rows))
+            for e in pending.events:
+                e.ack()
+            pending.events, pending.rows, pending.since = [], {}, None
+            stats["dataset_rows"] = stats.get("dataset_rows", 0) + len(rows)
+
+    async def flusher() -> None:
+        """Writes the dataset buffer on age, when idle, and when the app is stopping."""
+        tick = max(0.05, min(0.5, deps.flush_s / 4))
+        while True:
+            await asyncio.sleep(tick)
+            try:
+                await flush_pending(force=app.should_stop)
+            except Exception:
+                log.exception("dataset flush failed")
+
+    @app.agent(completions_topic)
+    async def completions(stream: Any) -> None:
+        task = asyncio.ensure_future(flusher())
+        try:
+            async for events in stream.noack_take(cfg.batch_size, within=cfg.batch_within_s):
+                t0 = time.perf_counter()
+                records = [record_of(e) for e in events]
+                now = datetime.now(UTC)
+                res: CompletionBatchResult = await until_done(
+                    "apply", comp_pool, deps.completions.process, records, now
+                )
+                if res.dead_letters:
+                    await until_done("produce", comp_pool, send_all, [], res.dead_letters)
+                async with pending.lock:
+                    pending.add(events, res.rows)
+                await flush_pending()
+                topic = cfg.topic_completions
+                m.events_in.labels(topic=topic, outcome="valid").inc(res.valid)
+                m.events_in.labels(topic=topic, outcome="invalid").inc(len(records) - res.valid)
+                count_dead(topic, [d for d in res.dead_letters])
+                m.completions_duplicate.inc(res.duplicates)
+                m.batch_size.labels(agent="completions").observe(len(records))
+                m.batch_seconds.labels(agent="completions").observe(time.perf_counter() - t0)
+                stats["completions_in"] = stats.get("completions_in", 0) + len(records)
+        finally:
+            task.cancel()
+
+    if deps.model_poll is not None:
+        model_poll = deps.model_poll
+
+        @app.timer(cfg.model_poll_s)
+        async def reload_model() -> None:
+            try:
+                await in_thread(aux_pool, model_poll)
+            except Exception:
+                log.exception("model poll failed")
+
+    if deps.lag_poll is not None:
+        lag_poll = deps.lag_poll
+
+        @app.timer(deps.lag_interval_s)
+        async def consumer_lag() -> None:
+            try:
+                await in_thread(aux_pool, lag_poll)
+            except Exception as exc:
+                log.warning("lag poll failed: %r", exc)
+
+    @app.on_before_shutdown.connect  # type: ignore[arg-type]
+    async def _close(app_: Any, **_kw: Any) -> None:
+        await flush_pending(force=True)
+        await in_thread(aux_pool, deps.output.close)
+
+    return app
+
+
+__all__ = ["EXIT_UNFINISHED", "WorkerDeps", "build_app", "faust_broker_url", "record_of"]

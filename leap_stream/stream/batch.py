@@ -1,0 +1,305 @@
+"""What the agents do with one batch, as plain synchronous code (no Faust, no event loop).
+
+The agents hand a list of `Record`s to these processors in a worker thread and ack the input
+offsets only after the processor's outputs are durable. Everything here is deterministic given
+the store and the ranker, so it is tested directly against a real Redis without a broker.
+
+Failure policy, per kind of failure:
+- bad input (undecodable, schema, unknown hardware, orphan completion) goes to the dead-letter
+  list with the reason, never raises;
+- a ranker bug on some submissions: those are retried one by one and the ones that still fail
+  are dead-lettered as ``internal`` (a poison event must not stall its partition);
+- Redis down on the submission path: ranked without history (``history_used=false``);
+- Redis down on the completion path: `OnlineStoreUnavailable` propagates, the agent retries the
+  batch with backoff (history and dedup cannot be skipped without losing or doubling data).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Container, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol
+
+from leap_stream.contracts import DecodeError, Ok, decode, make_dead_letter
+from leap_stream.core.history import LineageHistory, TypeAggregates
+from leap_stream.store.offline import flatten
+
+log = logging.getLogger(__name__)
+
+SUBMISSION_SCHEMA = "job-submitted"
+COMPLETION_SCHEMA = "job-completed"
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One Kafka record as the processors need it (decoupled from Faust's Event)."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+
+
+class SubmissionStore(Protocol):
+    def read_and_remember(
+        self, submissions: Sequence[Mapping[str, Any]]
+    ) -> tuple[list[LineageHistory], dict[str, TypeAggregates]]: ...
+
+    def remember_submissions(self, submissions: Sequence[Mapping[str, Any]]) -> None: ...
+
+
+class CompletionStore(Protocol):
+    def apply_and_fetch(
+        self, completions: Sequence[Mapping[str, Any]]
+    ) -> tuple[list[Any], list[dict[str, Any] | None]]: ...
+
+
+class BatchRanker(Protocol):
+    def rank_batch(
+        self,
+        submissions: list[Any],
+        histories: list[LineageHistory | None],
+        aggregates: dict[str, dict[str, Any]],
+        now: datetime,
+    ) -> list[dict[str, Any]]: ...
+
+
+def _dead_letter(
+    record: Record, kind: str, message: str, now: datetime, schema: str | None = None
+) -> dict[str, Any]:
+    err = DecodeError(kind, message, None, schema)  # type: ignore[arg-type]
+    return _dead_letter_of(record, err, now)
+
+
+def _dead_letter_of(record: Record, err: DecodeError, now: datetime) -> dict[str, Any]:
+    dl = make_dead_letter(
+        record.value,
+        topic=record.topic,
+        partition=record.partition,
+        offset=record.offset,
+        key=record.key,
+        error=err,
+        now=now.timestamp(),
+    )
+    return dict(dl)
+
+
+def decode_records(
+    records: Sequence[Record],
+    schema: str,
+    now: datetime,
+    *,
+    max_bytes: int,
+    known_hardware: Container[str] | None = None,
+) -> tuple[list[tuple[Record, dict[str, Any]]], list[dict[str, Any]]]:
+    """Split a batch into decoded events and dead letters; never raises."""
+    good: list[tuple[Record, dict[str, Any]]] = []
+    dead: list[dict[str, Any]] = []
+    for rec in records:
+        result = decode(rec.value, schema, max_bytes=max_bytes, known_hardware=known_hardware)
+        if isinstance(result, Ok):
+            good.append((rec, result.event))
+        else:
+            dead.append(_dead_letter_of(rec, result, now))
+    return good, dead
+
+
+@dataclass
+class SubmissionBatchResult:
+    rankings: list[dict[str, Any]] = field(default_factory=list)
+    dead_letters: list[dict[str, Any]] = field(default_factory=list)
+    valid: int = 0
+    history_available: bool = True
+    redis_error: str | None = None
+
+
+class Backoff:
+    """Exponential backoff with a ceiling; `ready()` says whether to try the resource again."""
+
+    def __init__(
+        self, base_s: float = 0.5, cap_s: float = 30.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.base_s, self.cap_s, self._clock = base_s, cap_s, clock
+        self.failures = 0
+        self._next_try = 0.0
+
+    def ready(self) -> bool:
+        return self._clock() >= self._next_try
+
+    def failed(self) -> float:
+        self.failures += 1
+        delay = min(self.cap_s, self.base_s * 2 ** (self.failures - 1))
+        self._next_try = self._clock() + delay
+        return delay
+
+    def succeeded(self) -> None:
+        self.failures = 0
+        self._next_try = 0.0
+
+
+class SubmissionProcessor:
+    """Submissions → rankings. Holds the Redis backoff and the submissions not yet remembered."""
+
+    MAX_PENDING_REMEMBER = 100_000
+
+    def __init__(
+        self,
+        store: SubmissionStore,
+        ranker: Callable[[], BatchRanker],
+        *,
+        max_bytes: int,
+        known_hardware: Container[str] | None = None,
+        backoff: Backoff | None = None,
+    ) -> None:
+        self.store = store
+        self.max_bytes = max_bytes
+        self.known_hardware = known_hardware
+        self._ranker = ranker  # called once per batch: the hot-reload holder's current ranker
+        self.backoff = backoff or Backoff()
+        # Submissions whose SET failed while Redis was down; written when it is back so their
+        # completions can still be joined for the dataset. Bounded: oldest dropped first.
+        self.pending_remember: list[dict[str, Any]] = []
+
+    def process(self, records: Sequence[Record], now: datetime) -> SubmissionBatchResult:
+        good, dead = decode_records(
+            records,
+            SUBMISSION_SCHEMA,
+            now,
+            max_bytes=self.max_bytes,
+            known_hardware=self.known_hardware,
+        )
+        out = SubmissionBatchResult(dead_letters=dead, valid=len(good))
+        if not good:
+            return out
+        subs = [ev for _rec, ev in good]
+        histories: list[LineageHistory | None]
+        aggregates: dict[str, TypeAggregates]
+        histories, aggregates = [None] * len(subs), {}
+        if self.backoff.ready():
+            try:
+                if self.pending_remember:
+                    self.store.remember_submissions(self.pending_remember)
+                    self.pending_remember = []
+                got, aggregates = self.store.read_and_remember(subs)
+                histories = list(got)
+                self.backoff.succeeded()
+            except Exception as exc:
+                out.redis_error = f"{type(exc).__name__}: {exc}"
+                delay = self.backoff.failed()
+                log.warning(
+                    "online store unavailable (%s); ranking without history for %.1fs",
+                    out.redis_error,
+                    delay,
+                )
+                self._keep_for_later(subs)
+        else:
+            out.redis_error = "backoff"
+            self._keep_for_later(subs)
+        out.history_available = out.redis_error is None
+        ranker = self._ranker()
+        try:
+            out.rankings = ranker.rank_batch(subs, histories, aggregates, now)
+        except Exception:
+            log.exception("rank_batch failed on %d submissions; retrying one by one", len(subs))
+            out.rankings = []
+            for (rec, sub), hist in zip(good, histories, strict=True):
+                try:
+                    out.rankings.extend(ranker.rank_batch([sub], [hist], aggregates, now))
+                except Exception as exc:
+                    out.valid -= 1
+                    out.dead_letters.append(
+                        _dead_letter(rec, "internal", f"ranking failed: {exc!r}", now)
+                    )
+        return out
+
+    def _keep_for_later(self, subs: list[dict[str, Any]]) -> None:
+        self.pending_remember.extend(subs)
+        overflow = len(self.pending_remember) - self.MAX_PENDING_REMEMBER
+        if overflow > 0:
+            del self.pending_remember[:overflow]
+
+
+@dataclass
+class CompletionBatchResult:
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    dead_letters: list[dict[str, Any]] = field(default_factory=list)
+    valid: int = 0
+    new: int = 0
+    duplicates: int = 0
+    measured: int = 0
+    orphans: int = 0
+
+
+class CompletionProcessor:
+    """Completions → history update (Redis, atomic, deduplicated) and dataset rows.
+
+    Rows are produced for duplicates too (when the submission is known): a crash after the
+    Redis update but before the dataset write replays the event as a "duplicate", and its row
+    must still reach the dataset; `read_dataset` keeps one row per event_id.
+    """
+
+    def __init__(
+        self,
+        store: CompletionStore,
+        *,
+        max_bytes: int,
+        known_hardware: Container[str] | None = None,
+    ) -> None:
+        self.store = store
+        self.max_bytes = max_bytes
+        self.known_hardware = known_hardware
+
+    def process(self, records: Sequence[Record], now: datetime) -> CompletionBatchResult:
+        good, dead = decode_records(
+            records,
+            COMPLETION_SCHEMA,
+            now,
+            max_bytes=self.max_bytes,
+            known_hardware=self.known_hardware,
+        )
+        out = CompletionBatchResult(dead_letters=dead, valid=len(good))
+        if not good:
+            return out
+        completions = [ev for _rec, ev in good]
+        # raises OnlineStoreUnavailable: the agent retries the whole batch
+        applied, submissions = self.store.apply_and_fetch(completions)
+        for (rec, comp), res, sub in zip(good, applied, submissions, strict=True):
+            if res.new:
+                out.new += 1
+                out.measured += int(res.measured)
+            else:
+                out.duplicates += 1
+            if sub is None:
+                out.orphans += 1
+                out.dead_letters.append(
+                    _dead_letter(
+                        rec,
+                        "orphan_completion",
+                        f"no submission stored for job {comp['job_id']} attempt "
+                        f"{comp['attempt']}; history updated, no dataset row",
+                        now,
+                    )
+                )
+                continue
+            try:
+                out.rows.append(flatten(sub, comp))
+            except Exception as exc:
+                out.dead_letters.append(
+                    _dead_letter(rec, "internal", f"dataset row failed: {exc!r}", now)
+                )
+        return out
+
+
+__all__ = [
+    "Backoff",
+    "CompletionBatchResult",
+    "CompletionProcessor",
+    "Record",
+    "SubmissionBatchResult",
+    "SubmissionProcessor",
+    "decode_records",
+]

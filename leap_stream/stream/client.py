@@ -1,0 +1,154 @@
+"""Reading leap.rankings the way a scheduler would: decoded, one answer per (job_id, attempt).
+
+The worker delivers at least once, so a ranking can repeat after a crash or a rebalance; the
+topic is keyed by job_id, so repeats land on the same partition in production order and "the
+latest one wins" is simply the last one read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+
+from leap_stream import config
+from leap_stream.stream.env import resolve_bootstrap
+
+RankingKey = tuple[str, int]
+
+
+class RankingsClient:
+    """A confluent-kafka consumer of the rankings topic with a per-(job_id, attempt) view."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        *,
+        from_beginning: bool = True,
+        group: str | None = None,
+    ) -> None:
+        from confluent_kafka import Consumer
+
+        conf: dict[str, Any] = dict(config.kafka_client_config(bootstrap))
+        conf.update(
+            {
+                # A private group: reading rankings must never move anyone else's offsets.
+                "group.id": group or f"leap-rankings-client-{uuid.uuid4().hex[:12]}",
+                "enable.auto.commit": group is not None,
+                "auto.offset.reset": "earliest" if from_beginning else "latest",
+                "enable.partition.eof": False,
+            }
+        )
+        self.topic = topic
+        self._consumer = Consumer(conf)
+        self._consumer.subscribe([topic])
+        self._latest: dict[RankingKey, dict[str, Any]] = {}
+        self.received = 0  # rankings read, repeats included
+        self.undecodable = 0
+
+    def poll(self, timeout: float = 1.0, max_messages: int = 1000) -> list[dict[str, Any]]:
+        """Rankings that arrived now (repeats included); the latest view is updated too."""
+        out: list[dict[str, Any]] = []
+        for msg in self._consumer.consume(num_messages=max_messages, timeout=timeout):
+            if msg.error() is not None:
+                continue
+            value = msg.value()
+            try:
+                ranking = orjson.loads(value) if value is not None else None
+            except orjson.JSONDecodeError:
+                ranking = None
+            if not isinstance(ranking, dict) or "job_id" not in ranking:
+                self.undecodable += 1
+                continue
+            self.received += 1
+            self._latest[(str(ranking["job_id"]), int(ranking.get("attempt", 1)))] = ranking
+            out.append(ranking)
+        return out
+
+    def drain(self, idle_s: float = 2.0, max_s: float = 120.0) -> int:
+        """Read until nothing arrives for idle_s (or max_s passes); returns rankings read."""
+        start = last = time.monotonic()
+        n = 0
+        while time.monotonic() - start < max_s:
+            got = self.poll(timeout=0.5)
+            now = time.monotonic()
+            if got:
+                n += len(got)
+                last = now
+            elif now - last >= idle_s:
+                break
+        return n
+
+    def latest(self) -> dict[RankingKey, dict[str, Any]]:
+        return dict(self._latest)
+
+    def get(self, job_id: str, attempt: int = 1) -> dict[str, Any] | None:
+        return self._latest.get((job_id, attempt))
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        while True:
+            yield from self.poll(timeout=1.0)
+
+    def close(self) -> None:
+        self._consumer.close()
+
+    def __enter__(self) -> RankingsClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def summary_line(r: dict[str, Any]) -> str:
+    best = r.get("candidates") or []
+    top = best[0]["hardware_type"] if best else "-"
+    return (
+        f"{r.get('produced_at', '')} {r.get('job_id')}#{r.get('attempt')} source={r.get('source')} "
+        f"reason={r.get('reason')} best={top} candidates={len(best)} "
+        f"model={r.get('model_version')} latency_ms={r.get('latency_ms')}"
+    )
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="action", required=True)
+    tail = sub.add_parser("tail", help="print rankings as they arrive")
+    tail.add_argument("--from-beginning", action="store_true", help="start at the oldest ranking")
+    tail.add_argument("--json", action="store_true", help="one JSON ranking per line")
+    tail.add_argument("--topic", default=None, help="default LEAP_TOPIC_RANKINGS")
+    tail.add_argument("--bootstrap", default=None, help="default LEAP_KAFKA_BOOTSTRAP")
+    tail.add_argument(
+        "--idle-exit", type=float, default=0.0, help="exit after this many idle seconds (0: never)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = config.Config.from_env()
+    bootstrap = args.bootstrap or resolve_bootstrap(cfg.kafka_bootstrap)
+    client = RankingsClient(
+        bootstrap, args.topic or cfg.topic_rankings, from_beginning=args.from_beginning
+    )
+    last = time.monotonic()
+    try:
+        while True:
+            got = client.poll(timeout=0.5)
+            for r in got:
+                line = orjson.dumps(r).decode() if args.json else summary_line(r)
+                sys.stdout.write(line + "\n")
+            if got:
+                sys.stdout.flush()
+                last = time.monotonic()
+            elif args.idle_exit and time.monotonic() - last >= args.idle_exit:
+                return 0
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        client.close()
+
+
+__all__ = ["RankingsClient", "summary_line"]

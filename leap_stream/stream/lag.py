@@ -1,0 +1,139 @@
+"""Consumer lag of the worker's group: high watermark minus committed offset, per partition.
+
+The worker exports it as `leap_consumer_lag`; `leap-stream lag` prints it for on-call. A
+partition the group never committed counts its whole retained range (high - low) as lag: that
+is what the group would still have to read.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import orjson
+
+from leap_stream import config
+from leap_stream.stream.env import resolve_bootstrap
+
+TopicPartitionKey = tuple[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionLag:
+    topic: str
+    partition: int
+    committed: int | None  # None: the group has no committed offset here
+    low: int
+    high: int
+    lag: int
+
+
+def compute_lag(
+    committed: Mapping[TopicPartitionKey, int | None],
+    watermarks: Mapping[TopicPartitionKey, tuple[int, int]],
+) -> list[PartitionLag]:
+    """Pure: lag rows sorted by (topic, partition), from offsets already fetched."""
+    rows = []
+    for tp in sorted(watermarks):
+        low, high = watermarks[tp]
+        c = committed.get(tp)
+        if c is None or c < 0:
+            lag, c = max(0, high - low), None
+        else:
+            lag = max(0, high - max(c, low))
+        rows.append(PartitionLag(tp[0], tp[1], c, low, high, lag))
+    return rows
+
+
+def total_lag(rows: Iterable[PartitionLag]) -> int:
+    return sum(r.lag for r in rows)
+
+
+class LagReader:
+    """Fetches committed offsets and watermarks with one AdminClient (two requests per call)."""
+
+    def __init__(self, bootstrap: str, group: str, topics: Iterable[str]) -> None:
+        from confluent_kafka.admin import AdminClient
+
+        self.group = group
+        self.topics = list(topics)
+        conf: dict[str, str | int | float | bool] = dict(config.kafka_client_config(bootstrap))
+        self._admin = AdminClient(conf)
+
+    def read(self, timeout: float = 10.0) -> list[PartitionLag]:
+        from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+        from confluent_kafka.admin import OffsetSpec
+
+        meta = self._admin.list_topics(timeout=timeout)
+        tps = [
+            TopicPartition(t, p)
+            for t in self.topics
+            if t in meta.topics and meta.topics[t].error is None
+            for p in sorted(meta.topics[t].partitions)
+        ]
+        if not tps:
+            return []
+        futures = self._admin.list_consumer_group_offsets(
+            [ConsumerGroupTopicPartitions(self.group, tps)], request_timeout=timeout
+        )
+        committed: dict[TopicPartitionKey, int | None] = {}
+        for tp in futures[self.group].result(timeout=timeout).topic_partitions:
+            committed[(tp.topic, tp.partition)] = tp.offset if tp.offset >= 0 else None
+        lows = self._admin.list_offsets(
+            {tp: OffsetSpec.earliest() for tp in tps}, request_timeout=timeout
+        )
+        highs = self._admin.list_offsets(
+            {tp: OffsetSpec.latest() for tp in tps}, request_timeout=timeout
+        )
+        watermarks: dict[TopicPartitionKey, tuple[int, int]] = {}
+        for tp in tps:
+            low = _offset_of(lows, tp, timeout)
+            high = _offset_of(highs, tp, timeout)
+            watermarks[(tp.topic, tp.partition)] = (low, high)
+        return compute_lag(committed, watermarks)
+
+
+def _offset_of(futures: Mapping[Any, Any], tp: Any, timeout: float) -> int:
+    for key, fut in futures.items():
+        if (key.topic, key.partition) == (tp.topic, tp.partition):
+            return int(fut.result(timeout=timeout).offset)
+    raise KeyError(tp)
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--group", default=None, help="consumer group (default LEAP_CONSUMER_GROUP)"
+    )
+    parser.add_argument(
+        "--topic",
+        action="append",
+        default=None,
+        help="topic to report (repeatable; default: the worker's two input topics)",
+    )
+    parser.add_argument("--bootstrap", default=None, help="default LEAP_KAFKA_BOOTSTRAP")
+    parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = config.Config.from_env()
+    bootstrap = args.bootstrap or resolve_bootstrap(cfg.kafka_bootstrap)
+    group = args.group or cfg.consumer_group
+    topics = args.topic or [cfg.topic_submissions, cfg.topic_completions]
+    rows = LagReader(bootstrap, group, topics).read()
+    total = total_lag(rows)
+    if args.json:
+        doc = {"group": group, "total": total, "partitions": [asdict(r) for r in rows]}
+        print(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode())
+        return 0
+    print(f"group {group}")
+    print(f"{'topic':<32} {'part':>4} {'committed':>10} {'high':>10} {'lag':>8}")
+    for r in rows:
+        committed = "-" if r.committed is None else str(r.committed)
+        print(f"{r.topic:<32} {r.partition:>4} {committed:>10} {r.high:>10} {r.lag:>8}")
+    print(f"total lag {total}")
+    return 0
+
+
+__all__ = ["LagReader", "PartitionLag", "compute_lag", "total_lag"]

@@ -1,0 +1,109 @@
+"""Prometheus metrics of the worker; the names are an interface (docs/design.md).
+
+One `Metrics` object per process holds every collector on its own registry, so tests can build
+as many as they like without clashing on the global default registry.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_BATCH_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_SIZE_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000)
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.events_in = Counter(
+            "leap_events_in", "Input events by topic and outcome.", ["topic", "outcome"], registry=r
+        )
+        self.dead_letter = Counter(
+            "leap_dead_letter",
+            "Events sent to the dead-letter topic.",
+            ["topic", "kind"],
+            registry=r,
+        )
+        self.rankings_out = Counter(
+            "leap_rankings_out", "Rankings produced by source.", ["source"], registry=r
+        )
+        self.fallback = Counter(
+            "leap_fallback", "Rankings not made by the model, by reason.", ["reason"], registry=r
+        )
+        self.ranking_latency = Histogram(
+            "leap_ranking_latency_seconds",
+            "submitted_at to ranking produced.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.batch_seconds = Histogram(
+            "leap_batch_seconds",
+            "Wall time of one batch, decode to durable output.",
+            ["agent"],
+            buckets=_BATCH_BUCKETS,
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "leap_batch_size", "Events per batch.", ["agent"], buckets=_SIZE_BUCKETS, registry=r
+        )
+        self.coverage_ratio = Gauge(
+            "leap_coverage_ratio",
+            "Rankings with source != none / valid submissions since start.",
+            registry=r,
+        )
+        self.model_info = Gauge(
+            "leap_model_info", "The loaded model version (value 1).", ["version"], registry=r
+        )
+        self.model_age = Gauge(
+            "leap_model_age_seconds", "now - trained_at of the loaded model.", registry=r
+        )
+        self.model_load_failures = Counter(
+            "leap_model_load_failures", "Model loads that failed (old model kept).", registry=r
+        )
+        self.redis_errors = Counter(
+            "leap_redis_errors", "Redis operations that failed.", ["op"], registry=r
+        )
+        self.history_unavailable = Counter(
+            "leap_history_unavailable",
+            "Rankings made without history because Redis failed.",
+            registry=r,
+        )
+        self.consumer_lag = Gauge(
+            "leap_consumer_lag",
+            "High watermark minus committed offset of the worker's group.",
+            ["topic", "partition"],
+            registry=r,
+        )
+        self.completions_duplicate = Counter(
+            "leap_completions_duplicate", "Completions already seen (ignored).", registry=r
+        )
+        self.dataset_rows_written = Counter(
+            "leap_dataset_rows_written", "Rows made durable in the dataset.", registry=r
+        )
+        self._valid_submissions = 0
+        self._covered = 0
+        self._model_version: str | None = None
+
+    def observe_coverage(self, valid: int, covered: int) -> None:
+        self._valid_submissions += valid
+        self._covered += covered
+        if self._valid_submissions:
+            self.coverage_ratio.set(self._covered / self._valid_submissions)
+
+    def set_model(self, version: str | None, trained_at_epoch: float | None, now: float) -> None:
+        if self._model_version is not None:
+            self.model_info.remove(self._model_version)
+        self._model_version = version
+        if version is not None:
+            self.model_info.labels(version=version).set(1)
+        self.model_age.set(max(0.0, now - trained_at_epoch) if trained_at_epoch else 0.0)
+
+    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
+        """Start /metrics in a daemon thread (prometheus-client's own server)."""
+        if port:
+            start_http_server(port, addr=addr, registry=self.registry)
+
+
+__all__ = ["Metrics"]

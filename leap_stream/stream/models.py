@@ -1,0 +1,99 @@
+"""Hot reload: the worker's current `Ranker`, rebuilt when the registry's `current` changes.
+
+`poll()` runs in a worker thread (LightGBM parses the model text there, off the event loop)
+and swaps `self.ranker` with one assignment, which is atomic in Python: a batch that already
+took the old ranker finishes with it, the next batch gets the new one. A failed load keeps the
+old model and counts `leap_model_load_failures_total`.
+
+Fallback chain when there is no model: the lookup table saved beside the model
+(``lookup.json``), else one fitted from the dataset at start-up, else ``source=none``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from leap_stream.contracts import parse_ts
+from leap_stream.core.lookup import LookupTable
+from leap_stream.core.predictor import ThroughputModel
+from leap_stream.core.ranker import Ranker
+from leap_stream.store.registry import CurrentModel, ModelLoadError, Registry
+from leap_stream.stream.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+LOOKUP_FILE = "lookup.json"
+
+
+def load_model_dir(path: Path) -> tuple[ThroughputModel, LookupTable | None]:
+    model = ThroughputModel.load(path)
+    lookup = LookupTable.load(path / LOOKUP_FILE) if (path / LOOKUP_FILE).exists() else None
+    return model, lookup
+
+
+def lookup_from_dataset(dataset_dir: Path) -> LookupTable | None:
+    """A lookup table fitted on the training dataset; None when there is none yet."""
+    try:
+        from leap_stream.store.offline import read_dataset
+
+        frame = read_dataset(dataset_dir)
+        if len(frame) == 0:
+            return None
+        return LookupTable.fit(frame)
+    except Exception as exc:
+        log.warning("no lookup table from the dataset at %s: %r", dataset_dir, exc)
+        return None
+
+
+class RankerHolder:
+    def __init__(
+        self,
+        catalog: Any,
+        registry: Registry | None,
+        metrics: Metrics,
+        fallback_lookup: LookupTable | None = None,
+    ) -> None:
+        self.catalog = catalog
+        self.metrics = metrics
+        self.fallback_lookup = fallback_lookup
+        self._current = CurrentModel(registry, load_model_dir) if registry is not None else None
+        self.ranker = Ranker(catalog, model=None, lookup=fallback_lookup)
+        self.version: str | None = None
+        metrics.set_model(None, None, time.time())
+
+    def get(self) -> Ranker:
+        return self.ranker
+
+    def poll(self) -> bool:
+        """True when a new model is now serving."""
+        if self._current is None:
+            return False
+        try:
+            changed = self._current.poll()
+        except ModelLoadError as exc:
+            self.metrics.model_load_failures.inc()
+            log.error("model load failed, keeping %s: %s", self.version or "no model", exc)
+            return False
+        if changed and self._current.model is not None:
+            model, lookup = self._current.model
+            self.ranker = Ranker(self.catalog, model=model, lookup=lookup or self.fallback_lookup)
+            self.version = self._current.version
+            log.info("serving model %s", self.version)
+        self._refresh_age()
+        return changed
+
+    def _refresh_age(self) -> None:
+        trained_at = None
+        if self._current is not None and self.version is not None:
+            try:
+                meta = self._current.registry.metadata(self.version)
+                trained_at = parse_ts(str(meta["trained_at"]))
+            except Exception:
+                trained_at = None
+        self.metrics.set_model(self.version, trained_at, time.time())
+
+
+__all__ = ["LOOKUP_FILE", "RankerHolder", "load_model_dir", "lookup_from_dataset"]
