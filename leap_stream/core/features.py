@@ -1,0 +1,433 @@
+"""The (job × candidate hardware) feature frame, one builder for training and serving.
+
+Training and serving call the same `build`, so a model never sees a feature computed one way
+offline and another way online. Everything is vectorised with numpy over flattened arrays; the
+only Python loops flatten the per-job history dicts (a handful of entries each).
+
+Throughput features are in log space and *per device* (samples/s ÷ num_devices): per-device
+throughput transfers across device counts far better than whole-job throughput, and the model's
+target is the same quantity (see `predictor.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from leap_stream.core.history import LineageHistory, TypeAggregates
+
+# Columns of a job frame (the dataset's column names; `ranker.jobs_frame` builds it from events).
+JOB_COLUMNS = (
+    "lineage_id",
+    "family",
+    "model_type",
+    "parameters",
+    "active_parameters",
+    "layers",
+    "hidden_size",
+    "sequence_length",
+    "precision",
+    "optimizer",
+    "framework",
+    "global_batch_size",
+    "micro_batch_size",
+    "num_devices",
+    "data_parallel",
+    "tensor_parallel",
+    "pipeline_parallel",
+    "activation_checkpointing",
+)
+
+CATEGORIES: dict[str, tuple[str, ...]] = {
+    "precision": ("fp32", "tf32", "fp16", "bf16", "fp8"),
+    "family": (
+        "dense_llm",
+        "moe_llm",
+        "encoder",
+        "vision_cnn",
+        "vision_vit",
+        "diffusion",
+        "recsys",
+        "speech",
+        "gnn",
+    ),
+    "framework": ("pytorch", "jax", "tensorflow"),
+    "optimizer": ("adamw", "adam", "sgd", "adafactor", "lamb", "lion", "adagrad"),
+    "vendor": ("nvidia", "amd", "google", "aws", "intel"),
+}
+# Categoricals whose levels come from the training data (stored in the model's metadata).
+OPEN_CATEGORIES = ("model_type", "hardware_type")
+
+GROUPS: dict[str, tuple[str, ...]] = {
+    "config": (
+        "log_params",
+        "log_active_params",
+        "log_layers",
+        "log_hidden",
+        "log_seq",
+        "log_global_batch",
+        "log_micro_batch",
+        "log_devices",
+        "log_dp",
+        "log_tp",
+        "log_pp",
+        "act_ckpt",
+        "log_flops_per_sample",
+        "log_bytes_per_sample",
+        "log_mem_per_device_gib",
+        "mem_ratio",
+        "precision",
+        "family",
+        "framework",
+        "optimizer",
+        "model_type",
+    ),
+    "specs": (
+        "hardware_type",
+        "vendor",
+        "log_peak_tflops",
+        "log_mem_bw",
+        "log_device_mem",
+        "log_interconnect",
+        "log_cost",
+        "log_roofline",
+    ),
+    # The lineage's own prior throughput (the published lesson: the feature that matters most).
+    "prior": (
+        "self_log_pd",
+        "self_log_dev_ratio",
+        "self_count",
+        "self_age_days",
+        "other_log_pd",
+        "other_log_flops_ratio",
+        "other_log_bw_ratio",
+        "other_count",
+        "other_age_days",
+        "hist_types",
+        "est_transfer",
+    ),
+    # Per (model_type × hardware) EWMA aggregates.
+    "agg": ("agg_cand", "agg_cand_count", "agg_prior", "agg_ratio"),
+}
+ALL_FEATURES: tuple[str, ...] = tuple(f for g in GROUPS.values() for f in g)
+
+# Bytes per parameter for weights + gradients + optimizer state (mixed precision keeps fp32 master
+# weights); a coarse estimate, used for the fit check and as a feature.
+_OPT_STATE_BYTES = {"adamw": 12.0, "adam": 12.0, "lamb": 12.0, "adafactor": 6.0, "lion": 8.0}
+_OPT_STATE_DEFAULT = 8.0  # sgd (momentum), adagrad
+_ELEM_BYTES = {"fp32": 4.0, "tf32": 4.0, "fp16": 2.0, "bf16": 2.0, "fp8": 1.0}
+# Usable share of device memory (allocator, buffers, framework overhead).
+FIT_HEADROOM = 1.0
+DAY_S = 86400.0
+
+
+def _log(x: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.log(np.asarray(x, dtype=np.float64))
+
+
+def memory_per_device_gib(jobs: pd.DataFrame) -> np.ndarray:
+    """Estimated peak memory per device: sharded model state plus micro-batch activations."""
+    params = jobs["parameters"].to_numpy(np.float64)
+    elem = jobs["precision"].map(_ELEM_BYTES).fillna(2.0).to_numpy(np.float64)
+    opt = jobs["optimizer"].map(_OPT_STATE_BYTES).fillna(_OPT_STATE_DEFAULT).to_numpy(np.float64)
+    tp = jobs["tensor_parallel"].to_numpy(np.float64)
+    pp = jobs["pipeline_parallel"].to_numpy(np.float64)
+    state = params * (2.0 * elem + opt) / (tp * pp)
+    seq = jobs["sequence_length"].to_numpy(np.float64)
+    hidden = jobs["hidden_size"].to_numpy(np.float64)
+    layers = jobs["layers"].to_numpy(np.float64)
+    mbs = jobs["micro_batch_size"].to_numpy(np.float64)
+    ckpt = jobs["activation_checkpointing"].to_numpy(bool)
+    per_layer = np.where(ckpt, 2.0, 16.0)  # elements per (token × hidden) kept per layer
+    acts = mbs * seq * hidden * (layers / pp) * per_layer * elem / tp
+    return np.asarray((state + acts) / 2**30)
+
+
+def flops_per_sample(jobs: pd.DataFrame) -> np.ndarray:
+    """Training FLOPs per sample: 6·active params per token (8 with recomputation)."""
+    active = jobs["active_parameters"].fillna(jobs["parameters"]).to_numpy(np.float64)
+    seq = jobs["sequence_length"].to_numpy(np.float64)
+    ckpt = jobs["activation_checkpointing"].to_numpy(bool)
+    return np.asarray(np.where(ckpt, 8.0, 6.0) * active * seq)
+
+
+def _categorical(values: np.ndarray | pd.Series, levels: Sequence[str]) -> pd.Categorical:
+    return pd.Categorical(np.asarray(values, dtype=object), categories=list(levels))
+
+
+def _flatten_lineage(
+    histories: Sequence[LineageHistory | None], code: dict[str, int]
+) -> tuple[np.ndarray, ...]:
+    job: list[int] = []
+    hw: list[int] = []
+    sps: list[float] = []
+    nd: list[float] = []
+    at: list[float] = []
+    cnt: list[float] = []
+    for j, h in enumerate(histories):
+        if not h:
+            continue
+        for t, m in h.items():
+            c = code.get(t)
+            if c is None:
+                continue  # a type the catalog no longer has: no specs to relate it to
+            job.append(j)
+            hw.append(c)
+            sps.append(m.samples_per_s)
+            nd.append(m.num_devices)
+            at.append(m.measured_at)
+            cnt.append(m.count)
+    return (
+        np.asarray(job, np.int64),
+        np.asarray(hw, np.int64),
+        np.asarray(sps, np.float64),
+        np.asarray(nd, np.float64),
+        np.asarray(at, np.float64),
+        np.asarray(cnt, np.float64),
+    )
+
+
+def _flatten_aggregates(
+    aggregates: Sequence[TypeAggregates | None], code: dict[str, int]
+) -> tuple[np.ndarray, ...]:
+    job: list[int] = []
+    hw: list[int] = []
+    ewma: list[float] = []
+    cnt: list[float] = []
+    for j, a in enumerate(aggregates):
+        if not a:
+            continue
+        for t, g in a.items():
+            c = code.get(t)
+            if c is None:
+                continue
+            job.append(j)
+            hw.append(c)
+            ewma.append(g.ewma_log_per_device)
+            cnt.append(g.count)
+    return (
+        np.asarray(job, np.int64),
+        np.asarray(hw, np.int64),
+        np.asarray(ewma, np.float64),
+        np.asarray(cnt, np.float64),
+    )
+
+
+def _lookup(keys: np.ndarray, table_keys: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """values[table_keys == key] for each key, NaN when absent (table_keys unique)."""
+    out = np.full(len(keys), np.nan)
+    if len(table_keys) == 0 or len(keys) == 0:
+        return out
+    order = np.argsort(table_keys, kind="stable")
+    sk = table_keys[order]
+    pos = np.searchsorted(sk, keys)
+    pos_c = np.minimum(pos, len(sk) - 1)
+    hit = sk[pos_c] == keys
+    out[hit] = values[order[pos_c[hit]]]
+    return out
+
+
+def build(
+    jobs: pd.DataFrame,
+    candidates: Sequence[Sequence[str]],
+    histories: Sequence[LineageHistory | None],
+    aggregates: Sequence[TypeAggregates | None],
+    specs: pd.DataFrame,
+    now: np.ndarray,
+) -> pd.DataFrame:
+    """One row per (job, candidate): columns `job` (row of `jobs`), `hardware_type`, `known`
+    (the candidate is in `specs`), `fits` (estimated memory fits the device) and `ALL_FEATURES`.
+
+    `histories[j]` / `aggregates[j]` are job j's lineage history and its model type's
+    aggregates *as of its submission* (point in time); `now[j]` is that time in epoch seconds.
+    """
+    n_jobs = len(jobs)
+    lens = np.fromiter((len(c) for c in candidates), np.int64, count=n_jobs)
+    job = np.repeat(np.arange(n_jobs, dtype=np.int64), lens)
+    hw_names = np.asarray([t for c in candidates for t in c], dtype=object)
+    n = len(job)
+
+    types = list(specs.index)
+    code = {t: i for i, t in enumerate(types)}
+    k = len(types) + 1  # last code: unknown
+    hw = np.fromiter((code.get(t, k - 1) for t in hw_names), np.int64, count=n)
+    known = hw < k - 1
+
+    def spec(col: str) -> np.ndarray:
+        v = np.append(specs[col].to_numpy(np.float64), np.nan)
+        return v
+
+    flops_t, bw_t, mem_t, ic_t, cost_t = (
+        spec("peak_bf16_tflops"),
+        spec("memory_bandwidth_gbps"),
+        spec("device_memory_gib"),
+        spec("interconnect_gbps"),
+        spec("cost_per_device_hour"),
+    )
+    log_flops_t, log_bw_t = _log(flops_t), _log(bw_t)
+    vendor_t = np.append(specs["vendor"].to_numpy(object), np.asarray([None], dtype=object))
+
+    # --- job-level config, broadcast to rows
+    nd_j = jobs["num_devices"].to_numpy(np.float64)
+    fps_j = flops_per_sample(jobs)
+    mem_j = memory_per_device_gib(jobs)
+    elem_j = jobs["precision"].map(_ELEM_BYTES).fillna(2.0).to_numpy(np.float64)
+    bps_j = (
+        jobs["sequence_length"].to_numpy(np.float64)
+        * jobs["hidden_size"].to_numpy(np.float64)
+        * jobs["layers"].to_numpy(np.float64)
+        * elem_j
+    )
+    now_j = np.asarray(now, np.float64)
+
+    f: dict[str, object] = {"job": job, "hardware_type": hw_names, "known": known}
+    for name, col in (
+        ("log_params", "parameters"),
+        ("log_layers", "layers"),
+        ("log_hidden", "hidden_size"),
+        ("log_seq", "sequence_length"),
+        ("log_global_batch", "global_batch_size"),
+        ("log_micro_batch", "micro_batch_size"),
+        ("log_devices", "num_devices"),
+        ("log_dp", "data_parallel"),
+        ("log_tp", "tensor_parallel"),
+        ("log_pp", "pipeline_parallel"),
+    ):
+        f[name] = _log(jobs[col].to_numpy(np.float64))[job]
+    active = jobs["active_parameters"].fillna(jobs["parameters"]).to_numpy(np.float64)
+    f["log_active_params"] = _log(active)[job]
+    f["act_ckpt"] = jobs["activation_checkpointing"].to_numpy(np.float64)[job]
+    f["log_flops_per_sample"] = _log(fps_j)[job]
+    f["log_bytes_per_sample"] = _log(bps_j)[job]
+    f["log_mem_per_device_gib"] = _log(mem_j)[job]
+    mem_ratio = mem_j[job] / mem_t[hw]
+    f["mem_ratio"] = mem_ratio
+    f["fits"] = ~(mem_ratio > FIT_HEADROOM)  # unknown specs: not excluded here (unknown_hardware)
+    for col in ("precision", "family", "framework", "optimizer"):
+        f[col] = _categorical(jobs[col].to_numpy(object)[job], CATEGORIES[col])
+    f["model_type"] = jobs["model_type"].to_numpy(object)[job]  # levels set by the model
+
+    # --- candidate specs
+    f["vendor"] = _categorical(vendor_t[hw], CATEGORIES["vendor"])
+    f["log_peak_tflops"] = log_flops_t[hw]
+    f["log_mem_bw"] = log_bw_t[hw]
+    f["log_device_mem"] = _log(mem_t)[hw]
+    f["log_interconnect"] = _log(ic_t)[hw]
+    f["log_cost"] = _log(cost_t)[hw]
+    # Per-device samples/s at 40 % of peak: a physics prior for jobs without any history.
+    roofline = _log(0.4 * flops_t[hw] * 1e12) - _log(fps_j)[job]
+    f["log_roofline"] = roofline
+
+    # --- the lineage's own history
+    row_key = job * k + hw
+    h_job, h_hw, h_sps, h_nd, h_at, h_cnt = _flatten_lineage(histories, code)
+    h_key = h_job * k + h_hw
+    h_lpd = _log(h_sps / h_nd) if len(h_sps) else np.empty(0)
+    self_lpd = _lookup(row_key, h_key, h_lpd)
+    f["self_log_pd"] = self_lpd
+    f["self_log_dev_ratio"] = _log(nd_j[job]) - _log(_lookup(row_key, h_key, h_nd))
+    f["self_count"] = _lookup(row_key, h_key, h_cnt)
+    f["self_age_days"] = (now_j[job] - _lookup(row_key, h_key, h_at)) / DAY_S
+    hist_types = np.bincount(h_job, minlength=n_jobs).astype(np.float64)
+    f["hist_types"] = hist_types[job]
+
+    # Most similar *other* type the lineage ran on (spec distance), via (row × entry) pairs.
+    other_idx = np.full(n, -1, np.int64)
+    if len(h_job) and n:
+        order = np.argsort(h_job, kind="stable")
+        h_start = np.searchsorted(h_job[order], np.arange(n_jobs))
+        per_row = hist_types.astype(np.int64)[job]
+        pair_row = np.repeat(np.arange(n), per_row)
+        offs = np.arange(len(pair_row)) - np.repeat(np.cumsum(per_row) - per_row, per_row)
+        pair_entry = order[h_start[job[pair_row]] + offs]
+        ph = h_hw[pair_entry]
+        rh = hw[pair_row]
+        dist = np.abs(log_flops_t[rh] - log_flops_t[ph]) + np.abs(log_bw_t[rh] - log_bw_t[ph])
+        dist = np.where((ph == rh) | ~np.isfinite(dist), np.inf, dist)
+        # ties: most recent measurement
+        sel = np.lexsort((-h_at[pair_entry], dist, pair_row))
+        first = np.ones(len(sel), bool)
+        first[1:] = pair_row[sel][1:] != pair_row[sel][:-1]
+        best = sel[first]
+        ok = np.isfinite(dist[best])
+        other_idx[pair_row[best][ok]] = pair_entry[best][ok]
+    has_other = other_idx >= 0
+    oi = np.where(has_other, other_idx, 0)
+
+    def other(v: np.ndarray) -> np.ndarray:
+        if len(v) == 0:
+            return np.full(n, np.nan)
+        return np.where(has_other, v[oi], np.nan)
+
+    other_lpd = other(h_lpd)
+    other_hw = np.where(has_other, other(h_hw.astype(np.float64)), k - 1).astype(np.int64)
+    f["other_log_pd"] = other_lpd
+    f["other_log_flops_ratio"] = np.where(
+        has_other, log_flops_t[hw] - log_flops_t[other_hw], np.nan
+    )
+    f["other_log_bw_ratio"] = np.where(has_other, log_bw_t[hw] - log_bw_t[other_hw], np.nan)
+    f["other_count"] = other(h_cnt)
+    f["other_age_days"] = (now_j[job] - other(h_at)) / DAY_S
+
+    # --- model-type aggregates
+    a_job, a_hw, a_ewma, a_cnt = _flatten_aggregates(aggregates, code)
+    a_key = a_job * k + a_hw
+    agg_cand = _lookup(row_key, a_key, a_ewma)
+    agg_prior = _lookup(job * k + other_hw, a_key, a_ewma)
+    agg_ratio = agg_cand - agg_prior
+    f["agg_cand"] = agg_cand
+    f["agg_cand_count"] = _lookup(row_key, a_key, a_cnt)
+    f["agg_prior"] = agg_prior
+    f["agg_ratio"] = agg_ratio
+    # The other-hardware prior moved to the candidate by a blend of the FLOP/s and bandwidth
+    # ratios (the aggregate ratio is a separate feature so the `agg` ablation stays clean).
+    spec_ratio = 0.5 * (
+        (log_flops_t[hw] - log_flops_t[other_hw]) + (log_bw_t[hw] - log_bw_t[other_hw])
+    )
+    est = other_lpd + spec_ratio
+    f["est_transfer"] = est
+
+    frame = pd.DataFrame(f)
+    return frame
+
+
+def base_log(frame: pd.DataFrame, groups: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """The offset (log per-device samples/s) from the enabled feature groups only, and which
+    estimate it came from (`BASE_KINDS`): a feature for the booster and the interval bucket.
+
+    Ablating a group must also remove it from the offset, or it leaks back in.
+    """
+    n = len(frame)
+    nan = np.full(n, np.nan)
+    col = {c: frame[c].to_numpy(np.float64) for c in _BASE_INPUTS}
+    cands = [nan, nan, nan, nan]
+    if "prior" in groups:
+        cands[0] = col["self_log_pd"]
+        moved = col["other_log_pd"] + (col["agg_ratio"] if "agg" in groups else nan)
+        cands[1] = np.where(np.isfinite(moved), moved, col["est_transfer"])
+    if "agg" in groups:
+        cands[2] = col["agg_cand"]
+    if "specs" in groups and "config" in groups:
+        cands[3] = col["log_roofline"]
+    ok = [np.isfinite(c) for c in cands]
+    kind = np.select(ok, [0, 1, 2, 3], 4).astype(np.int64)
+    base = np.select(ok, cands, 0.0)
+    return np.asarray(base), kind
+
+
+BASE_KINDS = ("self", "other_type", "type_aggregate", "roofline", "none")
+_BASE_INPUTS = (
+    "self_log_pd",
+    "other_log_pd",
+    "agg_ratio",
+    "est_transfer",
+    "agg_cand",
+    "log_roofline",
+)
+
+
+def feature_names(groups: Sequence[str]) -> list[str]:
+    return [f for g in GROUPS if g in groups for f in GROUPS[g]]

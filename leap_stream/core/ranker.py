@@ -1,0 +1,261 @@
+"""`Ranker`: submissions → hardware rankings, with the model → lookup → none fallback chain.
+
+One feature build and one LightGBM call per batch; everything else is numpy over the flattened
+(job × candidate) rows. `score_batch` returns the scored rows (the backtest uses them to compare
+against the simulator's truth); `rank_batch` formats them as `hardware-ranking` events.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any, Protocol
+
+import numpy as np
+import pandas as pd
+
+from leap_stream.core import features as F
+from leap_stream.core.history import LineageHistory, TypeAggregates
+from leap_stream.core.lookup import LookupTable
+from leap_stream.core.predictor import INTERVAL_LEVEL, ThroughputModel
+from leap_stream.core.ranking import (
+    SCHEMA_VERSION,
+    candidate_entry,
+    format_ts,
+    parse_ts,
+    rank_order,
+    ranking_event_id,
+    throughput_per_cost,
+)
+
+log = logging.getLogger(__name__)
+
+# source codes of a scored row
+SRC_MODEL, SRC_LOOKUP, SRC_NONE = 0, 1, 2
+SOURCES = ("model", "lookup", "none")
+
+
+class Catalog(Protocol):
+    def spec_matrix(self) -> pd.DataFrame: ...
+
+
+def jobs_frame(submissions: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """Flatten validated job-submitted events into the dataset's column names."""
+    models = [s["model"] for s in submissions]
+    training = [s["training"] for s in submissions]
+    cols: dict[str, Any] = {
+        "lineage_id": [s["lineage_id"] for s in submissions],
+        "submitted_at_s": np.fromiter(
+            (parse_ts(s["submitted_at"]) for s in submissions), np.float64, len(submissions)
+        ),
+    }
+    for c in (
+        "family",
+        "model_type",
+        "parameters",
+        "layers",
+        "hidden_size",
+        "sequence_length",
+        "precision",
+        "optimizer",
+        "framework",
+    ):
+        cols[c] = [m[c] for m in models]
+    cols["active_parameters"] = [m.get("active_parameters", m["parameters"]) for m in models]
+    for c in (
+        "global_batch_size",
+        "micro_batch_size",
+        "num_devices",
+        "data_parallel",
+        "tensor_parallel",
+        "pipeline_parallel",
+        "activation_checkpointing",
+    ):
+        cols[c] = [t[c] for t in training]
+    return pd.DataFrame(cols)
+
+
+class Ranker:
+    def __init__(
+        self,
+        catalog: Catalog,
+        model: ThroughputModel | None = None,
+        lookup: LookupTable | None = None,
+    ) -> None:
+        self.specs = catalog.spec_matrix()
+        self.model = model
+        self.lookup = lookup
+        self._known = set(self.specs.index)
+
+    def score_batch(
+        self,
+        jobs: pd.DataFrame,
+        candidates: Sequence[Sequence[str]],
+        histories: Sequence[LineageHistory | None],
+        aggregates: Sequence[TypeAggregates | None],
+        now: np.ndarray,
+    ) -> tuple[pd.DataFrame, np.ndarray]:
+        """Scored (job × known candidate) rows and a per-job reason code for the model stage.
+
+        Row columns added: `pred`, `low`, `high` (NaN when no prediction), `source` (0 model,
+        1 lookup, 2 none), `cost`, `tpc`.
+        """
+        known_cands = [[t for t in c if t in self._known] for c in candidates]
+        hist = [h or {} for h in histories]
+        frame = F.build(jobs, known_cands, hist, aggregates, self.specs, now)
+        n, n_jobs = len(frame), len(jobs)
+        pred = np.full(n, np.nan)
+        low = np.full(n, np.nan)
+        high = np.full(n, np.nan)
+        source = np.full(n, SRC_NONE, np.int64)
+        fits = frame["fits"].to_numpy(bool)
+        model_reason = np.full(n_jobs, "ok" if self.model is not None else "no_model", object)
+        if self.model is not None and fits.any():
+            try:
+                p50, p10, p90 = self.model.predict(frame.loc[fits])
+                pred[fits], low[fits], high[fits] = p50, p10, p90
+                ok = fits & np.isfinite(pred) & (pred > 0)
+                source[ok] = SRC_MODEL
+            except Exception:  # a bad model must not take the worker down: fall back
+                log.exception("model prediction failed; falling back to the lookup table")
+                model_reason[:] = "model_error"
+                pred[:] = np.nan
+        job = frame["job"].to_numpy(np.int64)
+        # A job whose fitting candidates did not all get a model prediction uses the lookup.
+        all_model = np.ones(n_jobs, bool)
+        np.logical_and.at(all_model, job[fits], source[fits] == SRC_MODEL)
+        has_fit = np.zeros(n_jobs, bool)
+        has_fit[job[fits]] = True
+        need_lookup = has_fit & ~(all_model & (model_reason == "ok"))
+        model_reason[has_fit & ~all_model & (model_reason == "ok")] = "model_error"
+        rows_lk = fits & need_lookup[job]
+        source[rows_lk] = SRC_NONE
+        pred[rows_lk] = low[rows_lk] = high[rows_lk] = np.nan
+        if self.lookup is not None and rows_lk.any():
+            sub = jobs.iloc[job[rows_lk]]
+            lk, _lv = self.lookup.predict(
+                sub["model_type"].to_numpy(object),
+                sub["family"].to_numpy(object),
+                frame["hardware_type"].to_numpy(object)[rows_lk],
+                sub["num_devices"].to_numpy(np.float64),
+            )
+            pred[rows_lk] = lk
+            source[rows_lk] = np.where(np.isfinite(lk) & (lk > 0), SRC_LOOKUP, SRC_NONE)
+        nd = jobs["num_devices"].to_numpy(np.float64)[job]
+        cost = (
+            self.specs["cost_per_device_hour"].reindex(frame["hardware_type"]).to_numpy(np.float64)
+        )
+        frame["pred"] = pred
+        frame["low"] = low
+        frame["high"] = high
+        frame["source"] = source
+        frame["cost"] = cost
+        frame["tpc"] = throughput_per_cost(pred, cost, nd)
+        return frame, model_reason
+
+    def rank_batch(
+        self,
+        submissions: Sequence[Mapping[str, Any]],
+        histories: Sequence[LineageHistory | None],
+        aggregates: Mapping[str, TypeAggregates],
+        now: datetime,
+    ) -> list[dict[str, Any]]:
+        """One hardware-ranking dict per submission (see docs/design.md, Core API)."""
+        if not submissions:
+            return []
+        jobs = jobs_frame(submissions)
+        mts = jobs["model_type"].tolist()
+        aggs = [aggregates.get(m) for m in mts]
+        frame, model_reason = self.score_batch(
+            jobs,
+            [s["candidate_hardware"] for s in submissions],
+            histories,
+            aggs,
+            jobs["submitted_at_s"].to_numpy(),
+        )
+        produced = format_ts(now)
+        now_s = now.timestamp()
+        job = frame["job"].to_numpy(np.int64)
+        source = frame["source"].to_numpy(np.int64)
+        fits = frame["fits"].to_numpy(bool)
+        usable = source != SRC_NONE
+        score = np.where(usable, frame["tpc"].to_numpy(np.float64), -np.inf)
+        order = rank_order(job, score)
+        hw = frame["hardware_type"].to_numpy(object)[order].tolist()
+        pred = frame["pred"].to_numpy(np.float64)[order].tolist()
+        low = frame["low"].to_numpy(np.float64)[order].tolist()
+        high = frame["high"].to_numpy(np.float64)[order].tolist()
+        cost = frame["cost"].to_numpy(np.float64)[order].tolist()
+        tpc = frame["tpc"].to_numpy(np.float64)[order].tolist()
+        src = source[order].tolist()
+        fit_o = fits[order].tolist()
+        job_o = job[order]
+        starts = np.searchsorted(job_o, np.arange(len(submissions) + 1)).tolist()
+        version = self.model.version if self.model is not None else None
+        submitted_s = jobs["submitted_at_s"].to_numpy(np.float64).tolist()
+        out: list[dict[str, Any]] = []
+        for j, s in enumerate(submissions):
+            nd = int(s["training"]["num_devices"])
+            cands: list[dict[str, Any]] = []
+            excluded: list[dict[str, Any]] = []
+            seen: set[str] = set()
+            sources: set[int] = set()
+            any_fit = False
+            for r in range(starts[j], starts[j + 1]):
+                t = hw[r]
+                seen.add(t)
+                if not fit_o[r]:
+                    excluded.append({"hardware_type": t, "reason": "does_not_fit"})
+                    continue
+                any_fit = True
+                if src[r] == SRC_NONE:
+                    excluded.append({"hardware_type": t, "reason": "no_prediction"})
+                    continue
+                sources.add(src[r])
+                is_model = src[r] == SRC_MODEL
+                cands.append(
+                    candidate_entry(
+                        t,
+                        pred[r],
+                        low[r] if is_model else None,
+                        high[r] if is_model else None,
+                        INTERVAL_LEVEL,
+                        cost[r],
+                        nd,
+                        tpc[r],
+                        len(cands) + 1,
+                    )
+                )
+            for t in s["candidate_hardware"]:
+                if t not in seen:
+                    excluded.append({"hardware_type": t, "reason": "unknown_hardware"})
+            if cands:
+                source_name = "model" if SRC_MODEL in sources else "lookup"
+                reason = "ok" if source_name == "model" else str(model_reason[j])
+            else:
+                source_name = "none"
+                reason = "no_candidate_fits" if not any_fit else "lookup_miss"
+                if not seen:
+                    reason = "no_known_candidate"
+            h = histories[j]
+            out.append(
+                {
+                    "schema_version": SCHEMA_VERSION,
+                    "event_id": ranking_event_id(s["event_id"]),
+                    "job_id": s["job_id"],
+                    "attempt": s["attempt"],
+                    "lineage_id": s["lineage_id"],
+                    "submission_event_id": s["event_id"],
+                    "submitted_at": s["submitted_at"],
+                    "produced_at": produced,
+                    "model_version": version if source_name == "model" else None,
+                    "source": source_name,
+                    "reason": reason,
+                    "history_used": bool(h),
+                    "candidates": cands,
+                    "excluded": excluded,
+                    "latency_ms": max(0.0, (now_s - submitted_s[j]) * 1000.0),
+                }
+            )
+        return out

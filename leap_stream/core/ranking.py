@@ -1,0 +1,78 @@
+"""Turning per-candidate predictions into the hardware-ranking event (pure, no I/O)."""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+
+SCHEMA_VERSION = 1
+_ID_PREFIX = "rank:"
+_ID_MAX = 128
+
+
+def ranking_event_id(submission_event_id: str) -> str:
+    """Deterministic, so a repeat ranking of the same submission is recognisable downstream."""
+    eid = _ID_PREFIX + submission_event_id
+    if len(eid) <= _ID_MAX:
+        return eid
+    return _ID_PREFIX + hashlib.sha256(submission_event_id.encode()).hexdigest()
+
+
+def throughput_per_cost(
+    samples_per_s: np.ndarray, cost_per_device_hour: np.ndarray, num_devices: np.ndarray
+) -> np.ndarray:
+    """Samples per USD: samples/s × 3600 / (price per device-hour × devices)."""
+    return np.asarray(
+        np.asarray(samples_per_s, np.float64)
+        * 3600.0
+        / (np.asarray(cost_per_device_hour, np.float64) * np.asarray(num_devices, np.float64))
+    )
+
+
+def rank_order(job: np.ndarray, score: np.ndarray) -> np.ndarray:
+    """Row order grouping by job, best score first within a job (ties: input order)."""
+    return np.lexsort((np.arange(len(job)), -np.asarray(score, np.float64), job))
+
+
+def format_ts(dt: datetime) -> str:
+    """RFC 3339 UTC with milliseconds, e.g. 2026-12-02T13:14:00.123Z."""
+    dt = dt.astimezone(UTC)
+    return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond // 1000:03d}Z"
+
+
+def parse_ts(s: str) -> float:
+    """Epoch seconds from an RFC 3339 string (naive means UTC)."""
+    dt = datetime.fromisoformat(s)
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    return dt.timestamp()
+
+
+def candidate_entry(
+    hardware_type: str,
+    predicted: float,
+    low: float | None,
+    high: float | None,
+    level: float,
+    cost: float,
+    num_devices: int,
+    tpc: float,
+    rank: int,
+) -> dict[str, Any]:
+    interval = (
+        None
+        if low is None or high is None
+        else {"low": max(0.0, low), "high": max(0.0, high), "level": level}
+    )
+    return {
+        "hardware_type": hardware_type,
+        "predicted_throughput": predicted,
+        "interval": interval,
+        "cost_per_device_hour": cost,
+        "num_devices": num_devices,
+        "throughput_per_cost": tpc,
+        "rank": rank,
+    }

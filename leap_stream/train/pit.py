@@ -1,0 +1,101 @@
+"""Point-in-time replay: the history each dataset row would have seen when it was submitted.
+
+A row sees only completions that *ended before its submitted_at*, replayed through the same
+`HistoryBook` rules the online store applies in Lua, so training rows carry exactly the history
+serving will see.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from leap_stream.core.history import HistoryBook, LineageHistory, TypeAggregates
+
+
+def epoch_s(col: pd.Series) -> np.ndarray:
+    """Epoch seconds of a timestamp column (tz-aware or naive UTC, any unit)."""
+    ts = pd.to_datetime(col, utc=True)
+    return np.asarray((ts - pd.Timestamp(0, tz="UTC")).dt.total_seconds().to_numpy(np.float64))
+
+
+@dataclass
+class Snapshots:
+    histories: list[LineageHistory]
+    aggregates: list[TypeAggregates]
+    now: np.ndarray  # submitted_at, epoch s
+    book: HistoryBook  # state after every completion that ended before the last query
+
+
+def replay(
+    completions: pd.DataFrame,
+    queries: pd.DataFrame,
+    book: HistoryBook | None = None,
+) -> Snapshots:
+    """History snapshots for each row of `queries` (lineage_id, model_type, submitted_at),
+    built from `completions` (dataset rows) ending strictly before the query's submitted_at.
+
+    Snapshots are shared between rows while nothing changed (a lineage's dict, a model type's
+    aggregates), which keeps memory linear in completions, not rows × types. Treat them as
+    read-only.
+    """
+    book = book or HistoryBook()
+    c_end = epoch_s(completions["ended_at"])
+    c_order = np.argsort(c_end, kind="stable")
+    c_end = c_end[c_order]
+    c_lin = completions["lineage_id"].to_numpy(object)[c_order]
+    c_mt = completions["model_type"].to_numpy(object)[c_order]
+    c_hw = completions["hardware_type"].to_numpy(object)[c_order]
+    c_st = completions["status"].to_numpy(object)[c_order]
+    c_sps = completions["samples_per_s"].to_numpy(np.float64)[c_order]
+    c_nd = completions["num_devices"].to_numpy(np.int64)[c_order]
+
+    q_now = epoch_s(queries["submitted_at"])
+    q_order = np.argsort(q_now, kind="stable")
+    q_lin = queries["lineage_id"].to_numpy(object)
+    q_mt = queries["model_type"].to_numpy(object)
+    n = len(queries)
+    histories: list[LineageHistory] = [{}] * n
+    aggregates: list[TypeAggregates] = [{}] * n
+    lin_cache: dict[str, LineageHistory] = {}
+    agg_cache: dict[str, TypeAggregates] = {}
+    ptr, n_c = 0, len(c_end)
+    for i in q_order.tolist():
+        t = q_now[i]
+        while ptr < n_c and c_end[ptr] < t:
+            sps = c_sps[ptr]
+            applied = book.apply(
+                c_lin[ptr],
+                c_mt[ptr],
+                c_hw[ptr],
+                c_st[ptr],
+                None if np.isnan(sps) else float(sps),
+                int(c_nd[ptr]),
+                float(c_end[ptr]),
+            )
+            if applied:
+                lin_cache.pop(c_lin[ptr], None)
+                agg_cache.pop(c_mt[ptr], None)
+            ptr += 1
+        lin = q_lin[i]
+        h = lin_cache.get(lin)
+        if h is None:
+            h = lin_cache[lin] = book.lineage(lin)
+        histories[i] = h
+        mt = q_mt[i]
+        a = agg_cache.get(mt)
+        if a is None:
+            a = agg_cache[mt] = book.aggregates(mt)
+        aggregates[i] = a
+    return Snapshots(histories, aggregates, q_now, book)
+
+
+def measured(dataset: pd.DataFrame) -> pd.DataFrame:
+    """Rows that carry a throughput measurement (the training rows)."""
+    sps = dataset["samples_per_s"].to_numpy(np.float64)
+    ok = (
+        dataset["status"].isin(["succeeded", "preempted"]).to_numpy() & np.isfinite(sps) & (sps > 0)
+    )
+    return dataset.loc[ok].reset_index(drop=True)

@@ -1,0 +1,122 @@
+"""Feature builder: point-in-time history features, spec ratios, fit check, vectorised shapes."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from leap_stream.core import features as F
+from leap_stream.core.history import Measurement, TypeAggregate
+from leap_stream.train import synthetic as S
+
+NOW = 1_800_000_000.0
+
+
+def _jobs(n: int = 2, **over: object) -> pd.DataFrame:
+    d = S.dataset(50, seed=3).iloc[:n].reset_index(drop=True)
+    for k, v in over.items():
+        d[k] = v
+    return d
+
+
+def test_shapes_and_order_follow_candidates() -> None:
+    jobs = _jobs(2)
+    cands = [["l4", "h100-sxm"], ["a100-80g", "mi300x", "tpu-v5e"]]
+    fr = F.build(jobs, cands, [None, None], [None, None], S.SPECS, np.full(2, NOW))
+    assert fr["job"].tolist() == [0, 0, 1, 1, 1]
+    assert fr["hardware_type"].tolist() == ["l4", "h100-sxm", "a100-80g", "mi300x", "tpu-v5e"]
+    assert set(F.ALL_FEATURES) <= set(fr.columns)
+    # no history at all: every history feature is NaN
+    for c in F.GROUPS["prior"]:
+        if c != "hist_types":
+            assert fr[c].isna().all(), c
+    assert (fr["hist_types"] == 0).all()
+
+
+def test_self_prior_is_per_device_and_other_is_most_similar_type() -> None:
+    jobs = _jobs(1, num_devices=8)
+    hist = {
+        "h100-sxm": Measurement(800.0, 4, NOW - 2 * 86400, 3),
+        "l4": Measurement(100.0, 8, NOW - 86400, 1),
+        "mi300x": Measurement(900.0, 8, NOW - 3600, 2),
+    }
+    cands = [["h100-sxm", "a100-80g"]]
+    fr = F.build(jobs, cands, [hist], [None], S.SPECS, np.asarray([NOW]))
+    h100 = fr.iloc[0]
+    assert math.isclose(h100["self_log_pd"], math.log(800.0 / 4))
+    assert math.isclose(h100["self_log_dev_ratio"], math.log(8 / 4))
+    assert h100["self_count"] == 3
+    assert math.isclose(h100["self_age_days"], 2.0)
+    assert h100["hist_types"] == 3
+    # for h100 the most similar *other* type by FLOP/s + bandwidth is mi300x, not l4
+    assert math.isclose(h100["other_log_pd"], math.log(900.0 / 8))
+    specs = S.SPECS
+    flops_ratio = math.log(
+        specs.loc["h100-sxm", "peak_bf16_tflops"] / specs.loc["mi300x", "peak_bf16_tflops"]
+    )
+    assert math.isclose(h100["other_log_flops_ratio"], flops_ratio)
+    a100 = fr.iloc[1]
+    assert math.isnan(a100["self_log_pd"])
+    assert math.isclose(a100["other_log_pd"], math.log(800.0 / 4))  # h100 is nearest to a100
+
+
+def test_aggregate_ratio_between_candidate_and_prior_hardware() -> None:
+    jobs = _jobs(1)
+    hist = {"l4": Measurement(10.0, 1, NOW - 10, 1)}
+    aggs = {
+        "l4": TypeAggregate(math.log(10.0), 5, NOW - 10),
+        "h100-sxm": TypeAggregate(math.log(60.0), 7, NOW - 10),
+    }
+    fr = F.build(jobs, [["h100-sxm"]], [hist], [aggs], S.SPECS, np.asarray([NOW]))
+    row = fr.iloc[0]
+    assert math.isclose(row["agg_ratio"], math.log(6.0))
+    assert row["agg_cand_count"] == 7
+    base, kind = F.base_log(fr, list(F.GROUPS))
+    assert kind[0] == 1  # moved from the other type
+    assert math.isclose(base[0], math.log(10.0) + math.log(6.0))
+    # without the prior group the offset may not use the lineage's history
+    base2, kind2 = F.base_log(fr, ["config", "specs", "agg"])
+    assert kind2[0] == 2 and math.isclose(base2[0], math.log(60.0))
+    _, kind3 = F.base_log(fr, ["config", "specs"])
+    assert kind3[0] == 3
+
+
+def test_memory_fit_check_excludes_small_devices() -> None:
+    jobs = _jobs(1, parameters=7e10, active_parameters=7e10, tensor_parallel=1, pipeline_parallel=1)
+    fr = F.build(jobs, [["l4", "mi300x"]], [None], [None], S.SPECS, np.asarray([NOW]))
+    assert fr["fits"].tolist() == [False, False]  # 70B params × 16 B/param on one device
+    jobs = _jobs(1, parameters=1e8, active_parameters=1e8)
+    fr = F.build(jobs, [["l4", "mi300x"]], [None], [None], S.SPECS, np.asarray([NOW]))
+    assert fr["fits"].tolist() == [True, True]
+
+
+def test_unknown_hardware_and_unknown_history_type_do_not_break() -> None:
+    jobs = _jobs(1)
+    hist = {"retired-gpu": Measurement(5.0, 1, NOW - 5, 1)}
+    fr = F.build(jobs, [["nope", "l4"]], [hist], [None], S.SPECS, np.asarray([NOW]))
+    assert fr["known"].tolist() == [False, True]
+    assert fr["log_peak_tflops"].isna().tolist() == [True, False]
+    assert fr["other_log_pd"].isna().all()
+
+
+def test_vectorised_build_matches_one_job_at_a_time() -> None:
+    d = S.dataset(300, seed=5)
+    from leap_stream.train import pit
+
+    snap = pit.replay(d, d)
+    cands = [list(S.SPECS.index)] * len(d)
+    whole = F.build(d, cands, snap.histories, snap.aggregates, S.SPECS, snap.now)
+    for i in (0, 100, 250, 299):
+        one = F.build(
+            d.iloc[[i]].reset_index(drop=True),
+            [cands[i]],
+            [snap.histories[i]],
+            [snap.aggregates[i]],
+            S.SPECS,
+            snap.now[[i]],
+        )
+        part = whole[whole["job"] == i].reset_index(drop=True)
+        num = [c for c in F.ALL_FEATURES if pd.api.types.is_float_dtype(one[c])]
+        np.testing.assert_allclose(part[num].to_numpy(), one[num].to_numpy(), equal_nan=True)

@@ -1,0 +1,40 @@
+"""Point-in-time replay: a row only sees completions that ended before it was submitted."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from leap_stream.train import pit
+
+
+def _row(lin: str, hw: str, sub: str, end: str, sps: float, status: str = "succeeded") -> dict:
+    return {
+        "lineage_id": lin,
+        "model_type": "m",
+        "hardware_type": hw,
+        "status": status,
+        "samples_per_s": sps,
+        "num_devices": 2,
+        "submitted_at": pd.Timestamp(sub, tz="UTC"),
+        "ended_at": pd.Timestamp(end, tz="UTC"),
+    }
+
+
+def test_row_sees_only_completions_ended_before_its_submission() -> None:
+    d = pd.DataFrame(
+        [
+            _row("a", "l4", "2026-01-01T00:00", "2026-01-01T05:00", 10.0),
+            _row("a", "l4", "2026-01-01T04:00", "2026-01-01T08:00", 20.0),  # sub before #0 ends
+            _row("a", "h100", "2026-01-01T06:00", "2026-01-01T07:00", 50.0),
+            _row("a", "l4", "2026-01-01T09:00", "2026-01-01T10:00", 30.0),
+            _row("a", "l4", "2026-01-01T09:30", "2026-01-01T11:00", 0.0, "failed"),
+        ]
+    )
+    snap = pit.replay(d, d)
+    assert snap.histories[0] == {}
+    assert snap.histories[1] == {}  # row 0 ends at 05:00, after row 1 was submitted
+    assert snap.histories[2]["l4"].samples_per_s == 10.0
+    assert set(snap.histories[3]) == {"l4", "h100"}
+    assert snap.histories[3]["l4"].samples_per_s == 20.0 and snap.histories[3]["l4"].count == 2
+    assert snap.aggregates[3]["l4"].count == 2
+    assert len(pit.measured(d)) == 4
