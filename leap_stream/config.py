@@ -102,6 +102,15 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "LEAP_REDIS_PORT", "0", "Redis port for `dev up`; 0 picks 6379 if free, else a free port."
     ),
+    Setting(
+        "LEAP_KAFKA_CONTROLLER_PORT",
+        "0",
+        "KRaft controller port of the local broker; 0: 9093 or a free one.",
+    ),
+    Setting(
+        "LEAP_KAFKA_AUTO_CREATE_TOPICS", "false", "auto.create.topics.enable of the local broker."
+    ),
+    Setting("LEAP_DEV_READY_TIMEOUT_S", "90", "How long `dev up` waits for a service to answer."),
     # --- Worker
     Setting("LEAP_BATCH_SIZE", "500", "Most events taken per batch."),
     Setting("LEAP_BATCH_WITHIN_S", "0.005", "Longest wait to fill a batch (seconds)."),

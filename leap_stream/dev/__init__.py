@@ -1,0 +1,182 @@
+"""Local Kafka and Redis for development, tests, the bench and the demo (`leap-stream dev`).
+
+`ensure_services()` is the one entry point: it reuses what is configured (LEAP_KAFKA_BOOTSTRAP,
+LEAP_REDIS_URL) or already running under $LEAP_HOME, and starts only what is missing.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from leap_stream import config
+from leap_stream.dev import kafka, redis, state
+from leap_stream.dev.state import OWNER_AUTO, OWNER_CLI, Paths, ServiceState
+
+log = logging.getLogger("leap_stream.dev")
+
+SERVICES = ("kafka", "redis")
+_ENV = {"kafka": "LEAP_KAFKA_BOOTSTRAP", "redis": "LEAP_REDIS_URL"}
+_MODULES: dict[str, Any] = {"kafka": kafka, "redis": redis}
+
+
+@dataclass
+class DevServices:
+    """Addresses to use, and which services this call started (the only ones it may stop)."""
+
+    kafka_bootstrap: str
+    redis_url: str
+    started: list[str] = field(default_factory=list)
+    home: Path | None = None
+    leased: list[str] = field(default_factory=list)
+
+    def env(self) -> dict[str, str]:
+        return {"LEAP_KAFKA_BOOTSTRAP": self.kafka_bootstrap, "LEAP_REDIS_URL": self.redis_url}
+
+
+def _running(paths: Paths, name: str) -> ServiceState | None:
+    st = state.load_state(paths, name)
+    if st is not None and state.pid_alive(st.pid, st.marker):
+        return st
+    return None
+
+
+def _ensure_one(paths: Paths, name: str, owner: str) -> tuple[str, bool]:
+    """(address, started_now) for one service."""
+    module = _MODULES[name]
+    configured = config.get(_ENV[name])
+    recorded = state.load_state(paths, name)
+    if configured:
+        if module.is_ready(configured, timeout=3.0):
+            return configured, False
+        # an export left over from an earlier `dev up` of ours: start it again; anything else is
+        # somebody's real service that is down, which we must not paper over with a local one
+        if recorded is None or recorded.address != configured:
+            raise RuntimeError(
+                f"{_ENV[name]}={configured} is set but does not answer; fix it or unset it "
+                f"to let `leap-stream dev up` start a local {name}"
+            )
+    running = _running(paths, name)
+    if running is not None:
+        module.wait_ready(running, float(config.get("LEAP_DEV_READY_TIMEOUT_S")))
+        if owner == OWNER_CLI and running.owner != OWNER_CLI:
+            running.owner = OWNER_CLI  # asked for explicitly: now only `dev down` stops it
+            state.save_state(paths, running)
+        return running.address, False
+    st = module.start(paths, log, owner, recorded)
+    return st.address, True
+
+
+def ensure_services(
+    kafka: bool = True,
+    redis: bool = True,
+    *,
+    home: Path | str | None = None,
+    lease: bool = False,
+    owner: str | None = None,
+) -> DevServices:
+    """Make Kafka and/or Redis answer and return their addresses.
+
+    With `lease=True` (test sessions, bench, demo) services this call starts are owned "auto" and
+    the last lease holder's `stop_services` stops them, so concurrent sessions sharing $LEAP_HOME
+    never pull a broker from under each other.
+    """
+    paths = Paths.from_env(home)
+    owner = owner or (OWNER_AUTO if lease else OWNER_CLI)
+    wanted = [n for n, on in (("kafka", kafka), ("redis", redis)) if on]
+    addresses = {"kafka": "", "redis": ""}
+    started: list[str] = []
+    leased: list[str] = []
+    with state.locked(paths):
+        for name in wanted:
+            addresses[name], now = _ensure_one(paths, name, owner)
+            if now:
+                started.append(name)
+            if lease and _running(paths, name) is not None:
+                state.acquire_lease(paths, name)
+                leased.append(name)
+        _write_env_file(paths)
+    return DevServices(addresses["kafka"], addresses["redis"], started, paths.home, leased)
+
+
+def _write_env_file(paths: Paths) -> None:
+    values = {}
+    for name in SERVICES:
+        st = _running(paths, name)
+        values[_ENV[name]] = st.address if st else config.get(_ENV[name])
+    state.atomic_write(paths.env_file, state.render_env(values).encode())
+
+
+def stop_services(
+    services: DevServices | None = None,
+    *,
+    names: tuple[str, ...] | list[str] | None = None,
+    home: Path | str | None = None,
+    timeout: float = 20.0,
+) -> dict[str, str]:
+    """Stop what was started here. Returns service -> what happened.
+
+    Given `services` (from ensure_services): release its leases and stop what it started or what
+    was "auto"-owned, unless another live session still holds a lease. Without `services`
+    (`dev down`): stop every service recorded under $LEAP_HOME (or only `names`).
+    """
+    paths = Paths.from_env(home if home is not None else (services.home if services else None))
+    result: dict[str, str] = {}
+    with state.locked(paths):
+        if services is None:
+            targets = list(names or SERVICES)
+        else:
+            for name in services.leased:
+                state.release_lease(paths, name)
+            targets = []
+            for name in dict.fromkeys([*services.started, *services.leased]):
+                st = state.load_state(paths, name)
+                if st is None:
+                    continue
+                if holders := state.live_leases(paths, name):
+                    result[name] = f"left running ({len(holders)} other session(s) use it)"
+                elif st.owner == OWNER_AUTO or (
+                    name in services.started and name not in services.leased
+                ):
+                    targets.append(name)
+        for name in targets:
+            st = state.load_state(paths, name)
+            if st is None:
+                result.setdefault(name, "not running")
+                continue
+            result[name] = state.stop_pid(st.pid, st.marker, timeout=timeout)
+            state.clear_state(paths, name)
+        _write_env_file(paths)
+    return result
+
+
+def status(home: Path | str | None = None) -> dict[str, dict[str, Any]]:
+    """What runs under $LEAP_HOME, for `dev status` (also reports stale pid files)."""
+    paths = Paths.from_env(home)
+    out: dict[str, dict[str, Any]] = {}
+    for name in SERVICES:
+        st = state.load_state(paths, name)
+        if st is None:
+            out[name] = {"running": False, "log": str(paths.log_file(name))}
+            continue
+        alive = state.pid_alive(st.pid, st.marker)
+        ready = alive and _MODULES[name].is_ready(st.address, timeout=2.0)
+        out[name] = {
+            "running": alive,
+            "ready": ready,
+            "pid": st.pid,
+            "address": st.address,
+            "owner": st.owner,
+            "log": st.log,
+            "leases": state.live_leases(paths, name),
+            **{k: v for k, v in st.extra.items() if k != "port"},
+        }
+        if not alive:
+            out[name]["stale_pid_file"] = str(paths.pid_file(name))
+    out["home"] = {"path": str(paths.home), "env_file": str(paths.env_file)}
+    return out
+
+
+__all__ = ["DevServices", "ensure_services", "status", "stop_services"]
