@@ -1,0 +1,843 @@
+"""The fleet simulator: a population of training lineages submitting attempts day after day.
+
+Why it is built this way:
+
+* Lineages persist and resubmit (resumes, retries after failure or preemption, new jobs of the
+  same run), so most submissions have a prior measurement, the signal LEAP found most useful.
+* Every random draw is made on arrays whose size does not depend on the policy (the schedule,
+  statuses, noise for *every* candidate), so two policies run on the same seed see the same jobs
+  and the same luck: compute saved by a policy is a paired comparison (common random numbers).
+* The schedule of a lineage uses the planned duration, not the realised one, so a policy
+  cannot change which jobs exist; it only changes where they run, how long they take, and so
+  whether their measurement has arrived before the next submission.
+* One ``step_day`` is a handful of vectorised numpy passes; the only Python loop is over
+  "rounds" (the k-th submission of each lineage that day).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from datetime import UTC, date, datetime, timedelta
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+
+from leap_stream.catalog import HardwareCatalog, load_catalog
+from leap_stream.sim.models import (
+    FAMILIES,
+    FRAMEWORKS,
+    OPTIMIZERS,
+    PRECISIONS,
+    SHARDED_FAMILIES,
+    TOKEN_FAMILIES,
+    model_catalog,
+)
+from leap_stream.sim.throughput import (
+    VENDORS,
+    HardwareArrays,
+    JobArrays,
+    base_throughput,
+    fits,
+    framework_supported,
+)
+
+F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+
+Policy = Callable[[pd.DataFrame], "pd.Series[str]"]
+
+STATUSES: tuple[str, ...] = ("succeeded", "failed", "preempted")
+FRAMEWORK_VERSIONS: dict[str, tuple[str, ...]] = {
+    "pytorch": ("2.3.1", "2.4.1", "2.5.1", "2.6.0", "2.7.1"),
+    "jax": ("0.4.30", "0.4.35", "0.5.3", "0.6.2"),
+    "tensorflow": ("2.15.1", "2.16.2", "2.17.1", "2.18.0"),
+}
+# Family mix of new lineages, and per-family precision / optimizer mixes.
+FAMILY_WEIGHTS = np.array([0.22, 0.08, 0.10, 0.14, 0.10, 0.08, 0.10, 0.08, 0.10])
+_PREC = {  # fp32 tf32 fp16 bf16 fp8
+    "dense_llm": (0.0, 0.0, 0.05, 0.80, 0.15),
+    "moe_llm": (0.0, 0.0, 0.05, 0.80, 0.15),
+    "encoder": (0.10, 0.05, 0.35, 0.50, 0.0),
+    "vision_cnn": (0.15, 0.20, 0.40, 0.25, 0.0),
+    "vision_vit": (0.05, 0.05, 0.20, 0.70, 0.0),
+    "diffusion": (0.05, 0.0, 0.35, 0.60, 0.0),
+    "recsys": (0.55, 0.30, 0.10, 0.05, 0.0),
+    "speech": (0.10, 0.05, 0.40, 0.45, 0.0),
+    "gnn": (0.80, 0.15, 0.05, 0.0, 0.0),
+}
+_OPT = {  # adamw adam sgd adafactor lamb lion adagrad
+    "dense_llm": (0.85, 0.03, 0.0, 0.05, 0.0, 0.07, 0.0),
+    "moe_llm": (0.85, 0.03, 0.0, 0.10, 0.0, 0.02, 0.0),
+    "encoder": (0.60, 0.20, 0.0, 0.05, 0.15, 0.0, 0.0),
+    "vision_cnn": (0.15, 0.05, 0.70, 0.0, 0.10, 0.0, 0.0),
+    "vision_vit": (0.80, 0.0, 0.0, 0.0, 0.15, 0.05, 0.0),
+    "diffusion": (0.90, 0.10, 0.0, 0.0, 0.0, 0.0, 0.0),
+    "recsys": (0.0, 0.40, 0.10, 0.0, 0.0, 0.0, 0.50),
+    "speech": (0.70, 0.30, 0.0, 0.0, 0.0, 0.0, 0.0),
+    "gnn": (0.10, 0.85, 0.05, 0.0, 0.0, 0.0, 0.0),
+}
+PREC_P = np.array([_PREC[f] for f in FAMILIES])
+OPT_P = np.array([_OPT[f] for f in FAMILIES])
+# How likely users are to ask for a type by default (unlisted: 1.0).
+POPULARITY = {
+    "h100-sxm": 6.0,
+    "a100-80g": 5.0,
+    "a100-40g": 4.0,
+    "h200": 3.0,
+    "l4": 2.5,
+    "a10g": 2.5,
+    "v100-sxm": 2.0,
+    "l40s": 2.0,
+    "tpu-v5e": 2.0,
+    "tpu-v5p": 2.0,
+    "b200": 1.5,
+    "mi300x": 1.5,
+}
+REFERENCE_MEMORY_GIB = 80.0  # users size jobs so they fit on the common 80 GiB parts
+MAX_DEVICES = 1024
+
+
+@dataclass(frozen=True)
+class DriftEvent:
+    """From ``day`` on (0-based), ``vendor``'s speed on ``family`` is multiplied by ``factor``."""
+
+    day: int
+    vendor: str
+    family: str
+    factor: float
+    reason: str = "software release"
+
+    def to_dict(self, start: date) -> dict[str, Any]:
+        return {
+            "day": self.day,
+            "date": (start + timedelta(days=self.day)).isoformat(),
+            "vendor": self.vendor,
+            "family": self.family,
+            "factor": round(self.factor, 4),
+            "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    seed: int = 0
+    days: int = 1
+    rate: int = 30000  # submissions (attempts) per day
+    start: date = date(2026, 11, 1)
+    teams: int = 48
+    noise_sigma: float = 0.035  # lognormal measurement noise
+    lineage_sigma: float = 0.25  # hardware-independent per-lineage factor
+    lineage_vendor_sigma: float = 0.08  # vendor-specific part of the lineage factor
+    model_hw_sigma: float = 0.10  # per (model type × hardware type) idiosyncrasy
+    input_bound_share: float = 0.15  # lineages capped by their input pipeline
+    fail_prob: float = 0.04
+    preempt_prob: float = 0.07
+    move_prob: float = 0.06  # a new job of a lineage switches its default type
+    rescale_prob: float = 0.05  # a new job changes its data-parallel size
+    drift_rate: float = 0.2  # chance per day (after day 0) of a drift event
+    drift_events: tuple[DriftEvent, ...] | None = None  # explicit list replaces random drift
+
+
+@dataclass
+class DayResult:
+    day: date
+    submissions: pd.DataFrame
+    completions: pd.DataFrame
+    dataset: pd.DataFrame
+    truth: pd.DataFrame
+    drift_events: list[DriftEvent]  # events that start on this day
+    invalid_choices: int  # policy choices outside the candidate set (replaced by the default)
+
+
+@dataclass
+class SimResult:
+    config: SimConfig
+    submissions: pd.DataFrame
+    completions: pd.DataFrame
+    dataset: pd.DataFrame
+    truth: pd.DataFrame
+    drift_events: list[DriftEvent] = field(default_factory=list)
+    invalid_choices: int = 0
+
+    def summary(self) -> dict[str, Any]:
+        subs = self.submissions
+        n = len(subs)
+        cand_len = subs["candidate_hardware"].str.count(r"\|") + 1 if n else pd.Series([], float)
+        return {
+            "seed": self.config.seed,
+            "days": self.config.days,
+            "start": self.config.start.isoformat(),
+            "submissions": n,
+            "completions": len(self.completions),
+            "lineages": int(subs["lineage_id"].nunique()) if n else 0,
+            "hardware_types": int(self.truth["hardware_type"].nunique()) if n else 0,
+            "vendors": int(subs.attrs.get("vendors", 0)),
+            "model_types": int(subs["model_type"].nunique()) if n else 0,
+            "families": int(subs["family"].nunique()) if n else 0,
+            "submissions_with_prior": int(subs["has_prior"].sum()) if n else 0,
+            "prior_share": round(float(subs["has_prior"].mean()), 4) if n else 0.0,
+            "lineages_multi_hw": _multi_hw(self.dataset),
+            "candidates_mean": round(float(cand_len.mean()), 2) if n else 0.0,
+            "candidates_max": int(cand_len.max()) if n else 0,
+            "status": self.completions["status"].value_counts().to_dict() if n else {},
+            "device_hours": round(float(self.completions["device_hours"].sum()), 1) if n else 0,
+            "invalid_choices": self.invalid_choices,
+            "drift_events": [e.to_dict(self.config.start) for e in self.drift_events],
+        }
+
+
+def _multi_hw(dataset: pd.DataFrame) -> int:
+    if dataset.empty:
+        return 0
+    measured = dataset[dataset["samples_per_s"].notna()]
+    return int((measured.groupby("lineage_id")["hardware_type"].nunique() > 1).sum())
+
+
+def _pow2_floor(x: F64) -> F64:
+    return np.asarray(2.0 ** np.floor(np.log2(np.maximum(x, 1.0))), dtype=np.float64)
+
+
+def _pow2_ceil(x: F64) -> F64:
+    return np.asarray(2.0 ** np.ceil(np.log2(np.maximum(x, 1.0))), dtype=np.float64)
+
+
+def _choice_rows(rng: np.random.Generator, probs: F64) -> I64:
+    """One categorical draw per row of ``probs`` (rows sum to 1)."""
+    cum = np.cumsum(probs, axis=1)
+    u = rng.random(len(probs))[:, None] * cum[:, -1:]
+    return np.asarray((u > cum).sum(axis=1), dtype=np.int64)
+
+
+class _Lineages:
+    """Struct of arrays: static lineage attributes and their scheduling state."""
+
+    def __init__(self, n_types: int) -> None:
+        self.n = 0
+        self.n_types = n_types
+        self.cols: dict[str, np.ndarray[Any, Any]] = {}
+
+    def append(self, new: dict[str, np.ndarray[Any, Any]]) -> None:
+        if not self.cols:
+            self.cols = {k: v.copy() for k, v in new.items()}
+        else:
+            for k, v in new.items():
+                self.cols[k] = np.concatenate([self.cols[k], v])
+        self.n = len(self.cols["model_idx"])
+
+    def __getitem__(self, k: str) -> np.ndarray[Any, Any]:
+        return self.cols[k]
+
+    def __setitem__(self, k: str, v: np.ndarray[Any, Any]) -> None:
+        self.cols[k] = v
+
+
+class FleetSimulator:
+    """Day-by-day simulation; ``step_day(policy)`` lets a backtest retrain between days."""
+
+    def __init__(self, config: SimConfig, catalog: HardwareCatalog | None = None) -> None:
+        self.config = config
+        self.catalog = catalog or load_catalog()
+        self.hw = HardwareArrays.from_catalog(self.catalog)
+        self.models = model_catalog()
+        self.day_index = 0
+        self._rng_master = np.random.SeedSequence(config.seed)
+        init = np.random.default_rng(np.random.SeedSequence([config.seed, 1_000_003]))
+        n_t = len(self.hw.types)
+        self._types = np.array(self.hw.types, dtype=object)
+        self._model_hw = np.exp(init.normal(0.0, config.model_hw_sigma, (len(self.models), n_t)))
+        self._team_quota = self._draw_quotas(init)
+        self._popularity = np.array([POPULARITY.get(t, 1.0) for t in self.hw.types])
+        self.drift_events = (
+            list(config.drift_events) if config.drift_events is not None else self._draw_drift(init)
+        )
+        self._lin = _Lineages(n_t)
+        self._new_per_lineage = 4.0  # running estimate of same-day submissions per new lineage
+        m = self.models
+        self._m: dict[str, np.ndarray[Any, Any]] = {c: m[c].to_numpy() for c in m.columns}
+        fam = m["family"].to_numpy()
+        self._m_sharded = np.isin(fam, list(SHARDED_FAMILIES))
+        self._m_tokens = np.isin(fam, list(TOKEN_FAMILIES))
+        self._m_frameworks = [s.split("|") for s in m["frameworks"]]
+        self._family_models = [np.flatnonzero(m["family_idx"].to_numpy() == i) for i in range(9)]
+        self._vendors_present = len(set(self.hw.vendor_idx.tolist()))
+
+    # ------------------------------------------------------------------ setup draws
+    def _draw_quotas(self, rng: np.random.Generator) -> np.ndarray[Any, Any]:
+        n_t = len(self.hw.types)
+        pop = np.array([POPULARITY.get(t, 1.0) for t in self.hw.types])
+        quota = np.zeros((self.config.teams, n_t), dtype=bool)
+        for team in range(self.config.teams):
+            k = 20 if rng.random() < 0.15 else int(rng.integers(3, 16))
+            k = min(k, n_t)
+            keys = np.log(rng.random(n_t)) / pop  # weighted sampling without replacement
+            quota[team, np.argsort(-keys)[:k]] = True
+        return quota
+
+    def _draw_drift(self, rng: np.random.Generator) -> list[DriftEvent]:
+        events = []
+        vendors = sorted({VENDORS[v] for v in self.hw.vendor_idx.tolist()}, key=VENDORS.index)
+        for d in range(1, self.config.days):
+            if rng.random() >= self.config.drift_rate:
+                continue
+            vendor = vendors[int(rng.integers(len(vendors)))]
+            family = FAMILIES[int(rng.integers(len(FAMILIES)))]
+            if rng.random() < 0.75:
+                factor, reason = math.exp(rng.normal(0.12, 0.05)), "software release"
+            else:
+                factor, reason = math.exp(rng.normal(-0.10, 0.04)), "regression"
+            events.append(DriftEvent(d, vendor, family, factor, reason))
+        return events
+
+    def drift_matrix(self, day: int) -> F64:
+        """(family × vendor) speed multiplier in force on ``day``."""
+        mat = np.ones((len(FAMILIES), len(VENDORS)))
+        for e in self.drift_events:
+            if e.day <= day:
+                mat[FAMILIES.index(e.family), VENDORS.index(e.vendor)] *= e.factor
+        return mat
+
+    # ------------------------------------------------------------------ lineages
+    def _job_arrays(self, model_idx: I64, cols: dict[str, np.ndarray[Any, Any]]) -> JobArrays:
+        m = self._m
+        return JobArrays(
+            family_idx=m["family_idx"][model_idx].astype(np.int64),
+            framework_idx=cols["framework_idx"].astype(np.int64),
+            precision_idx=cols["precision_idx"].astype(np.int64),
+            optimizer_idx=cols["optimizer_idx"].astype(np.int64),
+            parameters=m["parameters"][model_idx].astype(np.float64),
+            active_parameters=m["active_parameters"][model_idx].astype(np.float64),
+            embedding_params=m["embedding_params"][model_idx].astype(np.float64),
+            layers=m["layers"][model_idx].astype(np.float64),
+            hidden=m["hidden_size"][model_idx].astype(np.float64),
+            seq=cols["seq"].astype(np.float64),
+            flops_per_unit=m["flops_per_unit"][model_idx].astype(np.float64),
+            attn_flops_per_unit2=m["attn_flops_per_unit2"][model_idx].astype(np.float64),
+            traffic_per_unit=m["traffic_per_unit"][model_idx].astype(np.float64),
+            fixed_bytes=m["fixed_bytes"][model_idx].astype(np.float64),
+            act_mem_per_unit=m["act_mem_per_unit"][model_idx].astype(np.float64),
+            a2a_bytes=m["a2a_bytes"][model_idx].astype(np.float64),
+            experts=m["experts"][model_idx].astype(np.float64),
+            top_k=m["top_k"][model_idx].astype(np.float64),
+            global_batch=cols["global_batch"].astype(np.float64),
+            micro_batch=cols["micro_batch"].astype(np.float64),
+            num_devices=cols["num_devices"].astype(np.float64),
+            dp=cols["dp"].astype(np.float64),
+            tp=cols["tp"].astype(np.float64),
+            pp=cols["pp"].astype(np.float64),
+            ckpt=cols["ckpt"].astype(bool),
+            sharded=self._m_sharded[model_idx] & (cols["dp"] > 1),
+        )
+
+    def _new_lineages(
+        self, rng: np.random.Generator, n: int, t0: float, t1: float
+    ) -> dict[str, np.ndarray[Any, Any]]:
+        """Draw ``n`` new lineages (some may be dropped when nothing in their quota fits)."""
+        m = self._m
+        fam = rng.choice(len(FAMILIES), size=n, p=FAMILY_WEIGHTS / FAMILY_WEIGHTS.sum())
+        model_idx = np.empty(n, dtype=np.int64)
+        for f in range(len(FAMILIES)):
+            sel = np.flatnonzero(fam == f)
+            pool = self._family_models[f]
+            w = m["parameters"][pool].astype(np.float64) ** -0.25
+            model_idx[sel] = rng.choice(pool, size=len(sel), p=w / w.sum())
+        family_idx = m["family_idx"][model_idx].astype(np.int64)
+        params = m["parameters"][model_idx].astype(np.float64)
+        emb = m["embedding_params"][model_idx].astype(np.float64)
+        # framework: from the model's list, the first ones more likely
+        u = rng.random(n)
+        framework_idx = np.empty(n, dtype=np.int64)
+        version = np.empty(n, dtype=object)
+        vu = rng.random(n)
+        for i in range(n):
+            fws = self._m_frameworks[model_idx[i]]
+            w = np.array([0.65, 0.25, 0.10][: len(fws)])
+            k = int(np.searchsorted(np.cumsum(w / w.sum()), u[i]))
+            fw = fws[min(k, len(fws) - 1)]
+            framework_idx[i] = FRAMEWORKS.index(fw)
+            vs = FRAMEWORK_VERSIONS[fw]
+            version[i] = vs[min(int(vu[i] * len(vs)), len(vs) - 1)]
+        precision_idx = _choice_rows(rng, PREC_P[family_idx])
+        optimizer_idx = _choice_rows(rng, OPT_P[family_idx])
+        # sequence length: log-uniform on powers of two within the model's range
+        lo = np.log2(m["seq_min"][model_idx].astype(np.float64))
+        hi = np.log2(m["seq_max"][model_idx].astype(np.float64))
+        seq = np.where(
+            lo == hi,
+            2.0**lo,
+            2.0 ** np.round(lo + (hi - lo) * rng.random(n)),
+        )
+        seq = np.clip(seq, m["seq_min"][model_idx], m["seq_max"][model_idx]).astype(np.int64)
+        # model parallelism for the big sharded families
+        sharded = self._m_sharded[model_idx]
+        tp = np.where(params < 2e9, 1, np.where(params < 8e9, 2, np.where(params < 20e9, 4, 8)))
+        tp = np.where(sharded | ((family_idx == 2) & (params > 2e9)), tp, 1)
+        tp = np.where((tp == 2) & (rng.random(n) < 0.5), 1, tp)
+        pp = np.where(params < 40e9, 1, np.where(params < 100e9, 2, np.where(params < 200e9, 4, 8)))
+        pp = np.where(sharded, pp, 1)
+        ckpt = rng.random(n) < np.where(sharded, np.where(params > 30e9, 0.9, 0.6), 0.15)
+        # micro batch: log-uniform in the model's range, shrunk to fit the reference part
+        blo = np.log2(m["batch_min"][model_idx].astype(np.float64))
+        bhi = np.log2(m["batch_max"][model_idx].astype(np.float64))
+        mb = 2.0 ** np.round(blo + (bhi - blo) * rng.random(n))
+        elem = np.where(precision_idx <= 1, 2.0, 1.0)
+        act_sample = seq * m["act_mem_per_unit"][model_idx].astype(np.float64) * elem / tp
+        budget = 0.45 * REFERENCE_MEMORY_GIB * 2**30
+        ckpt = ckpt | (act_sample * mb > budget * 4)
+        act_sample = np.where(ckpt, act_sample * 0.12, act_sample)
+        mb = np.maximum(1.0, np.minimum(mb, _pow2_floor(budget / act_sample)))
+        # data parallel: enough replicas for the states to fit, then a heavy tail of scale-out
+        split = tp * pp
+        dense = params - emb
+        wg = np.where(precision_idx <= 1, 8.0, 4.0)
+        states_budget = 0.55 * REFERENCE_MEMORY_GIB * 2**30
+        rem = states_budget - dense * wg / split - emb * 8.0 / np.maximum(split, 1)
+        opt = 12.0 * dense / split
+        need_dp = np.where(
+            sharded,
+            np.where(rem > 0, opt / np.maximum(rem, 1.0), 64.0),
+            1.0,
+        )
+        need_dp = np.maximum(need_dp, emb * 8.0 / states_budget / split)
+        tail = 2.0 ** np.minimum(rng.geometric(0.42, n) - 1, 10)
+        dp = _pow2_ceil(need_dp) * tail
+        dp = np.minimum(dp, MAX_DEVICES // split).astype(np.int64)
+        dp = np.maximum(dp, 1)
+        num_devices = (dp * split).astype(np.int64)
+        accum = 2 ** rng.choice(4, size=n, p=[0.5, 0.25, 0.15, 0.10])
+        global_batch = (mb * dp * accum).astype(np.int64)
+        team = rng.integers(0, self.config.teams, n)
+        cols: dict[str, np.ndarray[Any, Any]] = {
+            "model_idx": model_idx,
+            "team_idx": team.astype(np.int64),
+            "framework_idx": framework_idx,
+            "framework_version": version,
+            "precision_idx": precision_idx,
+            "optimizer_idx": optimizer_idx,
+            "seq": seq,
+            "micro_batch": mb.astype(np.int64),
+            "global_batch": global_batch,
+            "num_devices": num_devices,
+            "dp": dp,
+            "tp": tp.astype(np.int64),
+            "pp": pp.astype(np.int64),
+            "ckpt": ckpt,
+        }
+        # eligibility: memory fit and framework support on every type
+        n_t = len(self.hw.types)
+        rows = np.repeat(np.arange(n), n_t)
+        hw_idx = np.tile(np.arange(n_t), n)
+        job = self._job_arrays(model_idx[rows], {k: v[rows] for k, v in cols.items()})
+        ok = fits(job, self.hw, hw_idx) & framework_supported(job.framework_idx, self.hw, hw_idx)
+        eligible = ok.reshape(n, n_t)
+        cand = eligible & self._team_quota[team]
+        # quota exception: nothing in the team's quota fits -> up to 4 eligible types granted
+        empty = ~cand.any(axis=1) & eligible.any(axis=1)
+        if empty.any():
+            keys = np.where(eligible[empty], rng.random((int(empty.sum()), n_t)), 2.0)
+            order = np.argsort(keys, axis=1)[:, :4]
+            grant = np.zeros_like(cand[empty])
+            np.put_along_axis(grant, order, True, axis=1)
+            cand[empty] = grant & eligible[empty]
+        # default: popular types more likely
+        w = np.where(cand, self._popularity[None, :], 0.0)
+        default = _choice_rows(rng, w / np.maximum(w.sum(axis=1, keepdims=True), 1e-12))
+        # per-lineage hidden factors
+        lin_f = np.exp(rng.normal(0.0, self.config.lineage_sigma, n))
+        lin_v = np.exp(rng.normal(0.0, self.config.lineage_vendor_sigma, (n, len(VENDORS))))
+        base = base_throughput(job, self.hw, hw_idx).reshape(n, n_t)
+        med = np.nanmedian(np.where(cand, base, np.nan), axis=1)
+        capped = rng.random(n) < self.config.input_bound_share
+        cap_dev = np.where(
+            capped, med * rng.uniform(0.4, 1.2, n) / num_devices, np.inf
+        )  # input-pipeline cap per device, independent of the hardware
+        # schedule state
+        total = 1 + np.floor(np.exp(rng.normal(math.log(7.0), 0.9, n))).astype(np.int64)
+        first = t0 + (t1 - t0) * rng.random(n)
+        flaky = np.exp(rng.normal(0.0, 0.6, n))
+        cols.update(
+            cand=cand,
+            default=default.astype(np.int64),
+            lin_f=lin_f,
+            lin_v=lin_v,
+            cap_dev=cap_dev,
+            remaining=total,
+            next_submit=first,
+            job_seq=np.zeros(n, dtype=np.int64),
+            attempt=np.zeros(n, dtype=np.int64),
+            retry=np.zeros(n, dtype=bool),
+            flaky=flaky,
+            min_meas_end=np.full(n, np.inf),
+        )
+        keep = cand.any(axis=1)
+        return {k: v[keep] for k, v in cols.items()}
+
+    # ------------------------------------------------------------------ schedule
+    def _schedule(
+        self, rng: np.random.Generator, lin_ids: I64, day_end: float
+    ) -> dict[str, np.ndarray[Any, Any]]:
+        """All submissions of ``lin_ids`` before ``day_end``; mutates their schedule state."""
+        L = self._lin
+        cfg = self.config
+        out: dict[str, list[np.ndarray[Any, Any]]] = {}
+        active = lin_ids[(L["next_submit"][lin_ids] < day_end) & (L["remaining"][lin_ids] > 0)]
+        while len(active):
+            k = len(active)
+            retry = L["retry"][active]
+            new_job = ~retry
+            # a new job may move to another default type or change its data-parallel size
+            move = new_job & (L["job_seq"][active] > 0) & (rng.random(k) < cfg.move_prob)
+            if move.any():
+                ids = active[move]
+                w = np.where(L["cand"][ids], self._popularity[None, :], 0.0)
+                w[np.arange(len(ids)), L["default"][ids]] = 0.0
+                has = w.sum(axis=1) > 0
+                pick = _choice_rows(rng, w / np.maximum(w.sum(axis=1, keepdims=True), 1e-12))
+                L["default"][ids[has]] = pick[has]
+            resc = new_job & (L["job_seq"][active] > 0) & (rng.random(k) < cfg.rescale_prob)
+            if resc.any():
+                ids = active[resc]
+                up = rng.random(len(ids)) < 0.6
+                mi = L["model_idx"][ids]
+                can_down = (~self._m_sharded[mi]) & (self._m["embedding_params"][mi] == 0)
+                factor = np.where(up | ~can_down, 2, 1)
+                factor = np.where(~up & can_down & (L["dp"][ids] > 1), -2, factor)
+                split = L["tp"][ids] * L["pp"][ids]
+                dp = L["dp"][ids]
+                new_dp = np.where(factor > 0, dp * 2, dp // 2)
+                new_dp = np.clip(new_dp, 1, MAX_DEVICES // split)
+                L["global_batch"][ids] = L["global_batch"][ids] // dp * new_dp
+                L["dp"][ids] = new_dp
+                L["num_devices"][ids] = new_dp * split
+            L["job_seq"][active] += new_job
+            L["attempt"][active] = np.where(new_job, 1, L["attempt"][active] + 1)
+            sub_t = L["next_submit"][active]
+            planned_h = np.clip(np.exp(rng.normal(math.log(0.5), 1.3, k)), 0.03, 72.0)
+            queue_s = rng.exponential(180.0, k) * (1.0 + np.log2(L["num_devices"][active]) / 4)
+            u = rng.random(k)
+            p_fail = np.minimum(0.5, cfg.fail_prob * L["flaky"][active])
+            status = np.where(u < p_fail, 1, np.where(u < p_fail + cfg.preempt_prob, 2, 0))
+            frac = np.where(status == 0, 1.0, rng.uniform(0.02, 0.95, k))
+            long_gap = rng.random(k) < np.where(status == 0, 0.3, 0.05)
+            gap = np.where(
+                long_gap,
+                np.exp(rng.normal(math.log(8 * 3600.0), 0.8, k)),
+                np.exp(rng.normal(math.log(600.0), 0.9, k)),
+            )
+            for name, arr in (
+                ("lin", active),
+                ("submitted", sub_t),
+                ("job_seq", L["job_seq"][active].copy()),
+                ("attempt", L["attempt"][active].copy()),
+                ("default", L["default"][active].copy()),
+                ("num_devices", L["num_devices"][active].copy()),
+                ("dp", L["dp"][active].copy()),
+                ("global_batch", L["global_batch"][active].copy()),
+                ("planned_h", planned_h),
+                ("queue_s", queue_s),
+                ("status", status),
+                ("frac", frac),
+            ):
+                out.setdefault(name, []).append(arr)
+            L["retry"][active] = status != 0
+            L["remaining"][active] -= 1
+            L["next_submit"][active] = sub_t + queue_s + frac * planned_h * 3600.0 + gap
+            still = (L["next_submit"][active] < day_end) & (L["remaining"][active] > 0)
+            active = active[still]
+        if not out:
+            return {}
+        return {k: np.concatenate(v) for k, v in out.items()}
+
+    # ------------------------------------------------------------------ one day
+    def step_day(self, policy: Policy | None = None) -> DayResult:
+        cfg = self.config
+        d = self.day_index
+        day = cfg.start + timedelta(days=d)
+        t0 = datetime(day.year, day.month, day.day, tzinfo=UTC).timestamp()
+        t1 = t0 + 86400.0
+        rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, d]))
+        L = self._lin
+        parts = []
+        if L.n:
+            parts.append(self._schedule(rng, np.arange(L.n), t1))
+        count = sum(len(p.get("lin", ())) for p in parts)
+        rounds = 0
+        while count < cfg.rate * 0.998 and rounds < 20:
+            rounds += 1
+            deficit = cfg.rate - count
+            n_new = max(8, int(math.ceil(deficit / self._new_per_lineage)))
+            new = self._new_lineages(rng, n_new, t0, t1)
+            first_id = L.n
+            L.append(new)
+            ids = np.arange(first_id, L.n)
+            part = self._schedule(rng, ids, t1)
+            got = len(part.get("lin", ()))
+            if len(ids):
+                observed = got / len(ids)
+                self._new_per_lineage = max(1.0, 0.5 * self._new_per_lineage + 0.5 * observed)
+            if got:
+                parts.append(part)
+            count += got
+        sched = {k: np.concatenate([p[k] for p in parts if p]) for k in parts[0]} if parts else {}
+        self.day_index += 1
+        return self._run_day(rng, d, day, sched, policy)
+
+    def _run_day(
+        self,
+        rng: np.random.Generator,
+        d: int,
+        day: date,
+        s: dict[str, np.ndarray[Any, Any]],
+        policy: Policy | None,
+    ) -> DayResult:
+        L = self._lin
+        # time order (stable: ties keep lineage order) and millisecond timestamps
+        order = np.lexsort((s["lin"], np.round(s["submitted"], 3)))
+        s = {k: v[order] for k, v in s.items()}
+        s["submitted"] = np.round(s["submitted"], 3)
+        n = len(s["lin"])
+        lin = s["lin"]
+        mi = L["model_idx"][lin]
+        seed = self.config.seed
+        lin_id = np.char.add(f"lin-{seed}-", np.char.zfill(lin.astype(str), 7)).astype(object)
+        job_id = (
+            np.char.add(
+                np.char.add(f"job-{seed}-", np.char.zfill(lin.astype(str), 7)),
+                np.char.add("-", np.char.zfill(s["job_seq"].astype(str), 3)),
+            )
+        ).astype(object)
+        attempt = s["attempt"].astype(np.int64)
+        sub_eid = (job_id + "-a" + attempt.astype(str).astype(object)).astype(object)
+        cand = L["cand"][lin]
+        cand_str = self._candidate_strings(cand)
+        default_name = self._types[s["default"]]
+        m = self._m
+        fam_idx = m["family_idx"][mi]
+        submitted = pd.to_datetime((s["submitted"] * 1000).astype(np.int64), unit="ms", utc=True)
+        subs = pd.DataFrame(
+            {
+                "submission_event_id": "sub-" + sub_eid,
+                "job_id": job_id,
+                "attempt": attempt,
+                "lineage_id": lin_id,
+                "submitted_at": submitted,
+                "team": np.char.add("team-", np.char.zfill(L["team_idx"][lin].astype(str), 2)),
+                "family": np.array(FAMILIES, dtype=object)[fam_idx],
+                "model_type": m["model_type"][mi],
+                "parameters": m["parameters"][mi].astype(np.float64),
+                "active_parameters": m["active_parameters"][mi].astype(np.float64),
+                "layers": m["layers"][mi].astype(np.int64),
+                "hidden_size": m["hidden_size"][mi].astype(np.int64),
+                "sequence_length": L["seq"][lin].astype(np.int64),
+                "precision": np.array(PRECISIONS, dtype=object)[L["precision_idx"][lin]],
+                "optimizer": np.array(OPTIMIZERS, dtype=object)[L["optimizer_idx"][lin]],
+                "framework": np.array(FRAMEWORKS, dtype=object)[L["framework_idx"][lin]],
+                "framework_version": L["framework_version"][lin],
+                "global_batch_size": s["global_batch"].astype(np.int64),
+                "micro_batch_size": L["micro_batch"][lin].astype(np.int64),
+                "num_devices": s["num_devices"].astype(np.int64),
+                "data_parallel": s["dp"].astype(np.int64),
+                "tensor_parallel": L["tp"][lin].astype(np.int64),
+                "pipeline_parallel": L["pp"][lin].astype(np.int64),
+                "activation_checkpointing": L["ckpt"][lin].astype(bool),
+                "candidate_hardware": cand_str,
+                "default_hardware": default_name,
+            }
+        )
+        subs["team"] = subs["team"].astype(object)
+
+        # ---- truth for every (submission × candidate)
+        sub_i, hw_i = np.nonzero(cand)
+        cols = {
+            "framework_idx": L["framework_idx"][lin[sub_i]],
+            "precision_idx": L["precision_idx"][lin[sub_i]],
+            "optimizer_idx": L["optimizer_idx"][lin[sub_i]],
+            "seq": L["seq"][lin[sub_i]],
+            "global_batch": s["global_batch"][sub_i],
+            "micro_batch": L["micro_batch"][lin[sub_i]],
+            "num_devices": s["num_devices"][sub_i],
+            "dp": s["dp"][sub_i],
+            "tp": L["tp"][lin[sub_i]],
+            "pp": L["pp"][lin[sub_i]],
+            "ckpt": L["ckpt"][lin[sub_i]],
+        }
+        job = self._job_arrays(mi[sub_i], cols)
+        vend = self.hw.vendor_idx[hw_i]
+        drift = self.drift_matrix(d)[fam_idx[sub_i], vend]
+        lin_sub = lin[sub_i]
+        true = (
+            base_throughput(job, self.hw, hw_i)
+            * self._model_hw[mi[sub_i], hw_i]
+            * L["lin_f"][lin_sub]
+            * L["lin_v"][lin_sub, vend]
+            * drift
+        )
+        cap = L["cap_dev"][lin_sub] * s["num_devices"][sub_i]
+        true = true / (1.0 + (true / cap) ** 4) ** 0.25  # soft input-pipeline cap
+        noise = np.exp(rng.normal(0.0, self.config.noise_sigma, len(true)))
+        measured = true * noise
+        truth = pd.DataFrame(
+            {
+                "job_id": job_id[sub_i],
+                "attempt": attempt[sub_i],
+                "hardware_type": self._types[hw_i],
+                "true_samples_per_s": true,
+                "measured_samples_per_s": measured,
+            }
+        )
+        # position of (submission, hardware) in the truth rows
+        pos = np.full((n, len(self.hw.types)), -1, dtype=np.int64)
+        pos[sub_i, hw_i] = np.arange(len(sub_i))
+
+        # ---- the policy decides where each attempt runs
+        chosen = s["default"].copy()
+        invalid = 0
+        if policy is not None and n:
+            picked = policy(subs)
+            picked = pd.Series(picked).reindex(subs.index)
+            index_of = {t: i for i, t in enumerate(self.hw.types)}
+            p_idx = picked.map(index_of).fillna(-1).to_numpy(dtype=np.int64)
+            ok = p_idx >= 0
+            ok[ok] = cand[np.flatnonzero(ok), p_idx[ok]]
+            invalid = int((~ok).sum())
+            chosen = np.where(ok, p_idx, chosen)
+        rows = np.arange(n)
+        thr_default = true[pos[rows, s["default"]]]
+        thr_meas = measured[pos[rows, chosen]]
+        work = s["planned_h"] * 3600.0 * thr_default  # samples this attempt has to process
+        full_s = np.minimum(work / thr_meas, 30 * 86400.0)
+        status = s["status"]
+        run_s = np.maximum(full_s * s["frac"], 30.0)
+        total_steps = np.maximum(1, np.round(work / s["global_batch"])).astype(np.int64)
+        steps = np.where(status == 0, total_steps, np.floor(total_steps * s["frac"])).astype(
+            np.int64
+        )
+        has_thr = (status == 0) | ((status == 2) & (run_s >= 300.0))
+        sps = np.where(has_thr, thr_meas, np.nan)
+        tps = np.where(self._m_tokens[mi], sps * L["seq"][lin], np.nan)
+        started = np.round(s["submitted"] + s["queue_s"], 3)
+        ended = np.round(started + run_s, 3)
+        dev_h = s["num_devices"] * (ended - started) / 3600.0
+        comp = pd.DataFrame(
+            {
+                "event_id": "cmp-" + sub_eid,
+                "job_id": job_id,
+                "attempt": attempt,
+                "lineage_id": lin_id,
+                "model_type": m["model_type"][mi],
+                "hardware_type": self._types[chosen],
+                "num_devices": s["num_devices"].astype(np.int64),
+                "samples_per_s": sps,
+                "tokens_per_s": tps,
+                "steps": steps,
+                "started_at": pd.to_datetime(
+                    (started * 1000).astype(np.int64), unit="ms", utc=True
+                ),
+                "ended_at": pd.to_datetime((ended * 1000).astype(np.int64), unit="ms", utc=True),
+                "status": np.array(STATUSES, dtype=object)[status],
+                "device_hours": dev_h,
+            }
+        )
+        # ---- prior: a measured completion of the lineage ended before this submission
+        prior_end = L["min_meas_end"].copy()
+        has_prior = np.zeros(n, dtype=bool)
+        # submissions are time-ordered; process per lineage with a cumulative min
+        meas_end = np.where(has_thr, ended, np.inf)
+        by_lin = np.lexsort((np.arange(n), lin))
+        lin_sorted = lin[by_lin]
+        me_sorted = meas_end[by_lin]
+        boundaries = np.r_[True, lin_sorted[1:] != lin_sorted[:-1]]
+        grp = np.cumsum(boundaries) - 1
+        prev_min = np.empty(n)
+        # exclusive cumulative min inside each lineage group, seeded by the state
+        cur = np.inf
+        start_state = prior_end[lin_sorted]
+        for i in range(n):
+            if boundaries[i]:
+                cur = start_state[i]
+            prev_min[i] = cur
+            if me_sorted[i] < cur:
+                cur = me_sorted[i]
+        _ = grp
+        has_prior[by_lin] = prev_min < s["submitted"][by_lin]
+        np.minimum.at(prior_end, lin, meas_end)
+        L["min_meas_end"] = prior_end
+        subs["has_prior"] = has_prior
+        subs.attrs["vendors"] = self._vendors_present
+        dataset = self._join(subs, comp)
+        new_events = [e for e in self.drift_events if e.day == d]
+        return DayResult(day, subs, comp, dataset, truth, new_events, invalid)
+
+    def _candidate_strings(self, cand: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        cache: dict[bytes, str] = {}
+        out = np.empty(len(cand), dtype=object)
+        packed = np.packbits(cand, axis=1)
+        for i in range(len(cand)):
+            key = packed[i].tobytes()
+            val = cache.get(key)
+            if val is None:
+                val = "|".join(self._types[cand[i]].tolist())
+                cache[key] = val
+            out[i] = val
+        return out
+
+    @staticmethod
+    def _join(subs: pd.DataFrame, comp: pd.DataFrame) -> pd.DataFrame:
+        from leap_stream.store.offline import DATASET_COLUMNS
+
+        sub_cols = [c for c in subs.columns if c not in ("submission_event_id", "has_prior")]
+        merged = pd.concat(
+            [
+                subs[sub_cols].drop(columns=["num_devices"]),
+                comp.drop(columns=["job_id", "attempt", "lineage_id", "model_type"]),
+            ],
+            axis=1,
+        )
+        return merged[list(DATASET_COLUMNS)]
+
+
+def simulate(
+    config: SimConfig,
+    catalog: HardwareCatalog | None = None,
+    policy: Policy | None = None,
+) -> SimResult:
+    """All days of ``config`` with one policy (default: every job runs on its default type)."""
+    sim = FleetSimulator(config, catalog)
+    days = [sim.step_day(policy) for _ in range(config.days)]
+    return combine(sim, days)
+
+
+def combine(sim: FleetSimulator, days: list[DayResult]) -> SimResult:
+    def cat(name: str) -> pd.DataFrame:
+        frames = [getattr(d, name) for d in days]
+        out = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+        return out
+
+    subs = cat("submissions")
+    subs.attrs["vendors"] = sim._vendors_present
+    return SimResult(
+        config=sim.config,
+        submissions=subs,
+        completions=cat("completions"),
+        dataset=cat("dataset"),
+        truth=cat("truth"),
+        drift_events=list(sim.drift_events),
+        invalid_choices=sum(d.invalid_choices for d in days),
+    )
+
+
+__all__ = [
+    "DayResult",
+    "DriftEvent",
+    "FleetSimulator",
+    "Policy",
+    "SimConfig",
+    "SimResult",
+    "combine",
+    "simulate",
+]
+
+_ = replace
