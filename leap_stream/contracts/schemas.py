@@ -15,6 +15,7 @@ exactly what the service can parse keeps "valid" meaning "usable".
 
 from __future__ import annotations
 
+import copy
 import functools
 import re
 from collections.abc import Callable
@@ -73,10 +74,11 @@ def load_schema(name: str) -> dict[str, Any]:
 def validator(name: str) -> Callable[[Any], Any]:
     """The compiled validator of ``name``; raises ``fastjsonschema.JsonSchemaValueException``.
 
-    ``use_default=False``: a validator must never change the event it checks.
+    ``use_default=False``: a validator must never change the event it checks. The copy: the
+    compiler rewrites ``$ref`` values in the document it is given to absolute URIs.
     """
     compiled: Callable[[Any], Any] = fastjsonschema.compile(
-        load_schema(name),
+        copy.deepcopy(load_schema(name)),
         formats={"date-time": is_rfc3339},
         use_default=False,
     )
