@@ -13,7 +13,7 @@ import os
 import time
 import uuid
 from collections.abc import Iterable, Mapping
-from datetime import date, datetime
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -96,15 +96,45 @@ SUBMISSION_COLUMNS: tuple[str, ...] = (
 )
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_US = timedelta(microseconds=1)
+
+
+def to_ns(value: str | date | datetime | pd.Timestamp) -> int:
+    """Epoch nanoseconds (UTC) of an RFC 3339 string or a date/time; naive values are UTC.
+
+    Fast path through ``datetime.fromisoformat``: this runs three times per dataset row.
+    """
+    if isinstance(value, pd.Timestamp):
+        return int(value.value)  # UTC ns for aware values, wall time as UTC for naive ones
+    if isinstance(value, str):
+        dot = value.find(".")
+        if dot != -1 and len(value) > dot + 7 and value[dot + 7].isdigit():
+            return int(pd.Timestamp(value).value)  # sub-µs digits: fromisoformat would truncate
+        dt = datetime.fromisoformat(value)
+    elif isinstance(value, datetime):
+        dt = value
+    else:
+        dt = datetime(value.year, value.month, value.day)
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    return ((dt - _EPOCH) // _US) * 1000
+
+
 def parse_ts(value: str | date | datetime | pd.Timestamp) -> pd.Timestamp:
-    """RFC 3339 → UTC timestamp; a naive value is taken as UTC."""
-    ts = pd.Timestamp(value)
-    return ts.tz_localize("UTC") if ts.tzinfo is None else ts.tz_convert("UTC")
+    """RFC 3339 → pandas UTC timestamp; a naive value is taken as UTC."""
+    if isinstance(value, pd.Timestamp) and value.tzinfo is UTC:
+        return value
+    return pd.Timestamp(to_ns(value), tz=UTC)
 
 
-def epoch_s(value: str | datetime | pd.Timestamp) -> float:
-    """Epoch seconds, the unit of `Measurement.measured_at`."""
-    return parse_ts(value).value / 1e9
+def epoch_s(value: str | date | datetime | pd.Timestamp) -> float:
+    """Epoch seconds, the unit of `Measurement.measured_at`: ``ended_at`` as ns / 1e9.
+
+    The trainer's replay must compute it the same way (``ts.value / 1e9``) to match Redis bit
+    for bit.
+    """
+    return to_ns(value) / 1e9
 
 
 def submission_fields(submission: Mapping[str, Any]) -> dict[str, Any]:
@@ -178,7 +208,7 @@ def rows_to_table(rows: Iterable[Mapping[str, Any]]) -> pa.Table:
     for field in SCHEMA:
         values = columns[field.name]
         if field.name in TIMESTAMP_COLUMNS:
-            values = [parse_ts(v).value for v in values]
+            values = [to_ns(v) for v in values]
             arrays.append(pa.array(values, type=pa.int64()).cast(field.type))
         else:
             arrays.append(pa.array(values, type=field.type, from_pandas=True))

@@ -93,10 +93,14 @@ end
 return out
 """
 
-# Read variant: HGETALL of every key inside one script (compared with a pipeline in the bench).
+# Read (and remember) in one script: HGETALL of the first ARGV[1] keys, then SET EX of the rest
+# (the submissions) with values ARGV[3..]. One reply instead of one per command.
 READ_LUA = """
+local nread = tonumber(ARGV[1])
+local ttl = ARGV[2]
 local out = {}
-for i = 1, #KEYS do out[i] = redis.call('HGETALL', KEYS[i]) end
+for i = 1, nread do out[i] = redis.call('HGETALL', KEYS[i]) end
+for i = nread + 1, #KEYS do redis.call('SET', KEYS[i], ARGV[i - nread + 2], 'EX', ttl) end
 return out
 """
 
@@ -154,6 +158,7 @@ class OnlineStore:
         prefix: str | None = None,
         dedup_ttl_s: int | None = None,
         submission_ttl_s: int | None = None,
+        lua_reads: bool = True,
     ) -> None:
         self.r = client
         self.prefix = config.get("LEAP_REDIS_PREFIX") if prefix is None else prefix
@@ -161,7 +166,8 @@ class OnlineStore:
         self.submission_ttl_s = submission_ttl_s or int(config.get("LEAP_SUBMISSION_TTL_S"))
         self._apply_sha = _sha1(APPLY_LUA)
         self._read_sha = _sha1(READ_LUA)
-        self._loaded: set[str] = set()
+        # One EVALSHA beat a pipeline of HGETALLs in benchmarks/bench_stores.py (docs/stores.md).
+        self.lua_reads = lua_reads
 
     # --- keys
     def lin_key(self, lineage_id: str) -> str:
@@ -185,7 +191,7 @@ class OnlineStore:
 
     def _load_scripts(self) -> None:
         for script in (APPLY_LUA, READ_LUA):
-            self._loaded.add(self.r.script_load(script))
+            self.r.script_load(script)
 
     def _execute(self, op: str, build: Callable[[Any], None]) -> list[Any]:
         """Run a pipeline built by ``build``; on NOSCRIPT (Redis restarted/flushed) load and rerun.
@@ -233,48 +239,55 @@ class OnlineStore:
         self, lineage_ids: Sequence[str], model_types: Iterable[str]
     ) -> tuple[list[LineageHistory], dict[str, TypeAggregates]]:
         """History of every lineage (in order) and aggregates of every model type, one round trip."""
-        types = _unique(model_types)
-        results = self._execute("read", lambda p: self._queue_reads(p, lineage_ids, types))
+        return self._read(lineage_ids, _unique(model_types), [], self.lua_reads)
+
+    def _read(
+        self,
+        lineage_ids: Sequence[str],
+        types: Sequence[str],
+        remember: Sequence[dict[str, Any]],
+        lua: bool,
+    ) -> tuple[list[LineageHistory], dict[str, TypeAggregates]]:
+        if lua:
+            keys = [self.lin_key(x) for x in lineage_ids] + [self.agg_key(t) for t in types]
+            n_read = len(keys)
+            keys += [self.sub_key(f["job_id"], f["attempt"]) for f in remember]
+            values = [orjson.dumps(f) for f in remember]
+
+            def build(p: Any) -> None:
+                p.evalsha(self._read_sha, len(keys), *keys, n_read, self.submission_ttl_s, *values)
+
+            results = self._execute("read", build)
+            hashes = [_pairs(x) for x in results[0]]
+            return self._decode_reads(hashes, lineage_ids, types)
+
+        def build_pipe(p: Any) -> None:
+            self._queue_reads(p, lineage_ids, types)
+            self._queue_remember(p, remember)
+
+        results = self._execute("read", build_pipe)
         return self._decode_reads(results, lineage_ids, types)
 
-    def read_batch_lua(
-        self, lineage_ids: Sequence[str], model_types: Iterable[str]
-    ) -> tuple[list[LineageHistory], dict[str, TypeAggregates]]:
-        """Same as `read_batch` through one EVALSHA (kept for the benchmark comparison)."""
-        types = _unique(model_types)
-        keys = [self.lin_key(x) for x in lineage_ids] + [self.agg_key(t) for t in types]
-        results = self._execute("read", lambda p: p.evalsha(self._read_sha, len(keys), *keys))
-        flat = [_pairs(x) for x in results[0]]
-        return self._decode_reads(flat, lineage_ids, types)
-
     # --- submissions
-    def _queue_remember(self, pipe: Any, submissions: Iterable[Mapping[str, Any]]) -> None:
-        for sub in submissions:
-            fields = submission_fields(sub)
-            pipe.set(
-                self.sub_key(fields["job_id"], fields["attempt"]),
-                orjson.dumps(fields),
-                ex=self.submission_ttl_s,
-            )
+    def _queue_remember(self, pipe: Any, fields: Iterable[dict[str, Any]]) -> None:
+        for f in fields:
+            key = self.sub_key(f["job_id"], f["attempt"])
+            pipe.set(key, orjson.dumps(f), ex=self.submission_ttl_s)
 
     def remember_submissions(self, submissions: Sequence[Mapping[str, Any]]) -> None:
         """Keep each submission's dataset fields until its completion arrives (EX the TTL)."""
         if submissions:
-            self._execute("remember", lambda p: self._queue_remember(p, submissions))
+            fields = [submission_fields(s) for s in submissions]
+            self._execute("remember", lambda p: self._queue_remember(p, fields))
 
     def read_and_remember(
-        self, submissions: Sequence[Mapping[str, Any]]
+        self, submissions: Sequence[Mapping[str, Any]], lua: bool | None = None
     ) -> tuple[list[LineageHistory], dict[str, TypeAggregates]]:
         """The submissions hot path: history reads and submission SETs in one round trip."""
-        lineage_ids = [s["lineage_id"] for s in submissions]
-        types = _unique(submission_fields(s)["model_type"] for s in submissions)
-
-        def build(p: Any) -> None:
-            self._queue_reads(p, lineage_ids, types)
-            self._queue_remember(p, submissions)
-
-        results = self._execute("read", build)
-        return self._decode_reads(results, lineage_ids, types)
+        fields = [submission_fields(s) for s in submissions]
+        lineage_ids = [f["lineage_id"] for f in fields]
+        types = _unique(f["model_type"] for f in fields)
+        return self._read(lineage_ids, types, fields, self.lua_reads if lua is None else lua)
 
     def fetch_submissions(self, keys: Sequence[tuple[str, int]]) -> list[dict[str, Any] | None]:
         """Stored submission fields for (job_id, attempt) pairs; None when unknown or expired."""

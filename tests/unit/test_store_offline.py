@@ -14,8 +14,10 @@ from leap_stream.store.offline import (
     SUBMISSION_COLUMNS,
     epoch_s,
     flatten,
+    parse_ts,
     rows_to_table,
     submission_fields,
+    to_ns,
 )
 
 DESIGN_COLUMNS = [
@@ -110,3 +112,18 @@ def test_rows_to_table_has_exact_schema() -> None:
     assert all(
         back[i]["samples_per_s"] is None or math.isnan(back[i]["samples_per_s"]) for i in nan_rows
     )
+
+
+def test_timestamps_parse_like_pandas() -> None:
+    for text in (
+        "2026-11-20T10:11:12.123Z",
+        "2026-11-20T12:11:12.123456+02:00",
+        "2026-11-20T10:11:12.123456789Z",  # sub-microsecond digits are kept
+        "2026-11-20T10:11:12.1234567-01:00",
+        "2026-11-20T10:11:12",  # naive: UTC
+    ):
+        want = pd.Timestamp(text)
+        want = want.tz_localize("UTC") if want.tzinfo is None else want.tz_convert("UTC")
+        assert to_ns(text) == want.value, text
+        assert parse_ts(text) == want and str(parse_ts(text).tz) == "UTC"
+    assert epoch_s("2026-11-20T10:11:12.5Z") == to_ns("2026-11-20T10:11:12.5Z") / 1e9
