@@ -121,6 +121,8 @@ class _Pending:
 
 def build_app(deps: WorkerDeps) -> faust.App:
     cfg = deps.cfg
+    datadir = cfg.home / "faust" / cfg.consumer_group
+    datadir.mkdir(parents=True, exist_ok=True)
     app = faust.App(
         cfg.consumer_group,
         broker=faust_broker_url(deps.bootstrap),
@@ -132,7 +134,7 @@ def build_app(deps: WorkerDeps) -> faust.App:
         topic_allow_declare=False,
         topic_disable_leader=True,
         web_enabled=False,
-        datadir=str(cfg.home / "faust" / cfg.consumer_group),
+        datadir=str(datadir),
         consumer_auto_offset_reset="earliest",
         stream_wait_empty=True,  # shutdown/rebalance waits for the batch in hand to be acked
         broker_commit_interval=float(config.get("LEAP_COMMIT_INTERVAL_S")),
