@@ -164,8 +164,7 @@ class OnlineStore:
         self.prefix = config.get("LEAP_REDIS_PREFIX") if prefix is None else prefix
         self.dedup_ttl_s = dedup_ttl_s or int(config.get("LEAP_DEDUP_TTL_S"))
         self.submission_ttl_s = submission_ttl_s or int(config.get("LEAP_SUBMISSION_TTL_S"))
-        self._apply_sha = _sha1(APPLY_LUA)
-        self._read_sha = _sha1(READ_LUA)
+        self._use_scripts(APPLY_LUA, READ_LUA)
         # One EVALSHA beat a pipeline of HGETALLs in benchmarks/bench_stores.py (docs/stores.md).
         self.lua_reads = lua_reads
 
@@ -189,8 +188,14 @@ class OnlineStore:
         except (redis.RedisError, OSError) as exc:
             raise OnlineStoreUnavailable(op, exc) from exc
 
+    def _use_scripts(self, apply_lua: str, read_lua: str) -> None:
+        """Scripts are sent by SHA (EVALSHA); the text is loaded only after a NOSCRIPT reply."""
+        self._scripts = (apply_lua, read_lua)
+        self._apply_sha = _sha1(apply_lua)
+        self._read_sha = _sha1(read_lua)
+
     def _load_scripts(self) -> None:
-        for script in (APPLY_LUA, READ_LUA):
+        for script in self._scripts:
             self.r.script_load(script)
 
     def _execute(self, op: str, build: Callable[[Any], None]) -> list[Any]:
@@ -358,6 +363,7 @@ class OnlineStore:
 
 __all__ = [
     "APPLY_LUA",
+    "READ_LUA",
     "ApplyResult",
     "OnlineStore",
     "OnlineStoreUnavailable",
