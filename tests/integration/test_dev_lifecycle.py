@@ -1,0 +1,86 @@
+"""`leap-stream dev up` twice is idempotent; status and down work; and it all works twice.
+
+Runs in its own LEAP_HOME on free ports, so the session's services are untouched. The jars are
+linked from the shared cache when present (the fetch itself is exercised by the session fixture).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from leap_stream import config
+from leap_stream.dev import state
+
+pytestmark = pytest.mark.services
+
+
+def _cli(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("LEAP_KAFKA_BOOTSTRAP", "LEAP_REDIS_URL")
+    }
+    env["LEAP_HOME"] = str(home)
+    return subprocess.run(
+        [sys.executable, "-m", "leap_stream", "dev", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+
+
+def _status(home: Path) -> dict:
+    out = _cli(home, "status", "--json")
+    assert out.returncode == 0, out.stderr
+    return orjson.loads(out.stdout)
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    version = config.get("LEAP_KAFKA_VERSION")
+    shared = state.Paths.from_env().kafka_dist(version)
+    if (shared / "lib").is_dir() and (shared / ".complete").exists():
+        dist = tmp_path / f"kafka-{version}"
+        dist.mkdir()
+        (dist / "lib").symlink_to(shared / "lib")
+        (dist / ".complete").write_text("linked\n")
+    yield tmp_path
+    _cli(tmp_path, "down", "--timeout", "5")  # never leave a broker behind, even on failure
+
+
+def test_up_twice_status_down_twice(home: Path) -> None:
+    for cycle in range(2):
+        up = _cli(home, "up", "--env")
+        assert up.returncode == 0, up.stderr
+        env = state.parse_env(up.stdout)
+        assert set(env) == {"LEAP_KAFKA_BOOTSTRAP", "LEAP_REDIS_URL"}, up.stdout
+        assert state.parse_env((home / "dev.env").read_text()) == env
+        first = _status(home)
+        for name in ("kafka", "redis"):
+            assert first[name]["running"] and first[name]["ready"], (cycle, first[name])
+            assert Path(first[name]["log"]).is_file()
+        assert first["kafka"]["address"] == env["LEAP_KAFKA_BOOTSTRAP"]
+        assert first["redis"]["address"] == env["LEAP_REDIS_URL"]
+
+        again = _cli(home, "up")  # reuses: same pids, nothing started
+        assert again.returncode == 0, again.stderr
+        assert "already running" in again.stderr
+        assert state.parse_env(again.stdout) == env
+        second = _status(home)
+        assert [second[n]["pid"] for n in ("kafka", "redis")] == [
+            first[n]["pid"] for n in ("kafka", "redis")
+        ]
+
+        down = _cli(home, "down")
+        assert down.returncode == 0, down.stderr
+        assert "kafka: stopped" in down.stdout and "redis: stopped" in down.stdout
+        after = _status(home)
+        assert not after["kafka"]["running"] and not after["redis"]["running"]
+        for name in ("kafka", "redis"):
+            assert not state.pid_alive(first[name]["pid"])
+    assert "Kafka Server started" in (home / "logs" / "kafka.log").read_text()

@@ -1,0 +1,100 @@
+"""What `dev up` writes for Kafka and Redis, checked without starting them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from leap_stream.cli import main
+from leap_stream.dev import kafka, redis, topics
+
+
+def _props(text: str) -> dict[str, str]:
+    return dict(
+        line.split("=", 1) for line in text.splitlines() if line and not line.startswith("#")
+    )
+
+
+def test_server_properties_for_a_combined_kraft_node(tmp_path: Path) -> None:
+    p = _props(kafka.render_server_properties(port=19092, controller_port=19093, data_dir=tmp_path))
+    assert p["process.roles"] == "broker,controller"
+    assert p["controller.quorum.voters"] == "1@127.0.0.1:19093"
+    assert p["listeners"] == "PLAINTEXT://127.0.0.1:19092,CONTROLLER://127.0.0.1:19093"
+    assert p["advertised.listeners"] == "PLAINTEXT://127.0.0.1:19092"
+    assert p["log.dirs"] == str(tmp_path)
+    assert p["message.max.bytes"] == p["replica.fetch.max.bytes"] == str(16 * 1024 * 1024)
+    assert p["num.partitions"] == "4"
+    assert p["group.initial.rebalance.delay.ms"] == "0"
+    assert p["auto.create.topics.enable"] == "false"
+    assert p["offsets.topic.replication.factor"] == "1"
+    on = kafka.render_server_properties(
+        port=1, controller_port=2, data_dir=tmp_path, auto_create_topics=True
+    )
+    assert _props(on)["auto.create.topics.enable"] == "true"
+
+
+def test_pom_brings_a_logging_backend_that_slf4j_can_see() -> None:
+    pom = kafka.render_pom("4.1.0")
+    assert "<artifactId>kafka_2.13</artifactId><version>4.1.0</version>" in pom
+    assert "<artifactId>log4j-slf4j2-impl</artifactId>" in pom
+    # without an slf4j 2 API, Kafka's slf4j 1.7 cannot find log4j-slf4j2-impl: a silent broker
+    assert "<artifactId>slf4j-api</artifactId><version>2." in pom
+
+
+def test_log4j2_config_writes_to_the_log_file(tmp_path: Path) -> None:
+    text = kafka.render_log4j2(tmp_path / "kafka.log")
+    assert f"appender.file.fileName = {tmp_path / 'kafka.log'}" in text
+    assert "rootLogger.appenderRef.file.ref = FILE" in text
+
+
+def test_java_command_uses_heap_and_config(tmp_path: Path) -> None:
+    cmd = kafka.java_command(tmp_path, tmp_path / "l.properties", "-Xms1m -Xmx2m", "Main", "a")
+    assert cmd[1:3] == ["-Xms1m", "-Xmx2m"]
+    assert f"-Dlog4j2.configurationFile={tmp_path / 'l.properties'}" in cmd
+    assert cmd[-4:] == ["-cp", f"{tmp_path}/*", "Main", "a"]
+
+
+def test_redis_command_keeps_nothing_on_disk(tmp_path: Path) -> None:
+    cmd = redis.redis_command("redis-server", 7000, tmp_path, tmp_path / "r.log", tmp_path / "p")
+    pairs = dict(zip(cmd[1::2], cmd[2::2], strict=True))
+    assert pairs["--save"] == "" and pairs["--appendonly"] == "no"
+    assert pairs["--port"] == "7000" and pairs["--bind"] == "127.0.0.1"
+    assert pairs["--logfile"] == str(tmp_path / "r.log")
+
+
+def test_topic_retention_from_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LEAP_TOPIC_RETENTION_MS", "1000")
+    monkeypatch.setenv("LEAP_DLQ_RETENTION_MS", "2000")
+    monkeypatch.setenv("LEAP_TOPIC_DEAD_LETTER", "my.dlq")
+    assert topics.topic_config("my.dlq") == {"retention.ms": "2000"}
+    assert topics.topic_config("leap.rankings") == {"retention.ms": "1000"}
+    assert topics.configured_topics()[-1] == "my.dlq"
+
+
+def test_dev_status_on_an_empty_home(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import orjson
+
+    assert main(["dev", "status", "--json", "--home", str(tmp_path)]) == 0
+    info = orjson.loads(capsys.readouterr().out)
+    assert info["kafka"]["running"] is False and info["redis"]["running"] is False
+    assert info["kafka"]["log"] == str(tmp_path / "logs" / "kafka.log")
+
+
+def test_topics_create_without_a_broker_says_how(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("LEAP_KAFKA_BOOTSTRAP", raising=False)
+    assert main(["topics", "create"]) == 2
+    assert "dev up" in capsys.readouterr().err
+
+
+def test_unreachable_configured_service_is_not_replaced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Somebody's real Redis being down must be an error, not a silent local substitute."""
+    from leap_stream.dev import ensure_services, state
+
+    monkeypatch.setenv("LEAP_REDIS_URL", f"redis://127.0.0.1:{state.free_port()}/0")
+    with pytest.raises(RuntimeError, match="does not answer"):
+        ensure_services(kafka=False, redis=True, home=tmp_path)
