@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "config": ("leap_stream.config_cli", "print the effective settings"),
     "dev": ("leap_stream.dev.cli", "start, inspect and stop local Kafka and Redis"),
     "topics": ("leap_stream.dev.topics_cli", "create the topics the service uses"),
+    "simulate": ("leap_stream.sim.cli", "generate a synthetic fleet (files and/or Kafka)"),
     "worker": ("leap_stream.stream.worker", "run the stream processor (Faust worker)"),
     "lag": ("leap_stream.stream.lag", "consumer lag of the worker's group per partition"),
     "rankings": ("leap_stream.stream.client", "read rankings (`rankings tail`)"),

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
@@ -408,6 +408,7 @@ class FleetSimulator:
         dp = np.maximum(dp, 1)
         num_devices = (dp * split).astype(np.int64)
         accum = 2 ** rng.choice(4, size=n, p=[0.5, 0.25, 0.15, 0.10])
+        accum = np.where(mb * dp * accum > 2**22, 1, accum)  # keep huge recsys batches sane
         global_batch = (mb * dp * accum).astype(np.int64)
         team = rng.integers(0, self.config.teams, n)
         cols: dict[str, np.ndarray[Any, Any]] = {
@@ -509,6 +510,7 @@ class FleetSimulator:
                 dp = L["dp"][ids]
                 new_dp = np.where(factor > 0, dp * 2, dp // 2)
                 new_dp = np.clip(new_dp, 1, MAX_DEVICES // split)
+                new_dp = np.where(L["global_batch"][ids] // dp * new_dp > 2**26, dp, new_dp)
                 L["global_batch"][ids] = L["global_batch"][ids] // dp * new_dp
                 L["dp"][ids] = new_dp
                 L["num_devices"][ids] = new_dp * split
@@ -568,7 +570,7 @@ class FleetSimulator:
         while count < cfg.rate * 0.998 and rounds < 20:
             rounds += 1
             deficit = cfg.rate - count
-            n_new = max(8, int(math.ceil(deficit / self._new_per_lineage)))
+            n_new = max(8, math.ceil(deficit / self._new_per_lineage))
             new = self._new_lineages(rng, n_new, t0, t1)
             first_id = L.n
             L.append(new)
@@ -741,30 +743,21 @@ class FleetSimulator:
                 "device_hours": dev_h,
             }
         )
-        # ---- prior: a measured completion of the lineage ended before this submission
-        prior_end = L["min_meas_end"].copy()
-        has_prior = np.zeros(n, dtype=bool)
-        # submissions are time-ordered; process per lineage with a cumulative min
+        # ---- prior: a measured completion of the lineage ended before this submission.
+        # Earliest measured end so far (state from earlier days, then an exclusive running min
+        # inside each lineage's time-ordered submissions of today).
+        prior_end = L["min_meas_end"]
         meas_end = np.where(has_thr, ended, np.inf)
         by_lin = np.lexsort((np.arange(n), lin))
         lin_sorted = lin[by_lin]
-        me_sorted = meas_end[by_lin]
-        boundaries = np.r_[True, lin_sorted[1:] != lin_sorted[:-1]]
-        grp = np.cumsum(boundaries) - 1
-        prev_min = np.empty(n)
-        # exclusive cumulative min inside each lineage group, seeded by the state
-        cur = np.inf
-        start_state = prior_end[lin_sorted]
-        for i in range(n):
-            if boundaries[i]:
-                cur = start_state[i]
-            prev_min[i] = cur
-            if me_sorted[i] < cur:
-                cur = me_sorted[i]
-        _ = grp
-        has_prior[by_lin] = prev_min < s["submitted"][by_lin]
+        first = np.r_[True, lin_sorted[1:] != lin_sorted[:-1]] if n else np.zeros(0, bool)
+        shifted = np.r_[np.inf, meas_end[by_lin][:-1]] if n else np.zeros(0)
+        shifted[first] = prior_end[lin_sorted[first]]
+        grp = np.cumsum(first) - 1
+        run = pd.Series(shifted).groupby(grp).cummin().to_numpy()
+        has_prior = np.zeros(n, dtype=bool)
+        has_prior[by_lin] = run < s["submitted"][by_lin]
         np.minimum.at(prior_end, lin, meas_end)
-        L["min_meas_end"] = prior_end
         subs["has_prior"] = has_prior
         subs.attrs["vendors"] = self._vendors_present
         dataset = self._join(subs, comp)
@@ -839,5 +832,3 @@ __all__ = [
     "combine",
     "simulate",
 ]
-
-_ = replace

@@ -211,7 +211,6 @@ def framework_supported(framework_idx: I64, hw: HardwareArrays, hw_idx: I64) -> 
 
 def step_time_s(job: JobArrays, hw: HardwareArrays, hw_idx: I64) -> F64:
     """Seconds per optimizer step of the whole job on ``hw_idx`` (no maturity factors)."""
-    v = hw.vendor_idx[hw_idx]
     prec = job.precision_idx
     peak = hw.peak_tflops[hw_idx] * PRECISION_PEAK[prec]
     fp8 = hw.fp8_tflops[hw_idx]
@@ -286,7 +285,6 @@ def step_time_s(job: JobArrays, hw: HardwareArrays, hw_idx: I64) -> F64:
         / a2a_link,
         0.0,
     )
-    _ = v
     return np.asarray(t_compute + t_tp + t_dp + t_moe + t_a2a, dtype=np.float64)
 
 

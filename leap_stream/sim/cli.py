@@ -1,0 +1,138 @@
+"""`leap-stream simulate`: generate a synthetic fleet, write it to files and/or Kafka.
+
+The last stdout line is one JSON summary object, so scripts can ``tail -1 | jq``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from leap_stream import config
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--seed", type=int, default=0, help="random seed (same seed, same bytes)")
+    parser.add_argument("--days", type=int, default=1, help="days to simulate")
+    parser.add_argument("--start", type=date.fromisoformat, default=date(2026, 11, 1))
+    parser.add_argument("--out", type=Path, help="folder for submissions/completions jsonl etc.")
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        help="without --to-kafka: submissions per day (default 30000); "
+        "with --to-kafka: events produced per second (default 2000, 0 = as fast as possible)",
+    )
+    parser.add_argument(
+        "--per-day", type=int, default=None, help="submissions per day (also with --to-kafka)"
+    )
+    parser.add_argument("--to-kafka", action="store_true", help="produce the events to Kafka")
+    parser.add_argument("--bootstrap", default="", help="Kafka bootstrap (default: settings)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+
+def run(args: argparse.Namespace) -> int:
+    from leap_stream.sim.events import write_jsonl
+    from leap_stream.sim.fleet import SimConfig, simulate
+
+    if args.out is None and not args.to_kafka:
+        print("simulate: give --out DIR and/or --to-kafka", file=sys.stderr)
+        return 2
+    per_day = args.per_day
+    if per_day is None:
+        per_day = int(args.rate) if (args.rate is not None and not args.to_kafka) else 30000
+    cfg = SimConfig(seed=args.seed, days=args.days, rate=per_day, start=args.start)
+    t0 = time.perf_counter()
+    result = simulate(cfg)
+    gen_s = time.perf_counter() - t0
+    summary: dict[str, Any] = result.summary()
+    summary["generate_s"] = round(gen_s, 3)
+    if args.out is not None:
+        t1 = time.perf_counter()
+        paths = write_jsonl(result, args.out)
+        summary["write_s"] = round(time.perf_counter() - t1, 3)
+        summary["out"] = {k: str(v) for k, v in paths.items()}
+    if args.to_kafka:
+        rate = 2000.0 if args.rate is None else float(args.rate)
+        summary["kafka"] = produce(result, args.bootstrap, rate, progress=not args.no_progress)
+    sys.stdout.write(orjson.dumps(summary).decode() + "\n")
+    return 0
+
+
+def _bootstrap(explicit: str) -> str:
+    if explicit:
+        return explicit
+    if env := config.get("LEAP_KAFKA_BOOTSTRAP"):
+        return env
+    from leap_stream.dev import status
+
+    kafka = status().get("kafka", {})
+    if kafka.get("ready") and kafka.get("address"):
+        return str(kafka["address"])
+    raise SystemExit("simulate: no Kafka bootstrap (set LEAP_KAFKA_BOOTSTRAP or run `dev up`)")
+
+
+def produce(result: Any, bootstrap: str, rate: float, progress: bool = True) -> dict[str, Any]:
+    """Produce submissions and completions in time order at ``rate`` events/s, keyed by job_id."""
+    from confluent_kafka import KafkaException, Producer
+    from tqdm import tqdm
+
+    from leap_stream.sim.events import timeline
+
+    topics = {
+        "submission": config.get("LEAP_TOPIC_SUBMISSIONS"),
+        "completion": config.get("LEAP_TOPIC_COMPLETIONS"),
+    }
+    conf: dict[str, Any] = dict(config.kafka_client_config(_bootstrap(bootstrap)))
+    conf.update({"linger.ms": 5, "compression.type": "lz4", "enable.idempotence": True})
+    producer = Producer(conf)
+    errors: list[str] = []
+
+    def on_delivery(err: Any, _msg: Any) -> None:
+        if err is not None:
+            errors.append(str(err))
+
+    total = len(result.submissions) + len(result.completions)
+    counts = {"submission": 0, "completion": 0}
+    bar = tqdm(total=total, unit="ev", file=sys.stderr, disable=not progress, mininterval=0.5)
+    start = time.perf_counter()
+    sent = 0
+    for kind, key, value in timeline(result):
+        if rate > 0:
+            ahead = sent / rate - (time.perf_counter() - start)
+            if ahead > 0.002:
+                time.sleep(ahead)
+        while True:
+            try:
+                producer.produce(topics[kind], value=value, key=key, on_delivery=on_delivery)
+                break
+            except BufferError:
+                producer.poll(0.05)
+        producer.poll(0)
+        counts[kind] += 1
+        sent += 1
+        if sent % 1000 == 0:
+            bar.update(1000)
+    bar.update(sent % 1000)
+    remaining = producer.flush(60)
+    bar.close()
+    elapsed = time.perf_counter() - start
+    if remaining:
+        raise KafkaException(f"{remaining} events not delivered after 60 s")
+    if errors:
+        raise KafkaException(f"{len(errors)} delivery errors, first: {errors[0]}")
+    return {
+        "topics": topics,
+        "produced": counts,
+        "seconds": round(elapsed, 2),
+        "events_per_s": round(sent / elapsed, 1) if elapsed > 0 else None,
+    }
+
+
+__all__ = ["produce", "register", "run"]
