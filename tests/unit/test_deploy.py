@@ -1,0 +1,745 @@
+"""Static checks of the deploy artefacts: no Docker engine or cluster is needed.
+
+The compose file, the Kubernetes manifests, the alert rules and the dashboard must agree with
+each other and with the interfaces in docs/design.md and leap_stream/config.py; when they drift,
+these tests fail instead of a deployment failing at 3 a.m.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from leap_stream import config
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+K8S = DEPLOY / "k8s"
+COMPOSE = ROOT / "docker-compose.yml"
+ALERTS = DEPLOY / "prometheus" / "alerts.yml"
+ALERTS_TEST = DEPLOY / "prometheus" / "alerts_test.yml"
+PROMETHEUS_YML = DEPLOY / "prometheus" / "prometheus.yml"
+DASHBOARD = DEPLOY / "grafana" / "leap-stream.json"
+DATASOURCES = DEPLOY / "grafana" / "provisioning" / "datasources" / "prometheus.yml"
+DASHBOARD_PROVIDERS = DEPLOY / "grafana" / "provisioning" / "dashboards" / "leap-stream.yml"
+DOCKERFILE = DEPLOY / "Dockerfile"
+DOCKERIGNORE = ROOT / ".dockerignore"
+OPERATIONS = ROOT / "docs" / "operations.md"
+SECURITY = ROOT / "docs" / "security.md"
+DESIGN = ROOT / "docs" / "design.md"
+
+SETTINGS = {s.env for s in config.SETTINGS}
+YAML_FILES = sorted([COMPOSE, *DEPLOY.rglob("*.yml"), *DEPLOY.rglob("*.yaml")])
+
+
+def load(path: Path) -> Any:
+    return yaml.safe_load(path.read_text())
+
+
+def load_all(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+
+
+# --------------------------------------------------------------------------- design metrics
+
+
+def design_metrics() -> dict[str, str]:
+    """Metric name -> 'histogram' or 'other', from the Metrics block of docs/design.md."""
+    text = DESIGN.read_text()
+    section = text.split("## Metrics", 1)[1]
+    block = section.split("```", 2)[1]
+    metrics: dict[str, str] = {}
+    for line in block.splitlines():
+        m = re.match(r"\s*(leap_[a-z0-9_]+)", line)
+        if m:
+            metrics[m.group(1)] = "histogram" if "histogram" in line else "other"
+    return metrics
+
+
+# Series Prometheus itself creates for every scrape target.
+SYNTHETIC_SERIES = {"up"}
+
+PROMQL_WORDS = {
+    "and", "or", "unless", "bool", "offset", "by", "without", "on", "ignoring",
+    "group_left", "group_right", "inf", "nan",
+}  # fmt: skip
+
+
+def promql_metric_names(expr: str) -> set[str]:
+    """Metric names a PromQL expression selects (functions, labels, keywords removed)."""
+    s = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
+    s = re.sub(r"\{[^}]*\}", " ", s)
+    s = re.sub(r"\[[^\]]*\]", " ", s)
+    s = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", s)
+    s = re.sub(r"\$\{?\w+\}?", " ", s)
+    s = re.sub(r"(?<![\w:])\d+(\.\d+)?([eE][-+]?\d+)?[smhdwy]?\b", " ", s)
+    names = set()
+    for m in re.finditer(r"[A-Za-z_:][A-Za-z0-9_:]*", s):
+        if s[m.end() :].lstrip().startswith("("):
+            continue  # a function or an aggregation operator
+        if m.group(0).lower() in PROMQL_WORDS:
+            continue
+        names.add(m.group(0))
+    return names
+
+
+def unknown_metrics(names: set[str]) -> set[str]:
+    known = design_metrics()
+    bad = set()
+    for name in names:
+        if name in known or name in SYNTHETIC_SERIES:
+            continue
+        base = re.sub(r"_(bucket|sum|count)$", "", name)
+        if base != name and known.get(base) == "histogram":
+            continue
+        bad.add(name)
+    return bad
+
+
+def test_design_lists_the_metrics_the_artefacts_rely_on() -> None:
+    metrics = design_metrics()
+    assert metrics["leap_ranking_latency_seconds"] == "histogram"
+    assert {"leap_consumer_lag", "leap_coverage_ratio", "leap_model_age_seconds"} <= set(metrics)
+
+
+def test_promql_metric_name_extraction() -> None:
+    expr = (
+        'sum by (le) (rate(leap_x_seconds_bucket{source!="none", le="+Inf"}[5m])) / '
+        "clamp_min(up, 1e-9) > 36 * 3600 and on (topic) leap_y offset 5m"
+    )
+    assert promql_metric_names(expr) == {"leap_x_seconds_bucket", "up", "leap_y"}
+    assert unknown_metrics({"leap_ranking_latency_seconds_bucket", "up"}) == set()
+    assert unknown_metrics({"leap_consumer_lag_bucket", "leap_not_a_metric"}) == {
+        "leap_consumer_lag_bucket",
+        "leap_not_a_metric",
+    }
+
+
+# --------------------------------------------------------------------------- promtool
+
+
+def promtool() -> str:
+    """Path of promtool; in CI a missing promtool is a failure, locally a skip."""
+    path = shutil.which("promtool")
+    if path:
+        return path
+    message = "promtool not installed (Debian package: prometheus)"
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+def run_promtool(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [promtool(), *args], capture_output=True, text=True, timeout=120, cwd=cwd, check=False
+    )
+
+
+# --------------------------------------------------------------------------- YAML
+
+
+@pytest.mark.parametrize("path", YAML_FILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_yaml_parses(path: Path) -> None:
+    docs = load_all(path)
+    assert docs, f"{path} is empty"
+    assert all(isinstance(d, dict) for d in docs)
+
+
+def test_yaml_files_found() -> None:
+    names = {p.name for p in YAML_FILES}
+    assert {"docker-compose.yml", "alerts.yml", "prometheus.yml", "kustomization.yaml"} <= names
+
+
+# --------------------------------------------------------------------------- compose
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    data: dict[str, Any] = load(COMPOSE)
+    return data
+
+
+def service_env(service: dict[str, Any]) -> dict[str, str]:
+    env = service.get("environment", {})
+    if isinstance(env, list):
+        env = dict(item.split("=", 1) for item in env)
+    return {k: str(v) for k, v in env.items()}
+
+
+def workers(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {
+        name: svc for name, svc in compose["services"].items() if svc.get("command") == ["worker"]
+    }
+
+
+def test_compose_has_the_stack(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    for name in ("kafka", "topics", "redis", "trainer", "prometheus", "grafana"):
+        assert name in services, name
+    assert services["kafka"]["image"].startswith("apache/kafka:")
+    assert services["topics"]["command"] == ["topics", "create"]
+    assert services["topics"]["restart"] == "no"
+
+
+def test_compose_kafka_is_single_node_kraft(compose: dict[str, Any]) -> None:
+    env = service_env(compose["services"]["kafka"])
+    assert set(env["KAFKA_PROCESS_ROLES"].split(",")) == {"broker", "controller"}
+    node = env["KAFKA_NODE_ID"]
+    assert env["KAFKA_CONTROLLER_QUORUM_VOTERS"].startswith(f"{node}@kafka:")
+    assert "CONTROLLER" in env["KAFKA_CONTROLLER_LISTENER_NAMES"]
+    assert env["KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR"] == "1"
+    assert env["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false"  # `topics` creates them
+    assert "healthcheck" in compose["services"]["kafka"]
+
+
+def test_compose_two_workers_share_one_consumer_group(compose: dict[str, Any]) -> None:
+    found = workers(compose)
+    assert len(found) >= 2, "partition scaling needs at least two workers"
+    envs = [service_env(svc) for svc in found.values()]
+    groups = {env.get("LEAP_CONSUMER_GROUP", config.get("LEAP_CONSUMER_GROUP")) for env in envs}
+    assert len(groups) == 1
+    assert {env["LEAP_KAFKA_BOOTSTRAP"] for env in envs} == {"kafka:9092"}
+    for name, svc in found.items():
+        deps = svc["depends_on"]
+        assert deps["kafka"]["condition"] == "service_healthy", name
+        assert deps["redis"]["condition"] == "service_healthy", name
+        assert deps["topics"]["condition"] == "service_completed_successfully", name
+        assert "/metrics" in " ".join(svc["healthcheck"]["test"]), name
+
+
+def test_compose_env_uses_only_documented_settings(compose: dict[str, Any]) -> None:
+    for name, svc in compose["services"].items():
+        for key in service_env(svc):
+            if key.startswith("LEAP_") and key != "LEAP_IMAGE_TAG":
+                assert key in SETTINGS, f"{name}: {key} is not in leap_stream/config.py"
+
+
+def volume_sources(svc: dict[str, Any]) -> dict[str, str]:
+    """Container path -> volume name or host path (':ro' suffix kept in the value)."""
+    out = {}
+    for spec in svc.get("volumes", []):
+        source, target, *mode = spec.split(":")
+        out[target] = source + (":" + mode[0] if mode else "")
+    return out
+
+
+def test_compose_trainer_shares_dataset_and_registry(compose: dict[str, Any]) -> None:
+    trainer = compose["services"]["trainer"]
+    script = " ".join(trainer["command"])
+    assert "leap-stream train --dataset /data/dataset --registry /data/registry" in script
+    assert "sleep" in script and "86400" in str(trainer["environment"]["TRAIN_INTERVAL_S"])
+    t_vols = volume_sources(trainer)
+    assert t_vols["/data/registry"] == "registry"  # the trainer publishes models
+    for name, svc in workers(compose).items():
+        w_vols = volume_sources(svc)
+        assert w_vols["/data/dataset"] == "dataset", name  # the completion sink writes
+        assert w_vols["/data/registry"].split(":")[0] == "registry", name
+    assert {"dataset", "registry"} <= set(compose["volumes"])
+
+
+def test_compose_bind_mounts_exist(compose: dict[str, Any]) -> None:
+    for name, svc in compose["services"].items():
+        for source in volume_sources(svc).values():
+            path = source.split(":")[0]
+            if path.startswith("./"):
+                assert (ROOT / path).exists(), f"{name}: {path} missing"
+
+
+def test_compose_prometheus_scrapes_every_worker(compose: dict[str, Any]) -> None:
+    prom = load(PROMETHEUS_YML)
+    jobs = {job["job_name"]: job for job in prom["scrape_configs"]}
+    targets = {t for sc in jobs["leap-stream-worker"]["static_configs"] for t in sc["targets"]}
+    expected = {
+        f"{svc.get('hostname', name)}:{service_env(svc)['LEAP_METRICS_PORT']}"
+        for name, svc in workers(compose).items()
+    }
+    assert targets == expected
+    assert prom["rule_files"] == ["alerts.yml"]
+    mounts = volume_sources(compose["services"]["prometheus"])
+    assert mounts["/etc/prometheus/alerts.yml"].startswith("./deploy/prometheus/alerts.yml")
+
+
+def test_compose_grafana_provisioning_matches_mounts(compose: dict[str, Any]) -> None:
+    mounts = volume_sources(compose["services"]["grafana"])
+    assert mounts["/etc/grafana/provisioning"].startswith("./deploy/grafana/provisioning")
+    provider = load(DASHBOARD_PROVIDERS)["providers"][0]
+    dash_dir = provider["options"]["path"]
+    assert mounts[f"{dash_dir}/leap-stream.json"].startswith("./deploy/grafana/leap-stream.json")
+    assert compose["services"]["grafana"]["depends_on"]["prometheus"]["condition"] == (
+        "service_healthy"
+    )
+
+
+def test_compose_services_have_healthchecks(compose: dict[str, Any]) -> None:
+    for name, svc in compose["services"].items():
+        check = svc.get("healthcheck")
+        one_shot = svc.get("restart") == "no" or name == "trainer"
+        if one_shot:
+            assert check == {"disable": True}, f"{name} must not inherit the /metrics check"
+        else:
+            assert check and check.get("test"), f"{name} has no healthcheck"
+
+
+# --------------------------------------------------------------------------- Dockerfile
+
+
+def dockerfile_stages() -> list[tuple[str, list[str]]]:
+    """(base image with ARG defaults substituted, instruction lines) per stage."""
+    text = DOCKERFILE.read_text().replace("\\\n", " ")
+    args: dict[str, str] = {}
+    stages: list[tuple[str, list[str]]] = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if not stages and line.startswith("ARG "):
+            name, _, default = line[4:].partition("=")
+            args[name.strip()] = default.strip()
+        if line.startswith("FROM "):
+            image = line.split()[1]
+            image = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], image)
+            stages.append((image, []))
+        elif stages:
+            stages[-1][1].append(line)
+    return stages
+
+
+def test_dockerfile_is_multistage_on_documented_slim_python() -> None:
+    stages = dockerfile_stages()
+    assert len(stages) >= 2
+    documented = re.search(r"base image: `([^`]+)`", OPERATIONS.read_text())
+    assert documented, "docs/operations.md must name the base image"
+    for image, _lines in stages:
+        assert image == documented.group(1)
+        assert image.startswith("python:3.11-slim")
+
+
+def test_dockerfile_runtime_is_lean_non_root_with_entrypoint() -> None:
+    (_b, builder), (_r, runtime) = dockerfile_stages()[0], dockerfile_stages()[-1]
+    run = " ".join(line for line in runtime if line.startswith("RUN "))
+    assert "libgomp1" in run
+    for tool in ("build-essential", "gcc", "g++", "make ", "git"):
+        assert tool not in run, f"{tool} in the runtime stage"
+    assert any("pip wheel" in line for line in builder)
+    assert "--no-index" in run, "the runtime must install only the built wheels"
+    users = [line.split()[1] for line in runtime if line.startswith("USER ")]
+    assert users, "no USER in the runtime stage"
+    uid = users[-1].split(":")[0]
+    assert uid not in ("0", "root")
+    assert f"--uid {uid}" in run
+    documented_uid = re.search(r"uid `(\d+)`", OPERATIONS.read_text())
+    assert documented_uid and documented_uid.group(1) == uid
+    entry = [line for line in runtime if line.startswith("ENTRYPOINT ")]
+    assert entry and json.loads(entry[-1][len("ENTRYPOINT ") :]) == ["leap-stream"]
+    health = [line for line in runtime if line.startswith("HEALTHCHECK ")]
+    assert health and "/metrics" in health[-1] and "LEAP_METRICS_PORT" in health[-1]
+
+
+def test_dockerfile_copies_exist_and_dockerignore_keeps_them() -> None:
+    builder = dockerfile_stages()[0][1]
+    patterns = [
+        p.strip().rstrip("/")
+        for p in DOCKERIGNORE.read_text().splitlines()
+        if p.strip() and not p.startswith("#")
+    ]
+    assert ".venv" in patterns and ".git" in patterns
+    copied = [
+        src
+        for line in builder
+        if line.startswith("COPY ") and "--from" not in line
+        for src in line.split()[1:-1]
+    ]
+    assert {"pyproject.toml", "leap_stream", "schemas"} <= set(copied)
+    for src in copied:
+        assert (ROOT / src).exists(), src
+        for pat in patterns:
+            assert not fnmatch.fnmatch(src, pat), f".dockerignore {pat!r} drops {src}"
+    # the image must carry the package data (catalog) and the schemas
+    for data in ("leap_stream/catalog/hardware.json", "schemas/job-submitted.schema.json"):
+        for pat in patterns:
+            assert not fnmatch.fnmatch(data, pat), f".dockerignore {pat!r} drops {data}"
+
+
+# --------------------------------------------------------------------------- Kubernetes
+
+
+@pytest.fixture(scope="module")
+def k8s() -> list[dict[str, Any]]:
+    docs = []
+    for path in sorted(K8S.glob("*.yaml")):
+        if path.name != "kustomization.yaml":
+            docs.extend(load_all(path))
+    return docs
+
+
+def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def one(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    found = by_kind(docs, kind)
+    assert len(found) == 1, f"expected one {kind}, found {len(found)}"
+    return found[0]
+
+
+def pod_specs(docs: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any]]]:
+    for d in docs:
+        name = f"{d['kind']}/{d['metadata']['name']}"
+        if d["kind"] in ("Deployment", "Job"):
+            yield name, d["spec"]["template"]["spec"]
+        elif d["kind"] == "CronJob":
+            yield name, d["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+
+
+def test_k8s_required_kinds(k8s: list[dict[str, Any]]) -> None:
+    kinds = {d["kind"] for d in k8s}
+    required = {
+        "Namespace", "ConfigMap", "Secret", "Deployment", "Service", "ScaledObject",
+        "TriggerAuthentication", "CronJob", "PersistentVolumeClaim",
+    }  # fmt: skip
+    assert required <= kinds, required - kinds
+
+
+def test_k8s_kustomization_lists_every_manifest() -> None:
+    kust = load(K8S / "kustomization.yaml")
+    files = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
+    assert set(kust["resources"]) == files
+    assert kust["namespace"] == "leap-stream"
+
+
+def test_k8s_everything_in_the_namespace(k8s: list[dict[str, Any]]) -> None:
+    ns = one(k8s, "Namespace")["metadata"]["name"]
+    for d in k8s:
+        if d["kind"] != "Namespace":
+            assert d["metadata"]["namespace"] == ns, d["metadata"]["name"]
+
+
+def test_k8s_pods_are_non_root_read_only(k8s: list[dict[str, Any]]) -> None:
+    specs = dict(pod_specs(k8s))
+    assert {"Deployment/leap-stream-worker", "CronJob/leap-stream-retrain"} <= set(specs)
+    for name, spec in specs.items():
+        pod_sc = spec["securityContext"]
+        assert pod_sc["runAsNonRoot"] is True, name
+        assert pod_sc["runAsUser"] != 0, name
+        assert spec.get("automountServiceAccountToken") is False, name
+        volumes = {v["name"] for v in spec.get("volumes", [])}
+        for c in spec["containers"]:
+            sc = c["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False, name
+            assert sc["readOnlyRootFilesystem"] is True, name
+            assert sc["capabilities"]["drop"] == ["ALL"], name
+            assert c["resources"]["requests"] and c["resources"]["limits"]["memory"], name
+            mounts = {m["mountPath"]: m["name"] for m in c.get("volumeMounts", [])}
+            assert "/tmp" in mounts, f"{name}: read-only root needs a writable /tmp"
+            assert set(mounts.values()) <= volumes, name
+
+
+def test_k8s_uid_matches_image(k8s: list[dict[str, Any]]) -> None:
+    runtime = dockerfile_stages()[-1][1]
+    user = [line.split()[1] for line in runtime if line.startswith("USER ")][-1]
+    uid = int(user.split(":")[0])
+    for name, spec in pod_specs(k8s):
+        assert spec["securityContext"]["runAsUser"] == uid, name
+
+
+def test_k8s_worker_probes_and_ports(k8s: list[dict[str, Any]]) -> None:
+    cm = one(k8s, "ConfigMap")["data"]
+    port = int(cm["LEAP_METRICS_PORT"])
+    deploy = one(k8s, "Deployment")
+    (c,) = deploy["spec"]["template"]["spec"]["containers"]
+    assert c["args"] == ["worker"]
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports["metrics"] == port
+    for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+        http = c[probe]["httpGet"]
+        assert http["path"] == "/metrics" and http["port"] in ("metrics", port), probe
+    svc = one(k8s, "Service")
+    assert svc["spec"]["selector"] == deploy["spec"]["selector"]["matchLabels"]
+    assert svc["spec"]["ports"][0]["targetPort"] in ("metrics", port)
+    assert svc["metadata"]["name"] == "leap-stream-worker"  # job label the alerts expect
+
+
+def test_k8s_config_and_secret_use_documented_settings(k8s: list[dict[str, Any]]) -> None:
+    cm = one(k8s, "ConfigMap")
+    secret = next(
+        s for s in by_kind(k8s, "Secret") if s["metadata"]["name"] == "leap-stream-secrets"
+    )
+    for key in [*cm["data"], *secret["stringData"]]:
+        if key.startswith("LEAP_"):
+            assert key in SETTINGS, key
+    for key in ("LEAP_KAFKA_SASL_PASSWORD", "LEAP_REDIS_PASSWORD"):
+        assert key not in cm["data"], f"{key} is a secret"
+        assert secret["stringData"][key] == "CHANGE-ME", "only placeholders are committed"
+    names = {d["metadata"]["name"] for d in k8s}
+    for name, spec in pod_specs(k8s):
+        for c in spec["containers"]:
+            for ref in c.get("envFrom", []):
+                target = ref.get("configMapRef") or ref.get("secretRef")
+                assert target["name"] in names, name
+        for vol in spec.get("volumes", []):
+            if "persistentVolumeClaim" in vol:
+                assert vol["persistentVolumeClaim"]["claimName"] in names, name
+            if "secret" in vol:
+                assert vol["secret"]["secretName"] in names, name
+
+
+def test_k8s_pvcs_are_read_write_many(k8s: list[dict[str, Any]]) -> None:
+    pvcs = {p["metadata"]["name"]: p for p in by_kind(k8s, "PersistentVolumeClaim")}
+    assert {"leap-stream-dataset", "leap-stream-registry"} <= set(pvcs)
+    for name, pvc in pvcs.items():
+        assert pvc["spec"]["accessModes"] == ["ReadWriteMany"], name
+
+
+def test_k8s_keda_scales_on_lag_up_to_partitions(k8s: list[dict[str, Any]]) -> None:
+    cm = one(k8s, "ConfigMap")["data"]
+    so = one(k8s, "ScaledObject")
+    deploy = one(k8s, "Deployment")
+    assert so["spec"]["scaleTargetRef"]["name"] == deploy["metadata"]["name"]
+    assert so["spec"]["maxReplicaCount"] == int(cm["LEAP_TOPIC_PARTITIONS"])
+    assert 1 <= so["spec"]["minReplicaCount"] <= so["spec"]["maxReplicaCount"]
+    triggers = so["spec"]["triggers"]
+    assert triggers and all(t["type"] == "kafka" for t in triggers)
+    topics = set()
+    auth = one(k8s, "TriggerAuthentication")
+    for t in triggers:
+        md = t["metadata"]
+        assert int(md["lagThreshold"]) > 0
+        assert md["consumerGroup"] == cm["LEAP_CONSUMER_GROUP"]
+        assert md["bootstrapServers"] == cm["LEAP_KAFKA_BOOTSTRAP"]
+        assert t["authenticationRef"]["name"] == auth["metadata"]["name"]
+        topics.add(md["topic"])
+    assert topics == {cm["LEAP_TOPIC_SUBMISSIONS"], cm["LEAP_TOPIC_COMPLETIONS"]}
+    secrets = {s["metadata"]["name"]: s["stringData"] for s in by_kind(k8s, "Secret")}
+    for ref in auth["spec"]["secretTargetRef"]:
+        assert ref["key"] in secrets[ref["name"]], ref
+
+
+def test_k8s_nightly_retrain_cronjob(k8s: list[dict[str, Any]]) -> None:
+    cron = one(k8s, "CronJob")
+    assert len(cron["spec"]["schedule"].split()) == 5
+    assert cron["spec"]["concurrencyPolicy"] == "Forbid"
+    (c,) = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    assert c["args"][0] == "train"
+    args = dict(zip(c["args"][1::2], c["args"][2::2], strict=True))
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    assert mounts[args["--dataset"]].get("readOnly") is True
+    assert not mounts[args["--registry"]].get("readOnly")
+    spec = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    claims = {
+        v["name"]: v["persistentVolumeClaim"]["claimName"]
+        for v in spec["volumes"]
+        if "persistentVolumeClaim" in v
+    }
+    assert claims[mounts[args["--registry"]]["name"]] == "leap-stream-registry"
+    assert claims[mounts[args["--dataset"]]["name"]] == "leap-stream-dataset"
+
+
+def test_k8s_kustomize_builds() -> None:
+    kubectl = shutil.which("kubectl")
+    if not kubectl:
+        pytest.skip("kubectl not installed; the pure checks above still ran")
+    out = subprocess.run(
+        [kubectl, "kustomize", str(K8S)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert out.returncode == 0, out.stderr
+    kinds = {d["kind"] for d in yaml.safe_load_all(out.stdout) if d}
+    assert {"Deployment", "ScaledObject", "CronJob"} <= kinds
+
+
+# --------------------------------------------------------------------------- alerts
+
+
+@pytest.fixture(scope="module")
+def rules() -> list[dict[str, Any]]:
+    return [r for g in load(ALERTS)["groups"] for r in g["rules"]]
+
+
+def heading_anchors(path: Path) -> set[str]:
+    anchors = set()
+    for line in path.read_text().splitlines():
+        m = re.match(r"#{1,6}\s+(.*)", line)
+        if m:
+            slug = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-")
+            anchors.add(slug)
+    return anchors
+
+
+def test_alerts_cover_the_required_conditions(rules: list[dict[str, Any]]) -> None:
+    exprs = {r["alert"]: " ".join(r["expr"].split()) for r in rules}
+
+    def find(pattern: str) -> str:
+        hits = [name for name, e in exprs.items() if re.search(pattern, e)]
+        assert hits, f"no alert matches {pattern!r}"
+        return hits[0]
+
+    find(r"^sum by \(topic\) \(max by \(topic, partition\) \(leap_consumer_lag\)\) > \d+$")
+    find(r"deriv\(leap_consumer_lag\[15m\]\)")
+    find(r"leap_rankings_out_total\{source!=\"none\"\}.*< 0\.95")
+    find(r"leap_model_age_seconds\) > 36 \* 3600")
+    find(r"leap_dead_letter_total")
+    find(r"leap_redis_errors_total")
+    find(r'up\{job="leap-stream-worker"\} == 0')
+
+
+def test_alerts_are_well_formed(rules: list[dict[str, Any]]) -> None:
+    anchors = heading_anchors(OPERATIONS)
+    names = [r["alert"] for r in rules]
+    assert len(names) == len(set(names))
+    for r in rules:
+        name = r["alert"]
+        assert re.fullmatch(r"\d+[smh]", r["for"]), name
+        assert r["labels"]["severity"] in {"warning", "critical"}, name
+        ann = r["annotations"]
+        assert ann["summary"] and ann["description"], name
+        doc, _, anchor = ann["runbook"].partition("#")
+        assert doc == "docs/operations.md" and anchor == name.lower(), name
+        assert anchor in anchors, f"{name}: no runbook section in docs/operations.md"
+
+
+def test_alerts_use_only_design_metrics(rules: list[dict[str, Any]]) -> None:
+    for r in rules:
+        names = promql_metric_names(r["expr"])
+        assert names, r["alert"]
+        assert not unknown_metrics(names), (r["alert"], unknown_metrics(names))
+
+
+def test_promtool_checks_rules_and_config() -> None:
+    out = run_promtool("check", "rules", str(ALERTS))
+    assert out.returncode == 0, out.stdout + out.stderr
+    out = run_promtool("check", "config", PROMETHEUS_YML.name, cwd=PROMETHEUS_YML.parent)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_promtool_alert_unit_tests(tmp_path: Path, rules: list[dict[str, Any]]) -> None:
+    """Each alert fires on the bad series in alerts_test.yml and stays quiet on healthy ones."""
+    tests = load(ALERTS_TEST)
+    firing = {
+        case["alertname"]
+        for t in tests["tests"]
+        for case in t.get("alert_rule_test", [])
+        if case.get("exp_alerts")
+    }
+    assert firing == {r["alert"] for r in rules}, "every alert needs a firing unit test"
+    stripped = load(ALERTS)
+    for group in stripped["groups"]:
+        for rule in group["rules"]:
+            rule.pop("annotations", None)  # the wording is not under test; thresholds are
+    (tmp_path / "alerts.yml").write_text(yaml.safe_dump(stripped))
+    shutil.copy(ALERTS_TEST, tmp_path / "alerts_test.yml")
+    out = run_promtool("test", "rules", "alerts_test.yml", cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+# --------------------------------------------------------------------------- dashboard
+
+
+@pytest.fixture(scope="module")
+def dashboard() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(DASHBOARD.read_text())
+    return data
+
+
+def all_panels(dash: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for p in dash["panels"]:
+        out.append(p)
+        out.extend(p.get("panels", []))
+    return out
+
+
+def dashboard_exprs(dash: dict[str, Any]) -> list[tuple[str, str]]:
+    return [(p["title"], t["expr"]) for p in all_panels(dash) for t in p.get("targets", [])]
+
+
+def test_dashboard_panel_ids_unique_and_layout_fits(dashboard: dict[str, Any]) -> None:
+    panels = all_panels(dashboard)
+    ids = [p["id"] for p in panels]
+    assert len(ids) == len(set(ids))
+    cells: dict[tuple[int, int], str] = {}
+    for p in panels:
+        g = p["gridPos"]
+        assert g["x"] + g["w"] <= 24, p["title"]
+        for x in range(g["x"], g["x"] + g["w"]):
+            for y in range(g["y"], g["y"] + g["h"]):
+                assert (x, y) not in cells, f"{p['title']} overlaps {cells[(x, y)]}"
+                cells[(x, y)] = p["title"]
+
+
+def test_dashboard_datasource_uid_is_the_provisioned_one(dashboard: dict[str, Any]) -> None:
+    (ds,) = load(DATASOURCES)["datasources"]
+    assert ds["type"] == "prometheus"
+    seen = set()
+    for p in all_panels(dashboard):
+        if p["type"] == "row":
+            continue
+        seen.add(p["datasource"]["uid"])
+        seen.update(t["datasource"]["uid"] for t in p["targets"])
+    assert seen == {ds["uid"]}
+
+
+def test_dashboard_uses_only_design_metrics(dashboard: dict[str, Any]) -> None:
+    exprs = dashboard_exprs(dashboard)
+    assert exprs
+    for title, expr in exprs:
+        names = promql_metric_names(expr)
+        assert names, title
+        assert not unknown_metrics(names), (title, unknown_metrics(names))
+
+
+def test_dashboard_shows_what_operators_need(dashboard: dict[str, Any]) -> None:
+    text = " ".join(" ".join(e.split()) for _t, e in dashboard_exprs(dashboard))
+    for needle in (
+        "max by (topic, partition) (leap_consumer_lag)",
+        "leap_events_in_total",
+        "leap_rankings_out_total",
+        "histogram_quantile(0.5, sum by (le) (rate(leap_ranking_latency_seconds_bucket",
+        "histogram_quantile(0.99, sum by (le) (rate(leap_ranking_latency_seconds_bucket",
+        "leap_coverage_ratio",
+        "sum by (reason) (rate(leap_fallback_total",
+        "leap_dead_letter_total",
+        "leap_model_info",
+        "leap_model_age_seconds",
+        "leap_redis_errors_total",
+    ):
+        assert needle in text, needle
+
+
+def test_dashboard_queries_parse(tmp_path: Path, dashboard: dict[str, Any]) -> None:
+    """promtool has no query linter; recording rules with the same expressions are parsed."""
+    rules = [
+        {"record": f"leap:dashboard_check_{i}", "expr": expr.replace("$__rate_interval", "5m")}
+        for i, (_title, expr) in enumerate(dashboard_exprs(dashboard))
+    ]
+    path = tmp_path / "dashboard_rules.yml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
+    out = run_promtool("check", "rules", str(path))
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+# --------------------------------------------------------------------------- docs
+
+
+def test_docs_name_the_settings_they_configure() -> None:
+    ops, sec = OPERATIONS.read_text(), SECURITY.read_text()
+    for env in re.findall(r"`(LEAP_[A-Z0-9_]+)", ops + sec):
+        assert env in SETTINGS, f"docs mention {env}, which config.py does not define"
+    for env in (
+        "LEAP_KAFKA_SECURITY_PROTOCOL",
+        "LEAP_KAFKA_SASL_MECHANISM",
+        "LEAP_KAFKA_SASL_PASSWORD",
+        "LEAP_KAFKA_SSL_CAFILE",
+        "LEAP_REDIS_URL",
+        "LEAP_REDIS_PASSWORD",
+        "LEAP_DLQ_RETENTION_MS",
+    ):
+        assert env in sec, f"docs/security.md does not cover {env}"
