@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test unit lint demo clean
+.PHONY: venv test unit integration lint demo dev-up dev-down dev-status topics clean
 
 venv: $(STAMP)
 
@@ -14,8 +14,39 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $(STAMP)
 
+# The whole suite. Kafka and Redis come up through the session fixtures (tests/conftest.py):
+# LEAP_KAFKA_BOOTSTRAP / LEAP_REDIS_URL when set, else native ones under $$LEAP_HOME, stopped at the
+# end unless something else still uses them. `make dev-up` first keeps them between runs.
+# pytest exit 5 (nothing collected) is a failure with a message; PYTEST_RC_FILE, when set, receives
+# pytest's own exit code (make itself only ever exits 2), which .ci/run reports.
+test: venv
+	@rc=0; $(BIN)/pytest -q $(PYTEST_ARGS) || rc=$$?; \
+	if [ -n "$(PYTEST_RC_FILE)" ]; then echo $$rc > "$(PYTEST_RC_FILE)"; fi; \
+	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5)" >&2; fi; \
+	exit $$rc
+
 unit: venv
 	$(BIN)/pytest -q tests/unit
+
+integration: venv
+	$(BIN)/pytest -q tests/integration
+
+# Native Kafka + Redis that stay up until `make dev-down`; `eval "$$(.venv/bin/leap-stream dev up --env)"`
+# puts their addresses in your shell (they are also in $$LEAP_HOME/dev.env).
+dev-up: venv
+	$(BIN)/leap-stream dev up
+
+dev-down: venv
+	$(BIN)/leap-stream dev down
+
+dev-status: venv
+	$(BIN)/leap-stream dev status
+
+topics: venv
+	eval "$$($(BIN)/leap-stream dev up --env)" && $(BIN)/leap-stream topics create
+
+demo: venv
+	$(BIN)/leap-stream demo
 
 lint: venv
 	$(BIN)/ruff check leap_stream tests
