@@ -127,3 +127,16 @@ def test_timestamps_parse_like_pandas() -> None:
         assert to_ns(text) == want.value, text
         assert parse_ts(text) == want and str(parse_ts(text).tz) == "UTC"
     assert epoch_s("2026-11-20T10:11:12.5Z") == to_ns("2026-11-20T10:11:12.5Z") / 1e9
+
+
+def test_vectorised_epoch_seconds_match_scalar_bit_for_bit() -> None:
+    import numpy as np
+
+    from leap_stream.store.offline import epoch_seconds
+
+    texts = [c["ended_at"] for _s, c in synthetic.pairs(2000, seed=12)]
+    col = pd.Series([parse_ts(t) for t in texts])
+    got = epoch_seconds(col)
+    want = np.array([epoch_s(t) for t in texts])
+    assert np.array_equal(got, want)
+    assert np.array_equal(epoch_seconds(col.astype("datetime64[us, UTC]")), want)
