@@ -54,8 +54,10 @@ NUM_ROUNDS = 400
 EARLY_STOP = 40
 
 
-def _threads() -> int:
-    return max(1, min(2, os.cpu_count() or 1))
+def _threads(rows: int) -> int:
+    """OpenMP threads: one for small work (spinning threads cost more than they save on a
+    shared 2-core box), up to two for big training sets."""
+    return 1 if rows < 200_000 else max(1, min(2, os.cpu_count() or 1))
 
 
 def holdout_mask(lineage_ids: np.ndarray | pd.Series, fraction: float, seed: int = 0) -> np.ndarray:
@@ -115,7 +117,7 @@ class ThroughputModel:
         calib = holdout_mask(lineage_ids, calib_fraction, seed) if len(frame) >= 400 else None
         if calib is not None and (calib.all() or not calib.any()):
             calib = None
-        p = {**DEFAULT_PARAMS, **(params or {}), "num_threads": _threads(), "seed": seed}
+        p = {**DEFAULT_PARAMS, **(params or {}), "num_threads": _threads(len(frame)), "seed": seed}
         callbacks: list[Callable[..., None]] = []
         if progress is not None:
 
@@ -174,7 +176,7 @@ class ThroughputModel:
             return e, e, e
         base, kind = F.base_log(frame, self.groups)
         X = _matrix(frame, self.feature_names, self._levels, kind)
-        resid = self.booster.predict(X, num_threads=_threads())
+        resid = self.booster.predict(X, num_threads=_threads(len(frame)))
         log_total = base + resid + frame["log_devices"].to_numpy(np.float64)
         b = np.clip(kind, 0, N_BUCKETS - 1)
         p50 = np.exp(log_total)
@@ -205,7 +207,8 @@ def _matrix(
     X["base_kind"] = kind
     for c, lv in levels.items():
         if c in X:
-            X[c] = pd.Categorical(X[c].astype(object), categories=lv)
+            v = X[c].astype(object)
+            X[c] = pd.Categorical(v.where(v.isin(lv)), categories=lv)  # unseen level → NaN
     return X
 
 

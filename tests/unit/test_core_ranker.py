@@ -1,0 +1,118 @@
+"""Ranker: schema-valid rankings, ordering by throughput per cost, fallbacks, exclusions."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import numpy as np
+import pytest
+
+from leap_stream.catalog import load_catalog
+from leap_stream.core import features as F
+from leap_stream.core.history import Measurement
+from leap_stream.core.lookup import LookupTable
+from leap_stream.core.predictor import ThroughputModel
+from leap_stream.core.ranker import Ranker
+from leap_stream.core.ranking import ranking_event_id
+from leap_stream.train import pit
+from leap_stream.train import synthetic as S
+
+SCHEMA = json.loads(
+    (Path(__file__).parents[2] / "schemas" / "hardware-ranking.schema.json").read_text()
+)
+VALIDATOR = jsonschema.Draft202012Validator(
+    SCHEMA, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER
+)
+NOW = datetime(2026, 12, 1, tzinfo=UTC)
+
+
+@pytest.fixture(scope="module")
+def trained() -> tuple[Any, ThroughputModel, LookupTable]:
+    d = S.dataset(3000, seed=21)
+    m = pit.measured(d)
+    snap = pit.replay(d, m)
+    fr = F.build(
+        m, [[h] for h in m["hardware_type"]], snap.histories, snap.aggregates, S.SPECS, snap.now
+    )
+    model = ThroughputModel.fit(fr, m["samples_per_s"].to_numpy(), m["lineage_id"], num_rounds=40)
+    return d, model, LookupTable.fit(d)
+
+
+def _subs(d: Any, n: int, cands: list[str] | None = None) -> list[dict[str, Any]]:
+    small = d[d["parameters"] < 2e9]  # fits on every synthetic type
+    return [S.submission_event(small.iloc[i], cands) for i in range(n)]
+
+
+def _valid(r: dict[str, Any]) -> None:
+    errors = list(VALIDATOR.iter_errors(r))
+    assert not errors, errors[0].message
+
+
+def test_model_rankings_are_valid_and_sorted(
+    trained: tuple[Any, ThroughputModel, LookupTable],
+) -> None:
+    d, model, lookup = trained
+    ranker = Ranker(load_catalog(), model, lookup)
+    subs = _subs(d, 20)
+    hist = {"l4": Measurement(100.0, 1, 1.7e9, 1)}
+    out = ranker.rank_batch(subs, [hist] + [None] * 19, {}, NOW)
+    assert len(out) == 20
+    for s, r in zip(subs, out, strict=True):
+        _valid(r)
+        assert r["source"] == "model" and r["reason"] == "ok"
+        assert r["model_version"] == model.version
+        assert r["event_id"] == ranking_event_id(s["event_id"])
+        tpc = [c["throughput_per_cost"] for c in r["candidates"]]
+        assert tpc == sorted(tpc, reverse=True)
+        assert [c["rank"] for c in r["candidates"]] == list(range(1, len(tpc) + 1))
+        for c in r["candidates"]:
+            expect = (
+                c["predicted_throughput"] * 3600 / (c["cost_per_device_hour"] * c["num_devices"])
+            )
+            assert np.isclose(c["throughput_per_cost"], expect)
+            assert c["interval"]["low"] <= c["predicted_throughput"] <= c["interval"]["high"]
+    assert out[0]["history_used"] is True and out[1]["history_used"] is False
+    again = ranker.rank_batch(subs[:1], [hist], {}, NOW)
+    assert again[0]["event_id"] == out[0]["event_id"]
+
+
+def test_fallback_chain_and_exclusions(trained: tuple[Any, ThroughputModel, LookupTable]) -> None:
+    d, model, lookup = trained
+    cat = load_catalog()
+    subs = _subs(d, 3, ["l4", "h100-sxm", "no-such-gpu"])
+    lk = Ranker(cat, None, lookup).rank_batch(subs, [None] * 3, {}, NOW)
+    for r in lk:
+        _valid(r)
+        assert r["source"] == "lookup" and r["reason"] == "no_model"
+        assert r["model_version"] is None
+        assert {"hardware_type": "no-such-gpu", "reason": "unknown_hardware"} in r["excluded"]
+        assert all(c["interval"] is None for c in r["candidates"])
+    none = Ranker(cat, None, None).rank_batch(subs, [None] * 3, {}, NOW)
+    for r in none:
+        _valid(r)
+        assert r["source"] == "none" and r["reason"] == "lookup_miss" and r["candidates"] == []
+
+    class Broken:
+        version = "broken"
+
+        def predict(self, frame: Any) -> Any:
+            raise RuntimeError("boom")
+
+    broken = Ranker(cat, Broken(), lookup).rank_batch(subs, [None] * 3, {}, NOW)  # type: ignore[arg-type]
+    assert all(r["source"] == "lookup" and r["reason"] == "model_error" for r in broken)
+
+    big = dict(subs[0])
+    big["model"] = {**big["model"], "parameters": 5e12, "active_parameters": 5e12}
+    out = Ranker(cat, model, lookup).rank_batch([big], [None], {}, NOW)[0]
+    _valid(out)
+    assert out["source"] == "none" and out["reason"] == "no_candidate_fits"
+    assert {"hardware_type": "l4", "reason": "does_not_fit"} in out["excluded"]
+
+
+def test_long_submission_id_still_gives_valid_event_id() -> None:
+    eid = ranking_event_id("x" * 128)
+    assert len(eid) <= 128 and eid == ranking_event_id("x" * 128)
