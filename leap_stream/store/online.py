@@ -131,9 +131,28 @@ def _unique(values: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(values))
 
 
+def default_url() -> str:
+    """LEAP_REDIS_URL, else the Redis `leap-stream dev up` runs under $LEAP_HOME, else localhost."""
+    configured = config.get("LEAP_REDIS_URL")
+    if configured:
+        return configured
+    try:
+        from leap_stream.dev import state
+
+        st = state.load_state(state.Paths.from_env(), "redis")
+        if st is not None and state.pid_alive(st.pid, st.marker):
+            return st.address
+    except Exception:  # dev tooling absent or unreadable state: fall through
+        pass
+    return "redis://localhost:6379/0"
+
+
 def connect(url: str | None = None, password: str | None = None) -> redis.Redis:
-    """A client with short timeouts and a few quick retries: a dead Redis must fail fast."""
-    url = url or config.get("LEAP_REDIS_URL") or "redis://localhost:6379/0"
+    """A client with short timeouts and a few quick retries: a dead Redis must fail fast.
+
+    ``rediss://`` URLs use TLS (redis-py verifies the server certificate by default).
+    """
+    url = url or default_url()
     password = password or config.get("LEAP_REDIS_PASSWORD") or None
     timeout = float(config.get("LEAP_REDIS_TIMEOUT_S"))
     retries = int(config.get("LEAP_REDIS_RETRIES"))
