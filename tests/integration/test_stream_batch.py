@@ -1,0 +1,245 @@
+"""The agents' batch logic against a real Redis; output producer, rankings client and lag
+against a real broker."""
+
+from __future__ import annotations
+
+import socket
+import time
+from datetime import UTC, datetime
+from functools import cache
+from typing import Any
+
+import orjson
+import pytest
+
+from leap_stream.catalog import load_catalog
+from leap_stream.contracts import validate_event
+from leap_stream.core.history import HistoryBook
+from leap_stream.core.lookup import LookupTable
+from leap_stream.core.ranker import Ranker
+from leap_stream.sim.events import (
+    completion_events,
+    completions_in_arrival_order,
+    submission_events,
+)
+from leap_stream.sim.fleet import SimConfig, SimResult, simulate
+from leap_stream.store.offline import epoch_s
+from leap_stream.store.online import OnlineStore, OnlineStoreUnavailable, connect
+from leap_stream.stream.batch import CompletionProcessor, Record, SubmissionProcessor
+from leap_stream.stream.client import RankingsClient
+from leap_stream.stream.lag import LagReader, total_lag
+from leap_stream.stream.output import OutputProducer
+
+pytestmark = pytest.mark.services
+
+NOW = datetime(2026, 11, 2, 0, 0, tzinfo=UTC)
+MAX = 1 << 20
+
+
+@cache
+def _sim() -> SimResult:
+    return simulate(SimConfig(seed=11, days=1, rate=300))
+
+
+@cache
+def _ranker() -> Ranker:
+    catalog = load_catalog()
+    return Ranker(catalog, model=None, lookup=LookupTable.fit(_sim().dataset))
+
+
+def _records(topic: str, events: list[dict[str, Any]], start: int = 0) -> list[Record]:
+    return [
+        Record(topic, 0, start + i, str(e["job_id"]).encode(), orjson.dumps(e))
+        for i, e in enumerate(events)
+    ]
+
+
+def _processors(store: OnlineStore) -> tuple[SubmissionProcessor, CompletionProcessor]:
+    known = set(load_catalog().types)
+    return (
+        SubmissionProcessor(store, _ranker, max_bytes=MAX, known_hardware=known),
+        CompletionProcessor(store, max_bytes=MAX, known_hardware=known),
+    )
+
+
+def _closed_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = int(s.getsockname()[1])
+    s.close()
+    return port
+
+
+def test_submissions_then_completions_round_trip(
+    redis_url: str, redis_prefix: str, redis_client: Any
+) -> None:
+    sim = _sim()
+    subs = submission_events(sim.submissions)
+    comps = completion_events(completions_in_arrival_order(sim.completions))
+    store = OnlineStore(connect(redis_url), prefix=redis_prefix)
+    sp, cp = _processors(store)
+
+    bad = [
+        Record("subs", 1, 0, None, b"\xff\xfe"),
+        Record("subs", 1, 1, None, b'{"schema_version": 1}'),
+    ]
+    res = sp.process(_records("subs", subs) + bad, NOW)
+    assert res.history_available and res.redis_error is None
+    assert res.valid == len(subs) == len(res.rankings)
+    assert [r["job_id"] for r in res.rankings] == [s["job_id"] for s in subs]
+    for r in res.rankings[:50]:
+        assert validate_event(r, "hardware-ranking") is None
+    assert {r["source"] for r in res.rankings} <= {"model", "lookup", "none"}
+    assert any(r["source"] == "lookup" for r in res.rankings)
+    assert not any(r.get("history_used") for r in res.rankings)  # nothing measured yet
+    assert sorted(d["error"]["kind"] for d in res.dead_letters) == ["not_utf8", "schema"]
+    # every submission is remembered for the completion join
+    got = store.fetch_submissions([(s["job_id"], s["attempt"]) for s in subs])
+    assert all(g is not None for g in got)
+
+    orphan = dict(comps[0], event_id="cmp-orphan-1", job_id="job-never-submitted")
+    dup = comps[3]
+    cres = cp.process(_records("comps", [*comps, dup, orphan]), NOW)
+    assert cres.valid == len(comps) + 2
+    assert cres.new == len(comps) + 1  # the orphan is new too: its history counts
+    assert cres.duplicates == 1
+    assert cres.orphans == 1
+    assert [d["error"]["kind"] for d in cres.dead_letters] == ["orphan_completion"]
+    assert cres.dead_letters[0]["source"]["offset"] == len(comps) + 1
+    # one row per completion with a known submission; the duplicate's row is the same event
+    assert len({r["event_id"] for r in cres.rows}) == len(comps)
+
+    # Redis history == HistoryBook replay of the same completions in the same order
+    book = HistoryBook()
+    for c in [*comps, orphan]:
+        book.apply(
+            c["lineage_id"],
+            c["model_type"],
+            c["hardware_type"],
+            c["status"],
+            (c.get("throughput") or {}).get("samples_per_s"),
+            c["num_devices"],
+            epoch_s(c["ended_at"]),
+        )
+    lineages = book.lineage_ids
+    types = book.model_types
+    hist, aggs = store.read_batch(lineages, types)
+    assert hist == [book.lineage(x) for x in lineages]
+    assert aggs == {t: book.aggregates(t) for t in types}
+
+    # a resubmission of a measured lineage now ranks with its history
+    measured = [s for s in subs if book.lineage(s["lineage_id"])][:20]
+    again = [dict(s, event_id=s["event_id"] + "-r", attempt=s["attempt"] + 1) for s in measured]
+    res2 = sp.process(_records("subs", again, start=10_000), NOW)
+    assert len(res2.rankings) == len(again)
+    assert all(r["history_used"] for r in res2.rankings)
+
+
+def test_redis_down_ranks_without_history_and_catches_up(
+    redis_url: str, redis_prefix: str, redis_client: Any
+) -> None:
+    subs = submission_events(_sim().submissions)[:40]
+    down = OnlineStore(connect(f"redis://127.0.0.1:{_closed_port()}/0"), prefix=redis_prefix)
+    sp, cp = _processors(down)
+    t0 = time.monotonic()
+    res = sp.process(_records("subs", subs[:20]), NOW)
+    assert time.monotonic() - t0 < 5.0  # a dead Redis fails fast
+    assert not res.history_available and res.redis_error
+    assert len(res.rankings) == 20 and not res.dead_letters
+    assert all(r["history_used"] is False for r in res.rankings)
+    assert len(sp.pending_remember) == 20
+    # within the backoff window the store is not even tried
+    res = sp.process(_records("subs", subs[20:30], start=20), NOW)
+    assert res.redis_error == "backoff" and len(res.rankings) == 10
+    assert len(sp.pending_remember) == 30
+    # the completion path cannot skip Redis: it raises so the agent retries the batch
+    comps = completion_events(completions_in_arrival_order(_sim().completions))[:5]
+    with pytest.raises(OnlineStoreUnavailable):
+        cp.process(_records("comps", comps), NOW)
+
+    # Redis is back: the submissions ranked meanwhile are remembered with the next batch
+    up = OnlineStore(connect(redis_url), prefix=redis_prefix)
+    sp.store = up
+    sp.backoff.succeeded()
+    res = sp.process(_records("subs", subs[30:40], start=30), NOW)
+    assert res.history_available
+    assert sp.pending_remember == []
+    got = up.fetch_submissions([(s["job_id"], s["attempt"]) for s in subs])
+    assert all(g is not None for g in got)
+
+
+def test_ranker_failure_dead_letters_only_the_poison_event(
+    redis_url: str, redis_prefix: str, redis_client: Any
+) -> None:
+    subs = submission_events(_sim().submissions)[:6]
+    poison_job = subs[2]["job_id"]
+
+    class Fragile:
+        """A ranker with a bug on one job (a real Ranker otherwise)."""
+
+        def rank_batch(self, submissions: list[Any], *a: Any) -> list[dict[str, Any]]:
+            if any(s["job_id"] == poison_job for s in submissions):
+                raise ValueError("boom")
+            return _ranker().rank_batch(submissions, *a)
+
+    store = OnlineStore(connect(redis_url), prefix=redis_prefix)
+    sp = SubmissionProcessor(store, Fragile, max_bytes=MAX)
+    res = sp.process(_records("subs", subs), NOW)
+    assert [r["job_id"] for r in res.rankings] == [
+        s["job_id"] for s in subs if s["job_id"] != poison_job
+    ]
+    assert [d["error"]["kind"] for d in res.dead_letters] == ["internal"]
+    assert res.dead_letters[0]["source"]["offset"] == 2
+    assert res.valid == 5
+
+
+def test_output_producer_and_rankings_client_latest_wins(
+    kafka_bootstrap: str, topic_factory: Any
+) -> None:
+    topic = topic_factory("rankings", partitions=3)
+    out = OutputProducer(kafka_bootstrap)
+    base = orjson.loads(
+        (
+            __import__("pathlib").Path(__file__).resolve().parents[2]
+            / "schemas/examples/hardware-ranking/valid"
+        )
+        .glob("*.json")
+        .__next__()
+        .read_bytes()
+    )
+    n = 60
+    for version in ("old", "new"):
+        for i in range(n):
+            r = dict(base, job_id=f"job-{i}", attempt=1 + (i % 2), model_version=version)
+            out.send(topic, r["job_id"].encode(), orjson.dumps(r))
+    assert out.flush(30) == 2 * n
+    with RankingsClient(kafka_bootstrap, topic) as client:
+        client.drain(idle_s=2.0, max_s=60)
+        latest = client.latest()
+        assert client.received == 2 * n
+        assert len(latest) == n
+        assert {r["model_version"] for r in latest.values()} == {"new"}
+        assert client.get("job-3", 2) is not None
+
+
+def test_lag_reader_counts_uncommitted_and_committed(
+    kafka_bootstrap: str, topic_factory: Any
+) -> None:
+    from confluent_kafka import Consumer, Producer, TopicPartition
+
+    topic = topic_factory("lag", partitions=2)
+    p = Producer({"bootstrap.servers": kafka_bootstrap})
+    for i in range(10):
+        p.produce(topic, value=b"x", partition=i % 2)
+    assert p.flush(30) == 0
+    group = f"lag-test-{time.time_ns()}"
+    reader = LagReader(kafka_bootstrap, group, [topic])
+    rows = reader.read()
+    assert [(r.partition, r.lag, r.committed) for r in rows] == [(0, 5, None), (1, 5, None)]
+
+    c = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": group})
+    c.commit(offsets=[TopicPartition(topic, 0, 3), TopicPartition(topic, 1, 5)], asynchronous=False)
+    c.close()
+    rows = reader.read()
+    assert [(r.partition, r.lag, r.committed) for r in rows] == [(0, 2, 3), (1, 0, 5)]
+    assert total_lag(rows) == 2

@@ -1,0 +1,164 @@
+"""Pure pieces of the stream package: lag arithmetic, backoff, decode split, metrics names."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from pathlib import Path
+
+import orjson
+import pytest
+from prometheus_client import generate_latest
+
+from leap_stream.contracts import validate_event
+from leap_stream.stream.app import _Pending, dead_letter_key, faust_broker_url
+from leap_stream.stream.batch import Backoff, Record, decode_records
+from leap_stream.stream.client import summary_line
+from leap_stream.stream.lag import compute_lag, total_lag
+from leap_stream.stream.metrics import Metrics
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "schemas" / "examples"
+NOW = datetime(2026, 12, 2, 13, 0, tzinfo=UTC)
+
+
+def _example(schema: str, kind: str, name: str) -> bytes:
+    return (EXAMPLES / schema / kind / name).read_bytes()
+
+
+def test_lag_committed_and_uncommitted_partitions() -> None:
+    rows = compute_lag(
+        {("a", 0): 7, ("a", 1): None, ("b", 0): 2},
+        {("a", 0): (0, 10), ("a", 1): (3, 9), ("b", 0): (5, 12)},
+    )
+    got = {(r.topic, r.partition): r.lag for r in rows}
+    # committed: high - committed; never committed: the retained range; committed below the
+    # log start (retention deleted the rest): only what is still there counts
+    assert got == {("a", 0): 3, ("a", 1): 6, ("b", 0): 7}
+    assert [(r.topic, r.partition) for r in rows] == [("a", 0), ("a", 1), ("b", 0)]
+    assert total_lag(rows) == 16
+    assert rows[1].committed is None
+
+
+def test_lag_zero_when_caught_up() -> None:
+    rows = compute_lag({("a", 0): 10}, {("a", 0): (0, 10)})
+    assert total_lag(rows) == 0
+
+
+def test_backoff_grows_caps_and_resets() -> None:
+    t = [100.0]
+    b = Backoff(base_s=0.5, cap_s=3.0, clock=lambda: t[0])
+    assert b.ready()
+    assert [b.failed() for _ in range(5)] == [0.5, 1.0, 2.0, 3.0, 3.0]
+    assert not b.ready()
+    t[0] += 3.0
+    assert b.ready()
+    b.succeeded()
+    assert b.failed() == 0.5
+
+
+def test_faust_broker_url() -> None:
+    assert faust_broker_url("a:9092, b:9093") == "kafka://a:9092;kafka://b:9093"
+    assert faust_broker_url("kafka://x:1") == "kafka://x:1"
+
+
+def test_decode_records_splits_good_and_dead_with_source() -> None:
+    good_raw = _example("job-submitted", "valid", "llama-70b-64xh100.json")
+    bad_schema = _example("job-submitted", "invalid", "schema-missing-training.json")
+    records = [
+        Record("subs", 2, 40, b"job-1", good_raw),
+        Record("subs", 2, 41, None, b"{not json"),
+        Record("subs", 3, 7, b"k", bad_schema),
+        Record("subs", 3, 8, None, None),
+    ]
+    good, dead = decode_records(records, "job-submitted", NOW, max_bytes=1 << 20)
+    assert [r.offset for r, _ in good] == [40]
+    assert good[0][1]["job_id"] == orjson.loads(good_raw)["job_id"]
+    assert [(d["source"]["partition"], d["source"]["offset"]) for d in dead] == [
+        (2, 41),
+        (3, 7),
+        (3, 8),
+    ]
+    assert [d["error"]["kind"] for d in dead] == ["not_json", "schema", "not_json"]
+    for d in dead:
+        assert validate_event(d, "dead-letter") is None
+    assert dead_letter_key(dead[1]) == b"subs/3/7"
+
+
+def test_decode_records_too_large_and_unknown_hardware() -> None:
+    raw = _example("job-submitted", "valid", "resnet-50-8xa100.json")
+    good, dead = decode_records(
+        [Record("s", 0, 1, None, raw)], "job-submitted", NOW, max_bytes=len(raw) - 1
+    )
+    assert not good and dead[0]["error"]["kind"] == "too_large"
+    good, dead = decode_records(
+        [Record("s", 0, 2, None, raw)],
+        "job-submitted",
+        NOW,
+        max_bytes=1 << 20,
+        known_hardware=set(),
+    )
+    assert not good and dead[0]["error"]["kind"] == "unknown_hardware"
+
+
+def _design_metric_names() -> list[str]:
+    text = (ROOT / "docs" / "design.md").read_text()
+    block = text.split("## Metrics", 1)[1].split("```", 2)[1]
+    return [m.group(1) for m in re.finditer(r"^(leap_[a-z_]+)", block, re.M)]
+
+
+def test_metrics_names_are_exactly_the_design_contract() -> None:
+    names = _design_metric_names()
+    assert len(names) >= 15
+    m = Metrics()
+    # touch labelled metrics so they are exported
+    m.events_in.labels(topic="t", outcome="valid").inc()
+    m.dead_letter.labels(topic="t", kind="schema").inc()
+    m.rankings_out.labels(source="model").inc()
+    m.fallback.labels(reason="no_model").inc()
+    m.batch_seconds.labels(agent="submissions").observe(0.01)
+    m.batch_size.labels(agent="submissions").observe(3)
+    m.redis_errors.labels(op="read").inc()
+    m.consumer_lag.labels(topic="t", partition="0").set(4)
+    m.set_model("v1", 0.0, 10.0)
+    exported = {
+        (fam.name + "_total" if fam.type == "counter" else fam.name) for fam in m.registry.collect()
+    }
+    assert exported == set(names)
+    text = generate_latest(m.registry).decode()
+    for name in names:
+        assert re.search(rf"^{name}(_bucket|_sum|_count)?[{{ ]", text, re.M), name
+
+
+def test_model_info_keeps_one_version_and_age() -> None:
+    m = Metrics()
+    m.set_model("v1", 100.0, 160.0)
+    m.set_model("v2", 150.0, 160.0)
+    text = generate_latest(m.registry).decode()
+    assert 'leap_model_info{version="v2"} 1.0' in text
+    assert 'version="v1"' not in text
+    assert "leap_model_age_seconds 10.0" in text
+
+
+def test_coverage_ratio_accumulates() -> None:
+    m = Metrics()
+    m.observe_coverage(4, 3)
+    m.observe_coverage(6, 6)
+    assert m.coverage_ratio._value.get() == pytest.approx(0.9)
+
+
+def test_pending_keeps_first_row_per_event_id() -> None:
+    p = _Pending()
+    p.add(["e1"], [{"event_id": "c1", "v": 1}])
+    p.add(["e2", "e3"], [{"event_id": "c1", "v": 2}, {"event_id": "c2", "v": 3}])
+    assert p.events == ["e1", "e2", "e3"]
+    assert [r["v"] for r in p.rows.values()] == [1, 3]
+    assert p.since is not None
+
+
+def test_summary_line_names_best_candidate() -> None:
+    r = orjson.loads(next((EXAMPLES / "hardware-ranking" / "valid").glob("*.json")).read_bytes())
+    line = summary_line(r)
+    assert r["job_id"] in line and f"source={r['source']}" in line
+    if r["candidates"]:
+        assert f"best={r['candidates'][0]['hardware_type']}" in line
