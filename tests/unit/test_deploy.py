@@ -7,6 +7,7 @@ these tests fail instead of a deployment failing at 3 a.m.
 
 from __future__ import annotations
 
+import base64
 import fnmatch
 import json
 import os
@@ -199,6 +200,10 @@ def test_compose_kafka_is_single_node_kraft(compose: dict[str, Any]) -> None:
     assert "CONTROLLER" in env["KAFKA_CONTROLLER_LISTENER_NAMES"]
     assert env["KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR"] == "1"
     assert env["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false"  # `topics` creates them
+    # KRaft storage format needs a cluster id that is a Kafka Uuid: 16 bytes, base64url, 22 chars
+    cluster_id = env["CLUSTER_ID"]
+    assert len(cluster_id) == 22
+    assert len(base64.urlsafe_b64decode(cluster_id + "==")) == 16
     assert "healthcheck" in compose["services"]["kafka"]
 
 
