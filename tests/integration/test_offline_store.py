@@ -138,3 +138,26 @@ def test_reads_the_simulators_single_file(tmp_path: Path) -> None:
         r["submitted_at"] >= pd.Timestamp("2026-11-25T00:00:00Z") for r in rows
     )
     assert read_dataset(tmp_path / "missing").empty
+
+
+def test_simulator_dataset_equals_flattened_simulator_events(tmp_path: Path) -> None:
+    """The contract both ways: the simulator's dataset.parquet is what the worker would write."""
+    import orjson
+
+    from leap_stream.sim.events import write_jsonl
+    from leap_stream.sim.fleet import SimConfig, simulate
+
+    paths = write_jsonl(simulate(SimConfig(seed=2, days=1, rate=600)), tmp_path / "sim")
+    subs = {}
+    for line in paths["submissions"].read_bytes().splitlines():
+        s = orjson.loads(line)
+        subs[(s["job_id"], s["attempt"])] = s
+    comps = [orjson.loads(line) for line in paths["completions"].read_bytes().splitlines()]
+    rows = [flatten(subs[(c["job_id"], c["attempt"])], c) for c in comps]
+    DatasetSink(tmp_path / "ds").append(rows)
+
+    key = ["event_id"]
+    sim = read_dataset(paths["dataset"]).sort_values(key).reset_index(drop=True)
+    ours = read_dataset(tmp_path / "ds").sort_values(key).reset_index(drop=True)
+    assert len(ours) == len(comps) > 100
+    pd.testing.assert_frame_equal(sim, ours)
