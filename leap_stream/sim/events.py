@@ -18,7 +18,7 @@ import pandas as pd
 from leap_stream.sim.fleet import SimResult
 
 
-def rfc3339(ts: pd.Series) -> list[str]:  # type: ignore[type-arg]
+def rfc3339(ts: pd.Series) -> list[str]:
     """UTC timestamps → ``2026-11-01T00:00:02.234Z`` (millisecond precision, like the sim)."""
     values = ts.dt.tz_convert("UTC").dt.tz_localize(None).to_numpy().astype("datetime64[ms]")
     strings = np.datetime_as_string(values, unit="ms")

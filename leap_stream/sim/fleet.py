@@ -65,7 +65,7 @@ _PREC = {  # fp32 tf32 fp16 bf16 fp8
     "vision_cnn": (0.15, 0.20, 0.40, 0.25, 0.0),
     "vision_vit": (0.05, 0.05, 0.20, 0.70, 0.0),
     "diffusion": (0.05, 0.0, 0.35, 0.60, 0.0),
-    "recsys": (0.55, 0.30, 0.10, 0.05, 0.0),
+    "recsys": (0.20, 0.35, 0.25, 0.20, 0.0),  # fp32 tables, mixed-precision MLPs
     "speech": (0.10, 0.05, 0.40, 0.45, 0.0),
     "gnn": (0.80, 0.15, 0.05, 0.0, 0.0),
 }
@@ -96,6 +96,14 @@ POPULARITY = {
     "tpu-v5p": 2.0,
     "b200": 1.5,
     "mi300x": 1.5,
+    "t4": 0.8,
+    "tpu-v4": 0.7,
+    "rtx-6000-ada": 0.6,
+    "mi325x": 0.6,
+    "mi355x": 0.5,
+    "gaudi3": 0.5,
+    "gb200": 0.4,
+    "gaudi1": 0.3,
 }
 REFERENCE_MEMORY_GIB = 80.0  # users size jobs so they fit on the common 80 GiB parts
 MAX_DEVICES = 1024
@@ -166,7 +174,7 @@ class SimResult:
     def summary(self) -> dict[str, Any]:
         subs = self.submissions
         n = len(subs)
-        cand_len = subs["candidate_hardware"].str.count(r"\|") + 1 if n else pd.Series([], float)
+        cand_len = subs["candidate_hardware"].str.count(r"\|") + 1 if n else pd.Series(dtype=float)
         return {
             "seed": self.config.seed,
             "days": self.config.days,
@@ -456,7 +464,13 @@ class FleetSimulator:
             capped, med * rng.uniform(0.4, 1.2, n) / num_devices, np.inf
         )  # input-pipeline cap per device, independent of the hardware
         # schedule state
-        total = 1 + np.floor(np.exp(rng.normal(math.log(7.0), 0.9, n))).astype(np.int64)
+        # sweeps and one-off experiments (a submission or two) next to long-running lineages
+        short = rng.random(n) < 0.5
+        total = np.where(
+            short,
+            rng.geometric(0.6, n),
+            1 + np.floor(np.exp(rng.normal(math.log(8.0), 0.9, n))),
+        ).astype(np.int64)
         first = t0 + (t1 - t0) * rng.random(n)
         flaky = np.exp(rng.normal(0.0, 0.6, n))
         cols.update(

@@ -90,7 +90,7 @@ def _transformer(
         seq_max=seq_max,
         flops_per_unit=6.0 * active,
         attn_flops_per_unit2=12.0 * layers * hidden,
-        traffic_per_unit=60.0 * layers * hidden,
+        traffic_per_unit=200.0 * layers * hidden,  # norms, softmax, residuals, GELU
         fixed_bytes=0.0,
         act_mem_per_unit=34.0 * layers * hidden,
         embedding_params=0.0,
@@ -423,7 +423,7 @@ def _recsys() -> list[_Row]:
     for arch, dense_mult in archs:
         for label, tables, pooling, dim, rows_m, dense_m in tiers:
             emb = tables * rows_m * 1e6 * dim
-            dense = dense_m * 1e6 * dense_mult / 4.0
+            dense = dense_m * 1e6 * dense_mult / 8.0
             rows.append(
                 _Row(
                     model_type=f"{arch}-{label}",
@@ -437,8 +437,9 @@ def _recsys() -> list[_Row]:
                     flops_per_unit=6.0 * dense,
                     attn_flops_per_unit2=0.0,
                     traffic_per_unit=8.0 * dense / 1024 + 2048.0,
-                    # lookups: read fp32 rows, backward scatter-add, row-wise Adagrad read+write
-                    fixed_bytes=tables * pooling * dim * 4.0 * 4.0,
+                    # lookups: read fp32 rows, backward gradient write and scatter-add,
+                    # optimizer row and state read+write: ~6 row-sized passes per lookup
+                    fixed_bytes=tables * pooling * dim * 4.0 * 6.0,
                     act_mem_per_unit=4096.0 + tables * dim * 16.0,
                     embedding_params=emb,
                     a2a_bytes=tables * dim * 4.0 * 2.0,
