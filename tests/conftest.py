@@ -58,7 +58,10 @@ def kafka_bootstrap() -> Iterator[str]:
         return
     mp = pytest.MonkeyPatch()
     if _docker_answers():
-        from testcontainers.kafka import KafkaContainer
+        try:
+            from testcontainers.community.kafka import KafkaContainer
+        except ImportError:  # testcontainers < 4.10
+            from testcontainers.kafka import KafkaContainer  # type: ignore[no-redef]
 
         container = KafkaContainer().with_kraft()
         for key in ("KAFKA_MESSAGE_MAX_BYTES", "KAFKA_REPLICA_FETCH_MAX_BYTES"):
@@ -91,7 +94,10 @@ def redis_url() -> Iterator[str]:
         return
     mp = pytest.MonkeyPatch()
     if _docker_answers():
-        from testcontainers.redis import RedisContainer
+        try:
+            from testcontainers.community.redis import RedisContainer
+        except ImportError:
+            from testcontainers.redis import RedisContainer  # type: ignore[no-redef]
 
         with RedisContainer() as container:
             host = container.get_container_host_ip()
