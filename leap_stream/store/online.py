@@ -115,16 +115,16 @@ def _text(v: bytes | str) -> str:
     return v.decode() if isinstance(v, bytes) else v
 
 
-def _decode_lineage(raw: Mapping[Any, Any] | None) -> LineageHistory:
-    return {_text(k): Measurement.from_list(orjson.loads(v)) for k, v in (raw or {}).items()}
+Hash = tuple[Sequence[Any], Sequence[Any]]  # (fields, values) of one HGETALL
 
 
-def _decode_aggregates(raw: Mapping[Any, Any] | None) -> TypeAggregates:
-    return {_text(k): TypeAggregate.from_list(orjson.loads(v)) for k, v in (raw or {}).items()}
+def _from_dict(raw: Mapping[Any, Any] | None) -> Hash:
+    raw = raw or {}
+    return list(raw.keys()), list(raw.values())
 
 
-def _pairs(flat: Sequence[Any]) -> dict[Any, Any]:
-    return dict(zip(flat[::2], flat[1::2], strict=True))
+def _from_flat(flat: Sequence[Any]) -> Hash:
+    return flat[0::2], flat[1::2]
 
 
 def _unique(values: Iterable[str]) -> list[str]:
@@ -252,12 +252,34 @@ class OnlineStore:
             pipe.hgetall(self.agg_key(mt))
 
     def _decode_reads(
-        self, results: Sequence[Any], lineage_ids: Sequence[str], model_types: Sequence[str]
+        self, hashes: Sequence[Hash], lineage_ids: Sequence[str], model_types: Sequence[str]
     ) -> tuple[list[LineageHistory], dict[str, TypeAggregates]]:
+        """All values of the batch go through one orjson call; field names are decoded once."""
+        values = [v if isinstance(v, bytes) else v.encode() for _f, vs in hashes for v in vs]
+        try:
+            decoded = orjson.loads(b"[" + b",".join(values) + b"]")
+        except orjson.JSONDecodeError as exc:  # a foreign or corrupt value: degrade, don't crash
+            raise OnlineStoreUnavailable("decode", exc) from exc
+        names: dict[Any, str] = {}
+        it = iter(decoded)
+        out: list[dict[str, Any]] = []
+        try:
+            for i, (fields, _vs) in enumerate(hashes):
+                one: dict[str, Any] = {}
+                for f in fields:
+                    name = names.get(f)
+                    if name is None:
+                        name = names[f] = _text(f)
+                    v = next(it)
+                    if i < len(lineage_ids):
+                        one[name] = Measurement(float(v[0]), int(v[1]), float(v[2]), int(v[3]))
+                    else:
+                        one[name] = TypeAggregate(float(v[0]), int(v[1]), float(v[2]))
+                out.append(one)
+        except (TypeError, ValueError, IndexError) as exc:
+            raise OnlineStoreUnavailable("decode", exc) from exc
         n = len(lineage_ids)
-        histories = [_decode_lineage(results[i]) for i in range(n)]
-        aggregates = {mt: _decode_aggregates(results[n + j]) for j, mt in enumerate(model_types)}
-        return histories, aggregates
+        return out[:n], dict(zip(model_types, out[n:], strict=True))
 
     def read_batch(
         self, lineage_ids: Sequence[str], model_types: Iterable[str]
@@ -282,15 +304,15 @@ class OnlineStore:
                 p.evalsha(self._read_sha, len(keys), *keys, n_read, self.submission_ttl_s, *values)
 
             results = self._execute("read", build)
-            hashes = [_pairs(x) for x in results[0]]
-            return self._decode_reads(hashes, lineage_ids, types)
+            return self._decode_reads([_from_flat(x) for x in results[0]], lineage_ids, types)
 
         def build_pipe(p: Any) -> None:
             self._queue_reads(p, lineage_ids, types)
             self._queue_remember(p, remember)
 
         results = self._execute("read", build_pipe)
-        return self._decode_reads(results, lineage_ids, types)
+        reads = results[: len(lineage_ids) + len(types)]  # the rest are the SET replies
+        return self._decode_reads([_from_dict(x) for x in reads], lineage_ids, types)
 
     # --- submissions
     def _queue_remember(self, pipe: Any, fields: Iterable[dict[str, Any]]) -> None:
