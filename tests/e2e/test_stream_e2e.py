@@ -1,0 +1,451 @@
+"""End to end: the simulator's events through a real broker, a real Redis and the worker process.
+
+The worker runs as `python -m leap_stream worker` with its own topics, consumer group, key
+prefix and folders. The figures (events, throughput, batch latency) are printed; run with ``-s``
+to see them.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from leap_stream.core.history import HistoryBook
+from leap_stream.sim.events import (
+    completion_events,
+    completions_in_arrival_order,
+    submission_events,
+)
+from leap_stream.sim.fleet import SimConfig, simulate
+from leap_stream.store.offline import DatasetSink, epoch_s, read_dataset
+from leap_stream.store.online import OnlineStore, connect
+from leap_stream.stream.client import RankingsClient
+from leap_stream.stream.lag import LagReader, total_lag
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = int(s.getsockname()[1])
+    s.close()
+    return port
+
+
+def wait_for(what: str, cond: Callable[[], bool], timeout: float, every: float = 0.5) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+@dataclass
+class Stack:
+    """One worker's world: topics, group, prefix, folders, and the worker process."""
+
+    bootstrap: str
+    redis_url: str
+    prefix: str
+    tmp: Path
+    topics: dict[str, str]
+    group: str
+    metrics_port: int = field(default_factory=_free_port)
+    proc: subprocess.Popen[bytes] | None = None
+    log_path: Path | None = None
+
+    @property
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LEAP_")}
+        env.update(
+            LEAP_KAFKA_BOOTSTRAP=self.bootstrap,
+            LEAP_REDIS_URL=self.redis_url,
+            LEAP_REDIS_PREFIX=self.prefix,
+            LEAP_TOPIC_SUBMISSIONS=self.topics["sub"],
+            LEAP_TOPIC_COMPLETIONS=self.topics["comp"],
+            LEAP_TOPIC_RANKINGS=self.topics["rank"],
+            LEAP_TOPIC_DEAD_LETTER=self.topics["dlq"],
+            LEAP_CONSUMER_GROUP=self.group,
+            LEAP_HOME=str(self.tmp / "home"),
+            LEAP_DATASET_DIR=str(self.tmp / "dataset"),
+            LEAP_REGISTRY_DIR=str(self.tmp / "registry"),
+            LEAP_METRICS_PORT=str(self.metrics_port),
+            LEAP_DATASET_FLUSH_S="1",
+            LEAP_LAG_INTERVAL_S="1",
+            LEAP_MODEL_POLL_S="1",
+            LEAP_COMMIT_INTERVAL_S="0.5",
+        )
+        return env
+
+    def start(self, name: str = "worker") -> None:
+        self.log_path = self.tmp / f"{name}.log"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "leap_stream", "worker", "-l", "info"],
+            env=self.env,
+            cwd=self.tmp,
+            stdout=open(self.log_path, "wb"),  # noqa: SIM115 - closed with the process
+            stderr=subprocess.STDOUT,
+        )
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_tail(self, n: int = 60) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise AssertionError("worker did not stop:\n" + self.log_tail()) from None
+
+    def metrics(self) -> dict[str, list[tuple[dict[str, str], float, str]]]:
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        text = urllib.request.urlopen(url, timeout=5).read().decode()
+        out: dict[str, list[tuple[dict[str, str], float, str]]] = {}
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:
+                out.setdefault(fam.name, []).append((s.labels, s.value, s.name))
+        return out
+
+
+@pytest.fixture
+def stack(
+    kafka_bootstrap: str,
+    redis_url: str,
+    topic_factory: Any,
+    redis_prefix: str,
+    redis_client: Any,
+    tmp_path: Path,
+) -> Iterator[Stack]:
+    topics = {
+        "sub": topic_factory("sub", partitions=4),
+        # one partition: completions are applied in exactly the order produced, so the
+        # order-dependent EWMA aggregates can be checked bit for bit against a replay
+        "comp": topic_factory("comp", partitions=1),
+        "rank": topic_factory("rank", partitions=4),
+        "dlq": topic_factory("dlq", partitions=2),
+    }
+    s = Stack(
+        kafka_bootstrap, redis_url, redis_prefix, tmp_path, topics, f"e2e-{os.urandom(6).hex()}"
+    )
+    yield s
+    if s.alive():
+        s.stop(signal.SIGKILL)
+
+
+class Feeder:
+    """Produces events and remembers where each landed (for the dead-letter check)."""
+
+    def __init__(self, bootstrap: str) -> None:
+        from confluent_kafka import Producer
+
+        self.p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+        self.placed: dict[bytes, tuple[str, int, int]] = {}
+
+    def send(self, topic: str, key: str | None, value: bytes, tag: bytes | None = None) -> None:
+        def done(err: Any, msg: Any) -> None:
+            assert err is None, err
+            if tag is not None:
+                self.placed[tag] = (msg.topic(), msg.partition(), msg.offset())
+
+        self.p.produce(
+            topic, key=None if key is None else key.encode(), value=value, on_delivery=done
+        )
+        self.p.poll(0)
+
+    def flush(self) -> None:
+        assert self.p.flush(60) == 0
+
+
+def _dead_letters(bootstrap: str, topic: str, expect: int, timeout: float) -> dict[str, Any]:
+    from confluent_kafka import Consumer
+
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"dlq-reader-{os.urandom(4).hex()}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    c.subscribe([topic])
+    seen: dict[str, Any] = {}
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        for m in c.consume(500, timeout=0.5):
+            if m.error() is None:
+                d = orjson.loads(m.value())
+                seen[d["event_id"]] = d  # the id derives from topic/partition/offset
+        if len(seen) >= expect:
+            # read a little longer: there must not be more than expected
+            for m in c.consume(500, timeout=1.0):
+                if m.error() is None:
+                    d = orjson.loads(m.value())
+                    seen[d["event_id"]] = d
+            break
+    c.close()
+    return seen
+
+
+def _histogram_quantile(buckets: list[tuple[float, float]], q: float) -> float:
+    """Upper bound of the bucket holding quantile q (cumulative counts)."""
+    total = buckets[-1][1]
+    for le, count in buckets:
+        if count >= q * total:
+            return le
+    return float("inf")
+
+
+def test_worker_end_to_end(stack: Stack) -> None:
+    sim = simulate(SimConfig(seed=5, days=2, rate=1500))
+    day2 = sim.submissions["submitted_at"] >= sim.submissions["submitted_at"].min().normalize() + (
+        pd.Timedelta(days=1)
+    )
+    # yesterday's telemetry is already in the dataset: the worker fits its lookup table on it
+    past = sim.dataset[
+        sim.dataset["submitted_at"] < sim.submissions.loc[day2, "submitted_at"].min()
+    ]
+    DatasetSink(stack.tmp / "dataset").append(past.to_dict("records"))
+    subs = submission_events(sim.submissions.loc[day2])
+    keys = {(s["job_id"], s["attempt"]) for s in subs}
+    comp_frame = completions_in_arrival_order(sim.completions)
+    comps = [c for c in completion_events(comp_frame) if (c["job_id"], c["attempt"]) in keys]
+    sub_at = {(s["job_id"], s["attempt"]): s["submitted_at"] for s in subs}
+    subs.sort(key=lambda s: s["submitted_at"])
+
+    stack.start()
+    feeder = Feeder(stack.bootstrap)
+    t = stack.topics
+    bad_sub = [
+        b"{not json",
+        b"",
+        orjson.dumps({k: v for k, v in subs[0].items() if k != "training"}),
+        orjson.dumps(
+            dict(
+                subs[1],
+                event_id="sub-unknown-hw",
+                candidate_hardware=["quantum-9000"],
+                default_hardware="quantum-9000",
+            )
+        ),
+    ]
+    bad_comp = [
+        b"[1, 2, 3]",
+        orjson.dumps(dict(comps[0], status="exploded")),
+    ]
+    orphan = dict(comps[0], event_id="cmp-orphan", job_id="job-nobody-submitted")
+    expected_kinds = {
+        "not_json": 2,
+        "schema": 2,
+        "unknown_hardware": 1,
+        "not_object": 1,
+        "orphan_completion": 1,
+    }
+
+    # three windows: submissions of a window, then the completions that ended in it; later
+    # windows therefore rank with the history the earlier ones wrote
+    n_windows = 3
+    applied: list[dict[str, Any]] = []
+    rankings = RankingsClient(stack.bootstrap, t["rank"])
+    lag = LagReader(stack.bootstrap, stack.group, [t["sub"], t["comp"]])
+    sent_comp = 0
+    t_start = time.monotonic()
+    busy_s = 0.0
+    for w in range(n_windows):
+        lo, hi = len(subs) * w // n_windows, len(subs) * (w + 1) // n_windows
+        t0 = time.monotonic()
+        for s in subs[lo:hi]:
+            feeder.send(t["sub"], s["job_id"], orjson.dumps(s))
+        if w == 0:
+            for i, raw in enumerate(bad_sub):
+                feeder.send(t["sub"], None, raw, tag=b"sub-bad-%d" % i)
+        feeder.flush()
+        want = {(s["job_id"], s["attempt"]) for s in subs[:hi]}
+
+        def ranked(want: set[tuple[str, int]] = want) -> bool:
+            rankings.poll(timeout=0.2, max_messages=5000)
+            return want <= set(rankings.latest())
+
+        wait_for(f"rankings of window {w}", ranked, 90, every=0.01)
+        assert stack.alive(), stack.log_tail()
+        # completions whose submission is in this window or before, in arrival order
+        cutoff = subs[hi - 1]["submitted_at"]
+        eligible = []
+        for c in comps[sent_comp:]:
+            if w < n_windows - 1 and sub_at[(c["job_id"], c["attempt"])] > cutoff:
+                break
+            eligible.append(c)
+        batch = eligible
+        sent_comp += len(batch)
+        for c in batch:
+            feeder.send(t["comp"], c["job_id"], orjson.dumps(c))
+        applied.extend(batch)
+        if w == 1:  # a re-sent completion (producer retry) and one nobody submitted
+            dup = batch[len(batch) // 2]
+            feeder.send(t["comp"], dup["job_id"], orjson.dumps(dup))
+            feeder.send(t["comp"], orphan["job_id"], orjson.dumps(orphan), tag=b"orphan")
+            applied.append(orphan)
+            for i, raw in enumerate(bad_comp):
+                feeder.send(t["comp"], None, raw, tag=b"comp-bad-%d" % i)
+        feeder.flush()
+        wait_for(
+            f"completions of window {w}",
+            lambda: total_lag(lag.read()) == 0,
+            90,
+            every=0.1,
+        )
+        busy_s += time.monotonic() - t0
+    elapsed = time.monotonic() - t_start
+    assert sent_comp == len(comps)
+
+    # --- every valid submission has exactly one ranking per (job_id, attempt), after de-dup
+    rankings.drain(idle_s=1.5, max_s=30)
+    latest = rankings.latest()
+    assert set(latest) == keys
+    sources = {}
+    for r in latest.values():
+        sources[r["source"]] = sources.get(r["source"], 0) + 1
+    assert sources.get("lookup", 0) > 0
+    history_used = sum(bool(r.get("history_used")) for r in latest.values())
+    assert history_used > 0  # windows 2 and 3 saw what window 1 measured
+
+    # --- the Redis history equals a HistoryBook replay of the completions (arrival order)
+    book = HistoryBook()
+    for c in applied:
+        book.apply(
+            c["lineage_id"],
+            c["model_type"],
+            c["hardware_type"],
+            c["status"],
+            (c.get("throughput") or {}).get("samples_per_s"),
+            c["num_devices"],
+            epoch_s(c["ended_at"]),
+        )
+    store = OnlineStore(connect(stack.redis_url), prefix=stack.prefix)
+    lineages, types = book.lineage_ids, book.model_types
+    hist, aggs = store.read_batch(lineages, types)
+    assert hist == [book.lineage(x) for x in lineages]
+    assert aggs == {m: book.aggregates(m) for m in types}
+
+    # --- the dataset has every completion exactly once (plus yesterday's rows, untouched)
+    frame = read_dataset(stack.tmp / "dataset")
+    ids = frame["event_id"].tolist()
+    assert len(ids) == len(set(ids))
+    assert set(ids) == {c["event_id"] for c in comps} | set(past["event_id"])
+    files = list((stack.tmp / "dataset").rglob("*.parquet"))
+    raw_rows = sum(pq.read_metadata(f).num_rows for f in files)
+
+    # --- the dead-letter topic has every invalid event, with its reason and source
+    placed = feeder.placed
+    dead = _dead_letters(stack.bootstrap, t["dlq"], expect=len(placed), timeout=30)
+    got_src = {
+        (d["source"]["topic"], d["source"]["partition"], d["source"]["offset"])
+        for d in dead.values()
+    }
+    assert got_src == set(placed.values())
+    kinds: dict[str, int] = {}
+    for d in dead.values():
+        kinds[d["error"]["kind"]] = kinds.get(d["error"]["kind"], 0) + 1
+    assert kinds == {k: v for k, v in expected_kinds.items() if v}
+
+    # --- lag is 0 and the worker says the same in its metrics
+    rows = lag.read()
+    assert total_lag(rows) == 0
+    m = stack.metrics()
+
+    def total(name: str, **labels: str) -> float:
+        return sum(
+            v
+            for lab, v, sample in m.get(name, [])
+            if sample == name + "_total" and all(lab.get(k) == x for k, x in labels.items())
+        )
+
+    assert total("leap_events_in", topic=t["sub"], outcome="valid") == len(subs)
+    assert total("leap_events_in", topic=t["sub"], outcome="invalid") == len(bad_sub)
+    assert total("leap_events_in", topic=t["comp"], outcome="invalid") == len(bad_comp)
+    assert total("leap_completions_duplicate") == 1
+    assert total("leap_dead_letter") == len(placed)
+    assert total("leap_rankings_out") >= len(subs)
+    wait_for(
+        "lag gauge at 0",
+        lambda: all(
+            v == 0 for _l, v, _s in stack.metrics().get("leap_consumer_lag", [(None, 1, "")])
+        ),
+        10,
+    )
+
+    # --- SIGTERM: graceful, exit 0
+    assert stack.stop(signal.SIGTERM) == 0, stack.log_tail()
+
+    # --- figures
+    def buckets(agent: str) -> tuple[list[tuple[float, float]], float, float, float]:
+        bs = sorted(
+            (float(lab["le"]), v)
+            for lab, v, s in m["leap_batch_seconds"]
+            if s.endswith("_bucket") and lab.get("agent") == agent
+        )
+        cnt = next(
+            v
+            for lab, v, s in m["leap_batch_seconds"]
+            if s.endswith("_count") and lab.get("agent") == agent
+        )
+        sm = next(
+            v
+            for lab, v, s in m["leap_batch_seconds"]
+            if s.endswith("_sum") and lab.get("agent") == agent
+        )
+        size = next(
+            v
+            for lab, v, s in m["leap_batch_size"]
+            if s.endswith("_sum") and lab.get("agent") == agent
+        )
+        return bs, cnt, sm, size
+
+    n_events = len(subs) + len(comps) + len(bad_sub) + len(bad_comp) + 2
+    print("\n--- e2e figures")
+    print(
+        f"events: {len(subs)} submissions, {len(comps)} completions (+1 duplicate, +1 orphan), "
+        f"{len(bad_sub) + len(bad_comp)} invalid; dataset rows {len(frame)} "
+        f"({len(past)} from yesterday; {raw_rows} physical)"
+    )
+    print(
+        f"rankings: {len(latest)} (received {rankings.received}) sources {sources}, "
+        f"history_used {history_used}"
+    )
+    print(f"dead letters: {kinds}")
+    print(
+        f"wall {elapsed:.1f}s incl. worker start; busy {busy_s:.1f}s -> {n_events / busy_s:.0f} events/s end to end"
+    )
+    for agent in ("submissions", "completions"):
+        bs, cnt, sm, size = buckets(agent)
+        print(
+            f"batch {agent}: {cnt:.0f} batches, mean {1000 * sm / max(cnt, 1):.1f} ms, "
+            f"p50 <= {1000 * _histogram_quantile(bs, 0.5):.0f} ms, p99 <= {1000 * _histogram_quantile(bs, 0.99):.0f} ms, "
+            f"mean size {size / max(cnt, 1):.0f}"
+        )
+    rankings.close()
