@@ -134,10 +134,10 @@ def fetch_jars(paths: Paths, version: str, log: logging.Logger) -> Path:
         )
     dist.mkdir(parents=True, exist_ok=True)
     (dist / "pom.xml").write_text(render_pom(version))
-    tmp_lib = dist / "lib.tmp"
+    tmp_lib = dist / f"lib.tmp.{os.getpid()}"  # unique: another process may be fetching too
     shutil.rmtree(tmp_lib, ignore_errors=True)
     log.info("fetching Kafka %s jars with Maven into %s (once)", version, lib)
-    out_file = paths.logs / f"maven-kafka-{version}.log"
+    out_file = paths.logs / f"maven-kafka-{version}.{os.getpid()}.log"
     paths.logs.mkdir(parents=True, exist_ok=True)
     cmd = [
         mvn,
@@ -157,6 +157,9 @@ def fetch_jars(paths: Paths, version: str, log: logging.Logger) -> Path:
             f"Maven could not fetch org.apache.kafka:kafka_2.13:{version} (exit {rc}); "
             f"see {out_file}:\n{tail}"
         )
+    if (dist / COMPLETE_MARKER).exists() and any(lib.glob("kafka_2.13-*.jar")):
+        shutil.rmtree(tmp_lib, ignore_errors=True)  # someone else finished first
+        return lib
     shutil.rmtree(lib, ignore_errors=True)
     os.replace(tmp_lib, lib)
     (dist / COMPLETE_MARKER).write_text(f"{len(list(lib.glob('*.jar')))} jars\n")

@@ -1,11 +1,12 @@
 """`leap-stream dev up` twice is idempotent; status and down work; and it all works twice.
 
-Runs in its own LEAP_HOME on free ports, so the session's services are untouched. The jars are
-linked from the shared cache when present (the fetch itself is exercised by the session fixture).
+Runs in its own LEAP_HOME on free ports, so the session's services are untouched. The jars come
+from the shared $LEAP_HOME cache (fetched there first if needed) through a symlink.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import orjson
 import pytest
 
 from leap_stream import config
-from leap_stream.dev import state
+from leap_stream.dev import kafka, state
 
 pytestmark = pytest.mark.services
 
@@ -43,12 +44,12 @@ def _status(home: Path) -> dict:
 @pytest.fixture
 def home(tmp_path: Path) -> Path:
     version = config.get("LEAP_KAFKA_VERSION")
-    shared = state.Paths.from_env().kafka_dist(version)
-    if (shared / "lib").is_dir() and (shared / ".complete").exists():
-        dist = tmp_path / f"kafka-{version}"
-        dist.mkdir()
-        (dist / "lib").symlink_to(shared / "lib")
-        (dist / ".complete").write_text("linked\n")
+    shared_paths = state.Paths.from_env()
+    lib = kafka.fetch_jars(shared_paths, version, logging.getLogger("test"))  # once, shared
+    dist = tmp_path / f"kafka-{version}"
+    dist.mkdir()
+    (dist / "lib").symlink_to(lib)
+    (dist / ".complete").write_text("linked\n")
     yield tmp_path
     _cli(tmp_path, "down", "--timeout", "5")  # never leave a broker behind, even on failure
 
