@@ -28,6 +28,7 @@ def _lat(fn: Callable[[], object], n: int) -> tuple[float, float, float, float]:
         xs.append(time.perf_counter() - t0)
     xs.sort()
     return (
+        xs[0] * 1e3,
         statistics.median(xs) * 1e3,
         xs[int(0.99 * (len(xs) - 1))] * 1e3,
         statistics.mean(xs) * 1e3,
