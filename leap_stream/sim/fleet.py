@@ -806,6 +806,55 @@ class FleetSimulator:
         return merged[list(DATASET_COLUMNS)]
 
 
+def jobs_from_frame(frame: pd.DataFrame) -> JobArrays:
+    """Rebuild the throughput function's inputs from submission / dataset rows (for checks and
+    for anyone who wants the latent function of a job without running the fleet)."""
+    m = model_catalog()
+    pos = pd.Index(m["model_type"]).get_indexer(pd.Index(frame["model_type"]))
+    if (pos < 0).any():
+        raise KeyError("model types not in the simulator's catalog")
+
+    def col(name: str) -> np.ndarray[Any, Any]:
+        return m[name].to_numpy()[pos]
+
+    fam = col("family_idx").astype(np.int64)
+    dp = frame["data_parallel"].to_numpy(np.float64)
+    return JobArrays(
+        family_idx=fam,
+        framework_idx=pd.Index(FRAMEWORKS)
+        .get_indexer(pd.Index(frame["framework"]))
+        .astype(np.int64),
+        precision_idx=pd.Index(PRECISIONS)
+        .get_indexer(pd.Index(frame["precision"]))
+        .astype(np.int64),
+        optimizer_idx=pd.Index(OPTIMIZERS)
+        .get_indexer(pd.Index(frame["optimizer"]))
+        .astype(np.int64),
+        parameters=col("parameters").astype(np.float64),
+        active_parameters=col("active_parameters").astype(np.float64),
+        embedding_params=col("embedding_params").astype(np.float64),
+        layers=col("layers").astype(np.float64),
+        hidden=col("hidden_size").astype(np.float64),
+        seq=frame["sequence_length"].to_numpy(np.float64),
+        flops_per_unit=col("flops_per_unit").astype(np.float64),
+        attn_flops_per_unit2=col("attn_flops_per_unit2").astype(np.float64),
+        traffic_per_unit=col("traffic_per_unit").astype(np.float64),
+        fixed_bytes=col("fixed_bytes").astype(np.float64),
+        act_mem_per_unit=col("act_mem_per_unit").astype(np.float64),
+        a2a_bytes=col("a2a_bytes").astype(np.float64),
+        experts=col("experts").astype(np.float64),
+        top_k=col("top_k").astype(np.float64),
+        global_batch=frame["global_batch_size"].to_numpy(np.float64),
+        micro_batch=frame["micro_batch_size"].to_numpy(np.float64),
+        num_devices=frame["num_devices"].to_numpy(np.float64),
+        dp=dp,
+        tp=frame["tensor_parallel"].to_numpy(np.float64),
+        pp=frame["pipeline_parallel"].to_numpy(np.float64),
+        ckpt=frame["activation_checkpointing"].to_numpy(bool),
+        sharded=np.isin(m["family"].to_numpy()[pos], list(SHARDED_FAMILIES)) & (dp > 1),
+    )
+
+
 def simulate(
     config: SimConfig,
     catalog: HardwareCatalog | None = None,
@@ -844,5 +893,6 @@ __all__ = [
     "SimConfig",
     "SimResult",
     "combine",
+    "jobs_from_frame",
     "simulate",
 ]
