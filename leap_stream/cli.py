@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "worker": ("leap_stream.stream.worker", "run the stream processor (Faust worker)"),
     "lag": ("leap_stream.stream.lag", "consumer lag of the worker's group per partition"),
     "rankings": ("leap_stream.stream.client", "read rankings (`rankings tail`)"),
+    "store": ("leap_stream.store.cli", "Redis history rebuild, dataset compaction, models"),
 }
 
 

@@ -209,6 +209,26 @@ def flatten(submission: Mapping[str, Any], completion: Mapping[str, Any]) -> dic
     return {col: row[col] for col in DATASET_COLUMNS}
 
 
+def completions_from_frame(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    """Dataset rows → the completion fields the history needs, in ``ended_at`` order.
+
+    For rebuilding the online history after Redis lost it: the replay order is the one the
+    trainer uses, which is also the order completions normally arrive in.
+    """
+    cols = ["event_id", "job_id", "attempt", "lineage_id", "model_type", "hardware_type"]
+    cols += ["num_devices", "status", "samples_per_s", "ended_at"]
+    f = frame[cols].sort_values(["ended_at", "event_id"], kind="stable")
+    out = []
+    for r in f.to_dict("records"):
+        sps = float(r["samples_per_s"])
+        r["attempt"] = int(r["attempt"])
+        r["num_devices"] = int(r["num_devices"])
+        r["throughput"] = None if math.isnan(sps) else {"samples_per_s": sps}
+        del r["samples_per_s"]
+        out.append({str(k): v for k, v in r.items()})
+    return out
+
+
 def rows_to_table(rows: Iterable[Mapping[str, Any]]) -> pa.Table:
     """Rows (dicts) → a table with exactly ``SCHEMA``, timestamps normalised to ns UTC."""
     columns: dict[str, list[Any]] = {c: [] for c in DATASET_COLUMNS}
@@ -432,6 +452,7 @@ __all__ = [
     "SUBMISSION_COLUMNS",
     "DatasetSink",
     "compact",
+    "completions_from_frame",
     "epoch_s",
     "epoch_seconds",
     "flatten",

@@ -398,6 +398,35 @@ class OnlineStore:
         subs = [None if v is None else orjson.loads(v) for v in results[-1]]
         return self._apply_results(results[:-1], completions), subs
 
+    def rebuild_history(
+        self, completions: Sequence[Mapping[str, Any]], chunk: int = 5000
+    ) -> tuple[int, int]:
+        """Recreate lineage/aggregate history (and dedup markers) from scratch, e.g. from
+        `offline.completions_from_frame(read_dataset(...))` after Redis lost its data.
+
+        Deletes this prefix's ``lin:``, ``agg:`` and ``seen:`` keys first (submissions stay).
+        Returns (events applied, measurements). Run it with the completions agent stopped.
+        """
+
+        def clear() -> None:
+            for kind in ("lin", "agg", "seen"):
+                batch: list[Any] = []
+                for key in self.r.scan_iter(match=f"{self.prefix}{kind}:*", count=1000):
+                    batch.append(key)
+                    if len(batch) >= 1000:
+                        self.r.delete(*batch)
+                        batch = []
+                if batch:
+                    self.r.delete(*batch)
+
+        self._guard("rebuild", clear)
+        applied = measured = 0
+        for i in range(0, len(completions), chunk):
+            for r in self.apply_completions(completions[i : i + chunk]):
+                applied += r.new
+                measured += r.measured
+        return applied, measured
+
     def ping(self) -> bool:
         return bool(self._guard("ping", self.r.ping))
 

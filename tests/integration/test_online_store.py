@@ -9,7 +9,7 @@ import time
 import pytest
 import redis
 
-from leap_stream.core.history import HistoryBook
+from leap_stream.core.history import HistoryBook, is_measurement
 from leap_stream.store import synthetic
 from leap_stream.store.offline import epoch_s, flatten, submission_fields
 from leap_stream.store.online import (
@@ -169,3 +169,27 @@ def test_down_redis_raises_quickly() -> None:
     with pytest.raises(OnlineStoreUnavailable):
         store.apply_completions([c for _s, c in synthetic.pairs(2)])
     assert time.monotonic() - t0 < 5.0
+
+
+def test_rebuild_history_from_the_dataset(store: OnlineStore, tmp_path) -> None:
+    from leap_stream.store.offline import DatasetSink, completions_from_frame, read_dataset
+
+    pairs = synthetic.pairs(400, seed=13, lineages=30)
+    DatasetSink(tmp_path).append([flatten(s, c) for s, c in pairs])
+    completions = completions_from_frame(read_dataset(tmp_path))
+    assert [c["ended_at"] for c in completions] == sorted(c["ended_at"] for c in completions)
+
+    store.apply_completions([c for _s, c in pairs[:50]])  # stale state, to be replaced
+    applied, measured = store.rebuild_history(completions)
+    assert applied == 400
+
+    book = _replay(completions)
+    assert measured == sum(
+        is_measurement(c["status"], (c["throughput"] or {}).get("samples_per_s"))
+        for c in completions
+    )
+    assert 0 < measured < applied
+    ids = book.lineage_ids
+    histories, aggregates = store.read_batch(ids, synthetic.MODEL_TYPES)
+    assert histories == [book.lineage(x) for x in ids]
+    assert aggregates == {mt: book.aggregates(mt) for mt in synthetic.MODEL_TYPES}
