@@ -9,6 +9,7 @@ starts with the kind ``decode`` must report: ``schema-*``, ``semantic-*``, ``unk
 
 from __future__ import annotations
 
+import re
 import types
 import typing
 from pathlib import Path
@@ -274,3 +275,16 @@ def test_inline_defs_keeps_siblings_and_leaves_recursion_alone() -> None:
     out = inline_defs(node, defs)
     assert out["a"] == {"type": "string", "description": "x"}
     assert out["t"] == {"items": {"$ref": "#/$defs/tree"}}  # one level, then the ref stays
+
+
+def test_examples_in_docs_events_md_are_valid() -> None:
+    """Each ```json block of docs/events.md decodes against the event of its section."""
+    text = (EXAMPLES.parents[1] / "docs" / "events.md").read_text()
+    checked = []
+    for section in re.split(r"^## ", text, flags=re.M)[1:]:
+        name = section.split("\n", 1)[0].strip()
+        for block in re.findall(r"```json\n(.*?)```", section, flags=re.S):
+            result = decode(block.encode(), name, max_bytes=1 << 20, known_hardware=KNOWN_HARDWARE)
+            assert isinstance(result, Ok), (name, result)
+            checked.append(name)
+    assert checked == ["job-submitted", "job-completed", "hardware-ranking"]
