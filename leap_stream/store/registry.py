@@ -18,6 +18,7 @@ import hashlib
 import os
 import re
 import shutil
+import time
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -149,6 +150,30 @@ class Registry:
             raise
         _fsync_dir(self.versions)
         return version
+
+    def prune(self, keep: int = 10) -> list[str]:
+        """Delete all but the newest ``keep`` versions (by trained_at) and leftover temp folders.
+
+        Never deletes the current version or the one promoted before it (the rollback target).
+        Returns the deleted versions.
+        """
+        protected = {self.current_version()}
+        promotions = self.promotions()
+        if promotions:
+            protected.add(promotions[-1].get("previous"))
+        versions = self.list_versions()
+        doomed = [v for v in versions[: max(0, len(versions) - keep)] if v not in protected]
+        for v in doomed:
+            trash = self.versions / f".del-{v}-{uuid.uuid4().hex}"
+            os.rename(self.versions / v, trash)  # gone from readers at once, then removed
+            shutil.rmtree(trash, ignore_errors=True)
+        if self.versions.is_dir():
+            stale = time.time() - 3600  # an hour-old temp folder is no publish in progress
+            for p in self.versions.iterdir():
+                if p.name.startswith((".tmp-", ".del-")) and p.stat().st_mtime < stale:
+                    shutil.rmtree(p, ignore_errors=True)
+            _fsync_dir(self.versions)
+        return doomed
 
     # --- promote
     def promote(self, version: str, **details: Any) -> None:

@@ -139,3 +139,24 @@ def test_torn_history_line_is_skipped(tmp_path: Path) -> None:
     reg.promote("v1", reason="again")  # starts on a fresh line
     assert [h.get("reason") for h in reg.promotions()] == [None, "again"]
     assert os.path.exists(reg.pointer)
+
+
+def test_prune_keeps_current_and_rollback_target(tmp_path: Path) -> None:
+    reg = Registry(tmp_path / "reg")
+    for i in range(6):
+        src = tmp_path / f"m{i}"
+        src.mkdir()
+        (src / "model.txt").write_text(f"tree {i}\n")
+        meta = {"version": f"v{i}", "trained_at": f"2026-12-0{i + 1}T00:00:00Z"}
+        (src / "metadata.json").write_bytes(orjson.dumps(meta))
+        reg.publish(src)
+    reg.promote("v0")
+    reg.promote("v1")  # current v1, rollback target v0: both old, both kept
+    (reg.versions / ".tmp-v9-crashed").mkdir()
+    os.utime(reg.versions / ".tmp-v9-crashed", (0, 0))  # long ago
+    (reg.versions / ".tmp-v8-in-progress").mkdir()
+    assert reg.prune(keep=2) == ["v2", "v3"]
+    assert reg.list_versions() == ["v0", "v1", "v4", "v5"]
+    left = sorted(p.name for p in reg.versions.iterdir())
+    assert left == [".tmp-v8-in-progress", "v0", "v1", "v4", "v5"]
+    assert reg.load_current(lambda p: (p / "model.txt").read_text()) == ("v1", "tree 1\n")
