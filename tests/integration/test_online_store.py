@@ -193,3 +193,46 @@ def test_rebuild_history_from_the_dataset(store: OnlineStore, tmp_path) -> None:
     histories, aggregates = store.read_batch(ids, synthetic.MODEL_TYPES)
     assert histories == [book.lineage(x) for x in ids]
     assert aggregates == {mt: book.aggregates(mt) for mt in synthetic.MODEL_TYPES}
+
+
+def test_private_redis_killed_and_restarted(tmp_path) -> None:
+    """A Redis that dies mid-run: typed error while down; after a restart (empty, no scripts)
+    the same client reconnects, reloads its scripts on NOSCRIPT and carries on."""
+    import subprocess
+
+    from leap_stream.dev import redis as dev_redis
+    from leap_stream.dev.state import free_port
+
+    binary = dev_redis.find_redis_server(install=False)
+    port = free_port()
+
+    def start() -> subprocess.Popen[bytes]:
+        cmd = dev_redis.redis_command(
+            binary, port, tmp_path, tmp_path / "redis.log", tmp_path / "redis.pid"
+        )
+        proc = subprocess.Popen(cmd)
+        deadline = time.monotonic() + 10
+        while not dev_redis.is_ready(f"redis://127.0.0.1:{port}/0", timeout=0.2):
+            assert proc.poll() is None and time.monotonic() < deadline, "redis did not start"
+            time.sleep(0.05)
+        return proc
+
+    comps = [c for _s, c in synthetic.pairs(10, seed=21)]
+    proc = start()
+    try:
+        store = OnlineStore(connect(f"redis://127.0.0.1:{port}/0"), "f:")
+        assert all(r.new for r in store.apply_completions(comps[:5]))
+        proc.kill()
+        proc.wait()
+        with pytest.raises(OnlineStoreUnavailable):
+            store.read_batch([comps[0]["lineage_id"]], [])
+        with pytest.raises(OnlineStoreUnavailable):
+            store.apply_completions(comps)
+        proc = start()
+        results = store.apply_completions(comps)  # data and script cache are gone
+        assert all(r.new for r in results)
+        histories, _ = store.read_batch([c["lineage_id"] for c in comps], [])
+        assert histories == [_replay(comps).lineage(c["lineage_id"]) for c in comps]
+    finally:
+        proc.kill()
+        proc.wait()
