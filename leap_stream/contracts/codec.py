@@ -456,6 +456,22 @@ def _check_ranking(ev: dict[str, Any], known: Container[str] | None) -> _Problem
                 f"data.candidates[{i}].hardware_type",
             )
         seen.add(c["hardware_type"])
+        tpc = c["throughput_per_cost"]
+        expected = c["predicted_throughput"] * 3600 / (c["cost_per_device_hour"] * c["num_devices"])
+        if abs(tpc - expected) > 1e-4 * expected:
+            return (
+                "semantic",
+                f"throughput_per_cost {tpc} is not predicted_throughput × 3600 / "
+                f"(cost_per_device_hour × num_devices) = {expected:.6g}",
+                f"data.candidates[{i}].throughput_per_cost",
+            )
+        if i and tpc > candidates[i - 1]["throughput_per_cost"] * (1 + 1e-9):
+            return (
+                "semantic",
+                f"candidate {i} has a higher throughput_per_cost than candidate {i - 1} "
+                "(best first)",
+                f"data.candidates[{i}].throughput_per_cost",
+            )
         interval = c["interval"]
         if interval is not None and interval["low"] > interval["high"]:
             return (
