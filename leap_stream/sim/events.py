@@ -27,89 +27,149 @@ def rfc3339(ts: pd.Series) -> list[str]:
 
 def submission_events(subs: pd.DataFrame) -> list[dict[str, Any]]:
     """One job-submitted event per row of a submissions frame."""
-    cols = {c: subs[c].tolist() for c in subs.columns if c not in ("submitted_at", "has_prior")}
-    ts = rfc3339(subs["submitted_at"])
     split_cache: dict[str, list[str]] = {}
     cands = []
-    for c in cols["candidate_hardware"]:
+    for c in subs["candidate_hardware"].tolist():
         lst = split_cache.get(c)
         if lst is None:
             lst = split_cache[c] = c.split("|")
         cands.append(lst)
-    out = []
-    for i in range(len(subs)):
-        out.append(
-            {
-                "schema_version": 1,
-                "event_id": cols["submission_event_id"][i],
-                "job_id": cols["job_id"][i],
-                "attempt": cols["attempt"][i],
-                "lineage_id": cols["lineage_id"][i],
-                "submitted_at": ts[i],
-                "team": cols["team"][i],
-                "model": {
-                    "family": cols["family"][i],
-                    "model_type": cols["model_type"][i],
-                    "parameters": cols["parameters"][i],
-                    "active_parameters": cols["active_parameters"][i],
-                    "layers": cols["layers"][i],
-                    "hidden_size": cols["hidden_size"][i],
-                    "sequence_length": cols["sequence_length"][i],
-                    "precision": cols["precision"][i],
-                    "optimizer": cols["optimizer"][i],
-                    "framework": cols["framework"][i],
-                    "framework_version": cols["framework_version"][i],
-                },
-                "training": {
-                    "global_batch_size": cols["global_batch_size"][i],
-                    "micro_batch_size": cols["micro_batch_size"][i],
-                    "num_devices": cols["num_devices"][i],
-                    "data_parallel": cols["data_parallel"][i],
-                    "tensor_parallel": cols["tensor_parallel"][i],
-                    "pipeline_parallel": cols["pipeline_parallel"][i],
-                    "activation_checkpointing": cols["activation_checkpointing"][i],
-                },
-                "candidate_hardware": list(cands[i]),
-                "default_hardware": cols["default_hardware"][i],
-            }
-        )
-    return out
+    rows = zip(
+        subs["submission_event_id"].tolist(),
+        subs["job_id"].tolist(),
+        subs["attempt"].tolist(),
+        subs["lineage_id"].tolist(),
+        rfc3339(subs["submitted_at"]),
+        subs["team"].tolist(),
+        subs["family"].tolist(),
+        subs["model_type"].tolist(),
+        subs["parameters"].tolist(),
+        subs["active_parameters"].tolist(),
+        subs["layers"].tolist(),
+        subs["hidden_size"].tolist(),
+        subs["sequence_length"].tolist(),
+        subs["precision"].tolist(),
+        subs["optimizer"].tolist(),
+        subs["framework"].tolist(),
+        subs["framework_version"].tolist(),
+        subs["global_batch_size"].tolist(),
+        subs["micro_batch_size"].tolist(),
+        subs["num_devices"].tolist(),
+        subs["data_parallel"].tolist(),
+        subs["tensor_parallel"].tolist(),
+        subs["pipeline_parallel"].tolist(),
+        subs["activation_checkpointing"].tolist(),
+        cands,
+        subs["default_hardware"].tolist(),
+        strict=True,
+    )
+    return [
+        {
+            "schema_version": 1,
+            "event_id": eid,
+            "job_id": jid,
+            "attempt": att,
+            "lineage_id": lid,
+            "submitted_at": ts,
+            "team": team,
+            "model": {
+                "family": fam,
+                "model_type": mt,
+                "parameters": par,
+                "active_parameters": apar,
+                "layers": lay,
+                "hidden_size": hid,
+                "sequence_length": seq,
+                "precision": prec,
+                "optimizer": opt,
+                "framework": fw,
+                "framework_version": fwv,
+            },
+            "training": {
+                "global_batch_size": gbs,
+                "micro_batch_size": mbs,
+                "num_devices": nd,
+                "data_parallel": dp,
+                "tensor_parallel": tp,
+                "pipeline_parallel": pp,
+                "activation_checkpointing": ckpt,
+            },
+            "candidate_hardware": list(cand),
+            "default_hardware": dflt,
+        }
+        for (
+            eid,
+            jid,
+            att,
+            lid,
+            ts,
+            team,
+            fam,
+            mt,
+            par,
+            apar,
+            lay,
+            hid,
+            seq,
+            prec,
+            opt,
+            fw,
+            fwv,
+            gbs,
+            mbs,
+            nd,
+            dp,
+            tp,
+            pp,
+            ckpt,
+            cand,
+            dflt,
+        ) in rows
+    ]
 
 
 def completion_events(comp: pd.DataFrame) -> list[dict[str, Any]]:
     """One job-completed event per row; ``throughput`` only when it was measured."""
-    names = ("event_id", "job_id", "attempt", "lineage_id", "model_type", "hardware_type")
-    cols = {c: comp[c].tolist() for c in names}
-    nd = comp["num_devices"].tolist()
-    sps = comp["samples_per_s"].tolist()
-    tps = comp["tokens_per_s"].tolist()
-    steps = comp["steps"].tolist()
-    status = comp["status"].tolist()
-    dev_h = comp["device_hours"].tolist()
-    started = rfc3339(comp["started_at"])
-    ended = rfc3339(comp["ended_at"])
+    rows = zip(
+        comp["event_id"].tolist(),
+        comp["job_id"].tolist(),
+        comp["attempt"].tolist(),
+        comp["lineage_id"].tolist(),
+        comp["model_type"].tolist(),
+        comp["hardware_type"].tolist(),
+        comp["num_devices"].tolist(),
+        comp["steps"].tolist(),
+        rfc3339(comp["started_at"]),
+        rfc3339(comp["ended_at"]),
+        comp["status"].tolist(),
+        comp["device_hours"].tolist(),
+        comp["samples_per_s"].tolist(),
+        comp["tokens_per_s"].tolist(),
+        strict=True,
+    )
     out = []
-    for i in range(len(comp)):
+    isnan = math.isnan
+    for eid, jid, att, lid, mt, hw, nd, steps, st, en, status, dh, sps, tps in rows:
         ev: dict[str, Any] = {
             "schema_version": 1,
-            "event_id": cols["event_id"][i],
-            "job_id": cols["job_id"][i],
-            "attempt": cols["attempt"][i],
-            "lineage_id": cols["lineage_id"][i],
-            "model_type": cols["model_type"][i],
-            "hardware_type": cols["hardware_type"][i],
-            "num_devices": nd[i],
-            "steps": steps[i],
-            "started_at": started[i],
-            "ended_at": ended[i],
-            "status": status[i],
-            "device_hours": dev_h[i],
+            "event_id": eid,
+            "job_id": jid,
+            "attempt": att,
+            "lineage_id": lid,
+            "model_type": mt,
+            "hardware_type": hw,
+            "num_devices": nd,
+            "steps": steps,
+            "started_at": st,
+            "ended_at": en,
+            "status": status,
+            "device_hours": dh,
         }
-        s = sps[i]
-        if not math.isnan(s):
-            t = tps[i]
+        if not isnan(sps):
             ev["throughput"] = (
-                {"samples_per_s": s} if math.isnan(t) else {"samples_per_s": s, "tokens_per_s": t}
+                {"samples_per_s": sps}
+                if isnan(tps)
+                else {"samples_per_s": sps, "tokens_per_s": tps}
             )
         out.append(ev)
     return out

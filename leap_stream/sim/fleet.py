@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pandas as pd
+import pyarrow as pa
 
 from leap_stream.catalog import HardwareCatalog, load_catalog
 from leap_stream.sim.models import (
@@ -205,6 +206,21 @@ def _multi_hw(dataset: pd.DataFrame) -> int:
     return int((measured.groupby("lineage_id")["hardware_type"].nunique() > 1).sum())
 
 
+_DEFAULT_STR = pd.Series(["x"]).dtype  # pandas 3: arrow-backed "str"; pandas 2: object
+
+
+def _strings(values: list[str] | pa.Array) -> Any:
+    """A string column in pandas' default string dtype, built through Arrow (no per-item boxing)."""
+    arr = values if isinstance(values, pa.Array) else pa.array(values, pa.string())
+    if isinstance(_DEFAULT_STR, np.dtype):
+        return arr.to_numpy(zero_copy_only=False)
+    return pd.array(arr, dtype=_DEFAULT_STR)
+
+
+def _take(categories: list[str] | tuple[str, ...], codes: np.ndarray[Any, Any]) -> Any:
+    return _strings(pa.array(list(categories), pa.string()).take(pa.array(codes)))
+
+
 def _pow2_floor(x: F64) -> F64:
     return np.asarray(2.0 ** np.floor(np.log2(np.maximum(x, 1.0))), dtype=np.float64)
 
@@ -214,10 +230,14 @@ def _pow2_ceil(x: F64) -> F64:
 
 
 def _choice_rows(rng: np.random.Generator, probs: F64) -> I64:
-    """One categorical draw per row of ``probs`` (rows sum to 1)."""
+    """One categorical draw per row of ``probs`` (rows need not be normalised)."""
+    return _choice_rows_u(probs, rng.random(len(probs)))
+
+
+def _choice_rows_u(probs: F64, u: F64) -> I64:
     cum = np.cumsum(probs, axis=1)
-    u = rng.random(len(probs))[:, None] * cum[:, -1:]
-    return np.asarray((u > cum).sum(axis=1), dtype=np.int64)
+    x = u[:, None] * cum[:, -1:]
+    return np.asarray((x > cum).sum(axis=1), dtype=np.int64)
 
 
 class _Lineages:
@@ -269,9 +289,25 @@ class FleetSimulator:
         fam = m["family"].to_numpy()
         self._m_sharded = np.isin(fam, list(SHARDED_FAMILIES))
         self._m_tokens = np.isin(fam, list(TOKEN_FAMILIES))
-        self._m_frameworks = [s.split("|") for s in m["frameworks"]]
+        # per model: probability of each framework (its list order: 0.65 / 0.25 / 0.10)
+        fw_p = np.zeros((len(m), len(FRAMEWORKS)))
+        for i, names in enumerate(m["frameworks"]):
+            for w, name in zip((0.65, 0.25, 0.10), names.split("|"), strict=False):
+                fw_p[i, FRAMEWORKS.index(name)] = w
+        self._m_framework_p = fw_p / fw_p.sum(axis=1, keepdims=True)
+        width = max(len(v) for v in FRAMEWORK_VERSIONS.values())
+        self._fw_version_count = np.array([len(FRAMEWORK_VERSIONS[f]) for f in FRAMEWORKS])
+        self._fw_version_names = np.array(
+            [
+                list(FRAMEWORK_VERSIONS[f]) + [""] * (width - len(FRAMEWORK_VERSIONS[f]))
+                for f in FRAMEWORKS
+            ],
+            dtype=object,
+        )
         self._family_models = [np.flatnonzero(m["family_idx"].to_numpy() == i) for i in range(9)]
         self._vendors_present = len(set(self.hw.vendor_idx.tolist()))
+        self._team_names = [f"team-{i:02d}" for i in range(config.teams)]
+        self._model_names = m["model_type"].tolist()
 
     # ------------------------------------------------------------------ setup draws
     def _draw_quotas(self, rng: np.random.Generator) -> np.ndarray[Any, Any]:
@@ -355,19 +391,13 @@ class FleetSimulator:
         family_idx = m["family_idx"][model_idx].astype(np.int64)
         params = m["parameters"][model_idx].astype(np.float64)
         emb = m["embedding_params"][model_idx].astype(np.float64)
-        # framework: from the model's list, the first ones more likely
+        # framework: from the model's list, the first ones more likely; then a version
         u = rng.random(n)
-        framework_idx = np.empty(n, dtype=np.int64)
-        version = np.empty(n, dtype=object)
+        framework_idx = _choice_rows_u(self._m_framework_p[model_idx], u)
         vu = rng.random(n)
-        for i in range(n):
-            fws = self._m_frameworks[model_idx[i]]
-            w = np.array([0.65, 0.25, 0.10][: len(fws)])
-            k = int(np.searchsorted(np.cumsum(w / w.sum()), u[i]))
-            fw = fws[min(k, len(fws) - 1)]
-            framework_idx[i] = FRAMEWORKS.index(fw)
-            vs = FRAMEWORK_VERSIONS[fw]
-            version[i] = vs[min(int(vu[i] * len(vs)), len(vs) - 1)]
+        n_versions = self._fw_version_count[framework_idx]
+        v_idx = np.minimum((vu * n_versions).astype(np.int64), n_versions - 1)
+        version = self._fw_version_names[framework_idx, v_idx]
         precision_idx = _choice_rows(rng, PREC_P[family_idx])
         optimizer_idx = _choice_rows(rng, OPT_P[family_idx])
         # sequence length: log-uniform on powers of two within the model's range
@@ -618,40 +648,39 @@ class FleetSimulator:
         lin = s["lin"]
         mi = L["model_idx"][lin]
         seed = self.config.seed
-        lin_id = np.char.add(f"lin-{seed}-", np.char.zfill(lin.astype(str), 7)).astype(object)
-        job_id = (
-            np.char.add(
-                np.char.add(f"job-{seed}-", np.char.zfill(lin.astype(str), 7)),
-                np.char.add("-", np.char.zfill(s["job_seq"].astype(str), 3)),
-            )
-        ).astype(object)
+        lin_list = [f"lin-{seed}-{x:07d}" for x in lin.tolist()]
+        job_list = [
+            f"job-{seed}-{x:07d}-{j:03d}"
+            for x, j in zip(lin.tolist(), s["job_seq"].tolist(), strict=True)
+        ]
         attempt = s["attempt"].astype(np.int64)
-        sub_eid = (job_id + "-a" + attempt.astype(str).astype(object)).astype(object)
+        eid_list = [f"{j}-a{a}" for j, a in zip(job_list, attempt.tolist(), strict=True)]
+        job_arr = pa.array(job_list, pa.string())
+        lin_id = _strings(lin_list)
         cand = L["cand"][lin]
         cand_str = self._candidate_strings(cand)
-        default_name = self._types[s["default"]]
         m = self._m
         fam_idx = m["family_idx"][mi]
         submitted = pd.to_datetime((s["submitted"] * 1000).astype(np.int64), unit="ms", utc=True)
         subs = pd.DataFrame(
             {
-                "submission_event_id": "sub-" + sub_eid,
-                "job_id": job_id,
+                "submission_event_id": _strings(["sub-" + e for e in eid_list]),
+                "job_id": _strings(job_arr),
                 "attempt": attempt,
                 "lineage_id": lin_id,
                 "submitted_at": submitted,
-                "team": np.char.add("team-", np.char.zfill(L["team_idx"][lin].astype(str), 2)),
-                "family": np.array(FAMILIES, dtype=object)[fam_idx],
-                "model_type": m["model_type"][mi],
+                "team": _take(self._team_names, L["team_idx"][lin]),
+                "family": _take(FAMILIES, fam_idx),
+                "model_type": _take(self._model_names, mi),
                 "parameters": m["parameters"][mi].astype(np.float64),
                 "active_parameters": m["active_parameters"][mi].astype(np.float64),
                 "layers": m["layers"][mi].astype(np.int64),
                 "hidden_size": m["hidden_size"][mi].astype(np.int64),
                 "sequence_length": L["seq"][lin].astype(np.int64),
-                "precision": np.array(PRECISIONS, dtype=object)[L["precision_idx"][lin]],
-                "optimizer": np.array(OPTIMIZERS, dtype=object)[L["optimizer_idx"][lin]],
-                "framework": np.array(FRAMEWORKS, dtype=object)[L["framework_idx"][lin]],
-                "framework_version": L["framework_version"][lin],
+                "precision": _take(PRECISIONS, L["precision_idx"][lin]),
+                "optimizer": _take(OPTIMIZERS, L["optimizer_idx"][lin]),
+                "framework": _take(FRAMEWORKS, L["framework_idx"][lin]),
+                "framework_version": _strings(L["framework_version"][lin].tolist()),
                 "global_batch_size": s["global_batch"].astype(np.int64),
                 "micro_batch_size": L["micro_batch"][lin].astype(np.int64),
                 "num_devices": s["num_devices"].astype(np.int64),
@@ -659,11 +688,10 @@ class FleetSimulator:
                 "tensor_parallel": L["tp"][lin].astype(np.int64),
                 "pipeline_parallel": L["pp"][lin].astype(np.int64),
                 "activation_checkpointing": L["ckpt"][lin].astype(bool),
-                "candidate_hardware": cand_str,
-                "default_hardware": default_name,
+                "candidate_hardware": _strings(cand_str.tolist()),
+                "default_hardware": _take(self.hw.types, s["default"]),
             }
         )
-        subs["team"] = subs["team"].astype(object)
 
         # ---- truth for every (submission × candidate)
         sub_i, hw_i = np.nonzero(cand)
@@ -697,9 +725,9 @@ class FleetSimulator:
         measured = true * noise
         truth = pd.DataFrame(
             {
-                "job_id": job_id[sub_i],
+                "job_id": _strings(job_arr.take(pa.array(sub_i))),
                 "attempt": attempt[sub_i],
-                "hardware_type": self._types[hw_i],
+                "hardware_type": _take(self.hw.types, hw_i),
                 "true_samples_per_s": true,
                 "measured_samples_per_s": measured,
             }
@@ -739,12 +767,12 @@ class FleetSimulator:
         dev_h = s["num_devices"] * (ended - started) / 3600.0
         comp = pd.DataFrame(
             {
-                "event_id": "cmp-" + sub_eid,
-                "job_id": job_id,
+                "event_id": _strings(["cmp-" + e for e in eid_list]),
+                "job_id": _strings(job_arr),
                 "attempt": attempt,
                 "lineage_id": lin_id,
-                "model_type": m["model_type"][mi],
-                "hardware_type": self._types[chosen],
+                "model_type": _take(self._model_names, mi),
+                "hardware_type": _take(self.hw.types, chosen),
                 "num_devices": s["num_devices"].astype(np.int64),
                 "samples_per_s": sps,
                 "tokens_per_s": tps,
@@ -753,7 +781,7 @@ class FleetSimulator:
                     (started * 1000).astype(np.int64), unit="ms", utc=True
                 ),
                 "ended_at": pd.to_datetime((ended * 1000).astype(np.int64), unit="ms", utc=True),
-                "status": np.array(STATUSES, dtype=object)[status],
+                "status": _take(STATUSES, status),
                 "device_hours": dev_h,
             }
         )
