@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import orjson
 import pytest
 import redis
 
@@ -37,3 +38,20 @@ def test_key_layout_is_the_design() -> None:
     assert store.agg_key("llama-7b") == "leap:agg:llama-7b"
     assert store.seen_key("e1") == "leap:seen:e1"
     assert store.sub_key("job-1", 2) == "leap:sub:job-1:2"
+
+
+def test_submission_encoding_round_trips() -> None:
+    from leap_stream.store import synthetic
+    from leap_stream.store.offline import submission_fields
+    from leap_stream.store.online import decode_submission, encode_submission
+
+    for sub, _c in synthetic.pairs(20, seed=3):
+        fields = submission_fields(sub)
+        raw = encode_submission(fields)
+        assert decode_submission(raw) == fields
+        assert decode_submission(raw.decode()) == fields  # decode_responses=True clients
+        assert len(raw) < 0.6 * len(orjson.dumps(fields))
+    assert decode_submission(orjson.dumps(fields)) == fields  # an object written by hand
+    assert decode_submission(None) is None
+    assert decode_submission(b"{broken") is None
+    assert decode_submission(orjson.dumps([99, 1, 2])) is None  # unknown format
