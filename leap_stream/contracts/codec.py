@@ -83,8 +83,13 @@ def parse_ts(value: str) -> float:
 
 
 def format_ts(epoch_s: float) -> str:
-    """Epoch seconds → ``2026-12-02T13:14:00.123Z`` (milliseconds, truncated, UTC)."""
-    seconds, millis = divmod(int(epoch_s * 1000 // 1), 1000)
+    """Epoch seconds → ``2026-12-02T13:14:00.123Z`` (milliseconds, truncated, UTC).
+
+    Rounded to the microsecond first: 1796217240.003 is 1796217240.00299... as a double, and
+    plain truncation would print .002, so format_ts(parse_ts(s)) would not give s back.
+    """
+    seconds, micros = divmod(round(epoch_s * 1_000_000), 1_000_000)
+    millis = micros // 1000
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{millis:03d}Z"
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import jsonschema
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from leap_stream.catalog import load_catalog
@@ -20,6 +20,7 @@ from leap_stream.contracts import (
     Ok,
     decode,
     encode,
+    format_ts,
     load_schema,
     parse_ts,
     validator,
@@ -218,3 +219,15 @@ def test_compiled_validator_agrees_with_reference(
         assert not fast, f"we accept what the reference rejects: {path}"
         text = json.dumps(event)
         assert path[-1] in ("submitted_at", "started_at", "ended_at") or "\\n" in text, path
+
+
+@settings(max_examples=500, deadline=None)
+@given(millis=st.integers(0, 4102444799999))
+@example(
+    millis=2183226373411
+)  # 2183226373.411 is ...410999 as a double: plain truncation says .410
+def test_format_ts_round_trips_every_millisecond(millis: int) -> None:
+    text = format_ts(millis / 1000)
+    assert text[-4:-1] == f"{millis % 1000:03d}"
+    assert format_ts(parse_ts(text)) == text
+    assert round(parse_ts(text) * 1000) == millis
