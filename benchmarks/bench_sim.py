@@ -1,0 +1,78 @@
+"""How fast the fleet simulator generates events, on one core.
+
+Prints figures, asserts nothing. "events" = submissions + completions. Three stages:
+  frames  — simulate(): submissions, completions, dataset and truth DataFrames
+  dicts   — frames + schema-shaped event dicts (what --to-kafka serialises)
+  written — frames + write_jsonl(): both JSONL files (orjson) and the two Parquet files
+CPU time (process_time) is reported next to wall time because the machine is shared.
+
+    .venv/bin/python benchmarks/bench_sim.py --days 2 --rate 30000
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from leap_stream.sim.events import completion_events, submission_events, write_jsonl
+from leap_stream.sim.fleet import SimConfig, SimResult, simulate
+
+
+def _timed(fn: Callable[[], Any]) -> tuple[Any, float, float]:
+    w, c = time.perf_counter(), time.process_time()
+    out = fn()
+    return out, time.perf_counter() - w, time.process_time() - c
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--days", type=int, default=2)
+    ap.add_argument("--rate", type=int, default=30000)
+    ap.add_argument("--repeat", type=int, default=2, help="best of N")
+    args = ap.parse_args()
+    cfg = SimConfig(seed=args.seed, days=args.days, rate=args.rate)
+    simulate(SimConfig(seed=0, days=1, rate=200))  # warm caches (model catalog, schemas)
+
+    best: dict[str, tuple[float, float]] = {}
+    result: SimResult | None = None
+    for _ in range(args.repeat):
+        result, w_sim, c_sim = _timed(lambda: simulate(cfg))
+        assert result is not None
+        r = result
+        _, w_ev, c_ev = _timed(
+            lambda r=r: (submission_events(r.submissions), completion_events(r.completions))
+        )
+        with tempfile.TemporaryDirectory() as tmp:
+            _, w_wr, c_wr = _timed(lambda r=r, tmp=tmp: write_jsonl(r, tmp))
+        for key, w, c in (
+            ("frames", w_sim, c_sim),
+            ("dicts", w_sim + w_ev, c_sim + c_ev),
+            ("written", w_sim + w_wr, c_sim + c_wr),
+        ):
+            prev = best.get(key)
+            if prev is None or c < prev[1]:
+                best[key] = (w, c)
+    assert result is not None
+    n_events = len(result.submissions) + len(result.completions)
+    figures = {
+        "events": n_events,
+        "truth_rows": len(result.truth),
+        **{f"{k}_events_per_s_cpu": round(n_events / c) for k, (w, c) in best.items()},
+        **{f"{k}_events_per_s_wall": round(n_events / w) for k, (w, c) in best.items()},
+    }
+    for k, (w, c) in best.items():
+        print(
+            f"{k:8s} {n_events / c:>10,.0f} events/s cpu   {n_events / w:>10,.0f} events/s wall"
+            f"   ({c:.2f} s cpu, {w:.2f} s wall)"
+        )
+    print(orjson.dumps(figures).decode())
+
+
+if __name__ == "__main__":
+    main()
