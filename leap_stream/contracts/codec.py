@@ -288,7 +288,10 @@ def decode_many(
 def validate_event(
     event: Any, schema: str, *, known_hardware: Container[str] | None = None
 ) -> DecodeError | None:
-    """Schema and semantic checks of an event built in memory (e.g. a ranking before encode)."""
+    """Schema and semantic checks of an event built in memory (e.g. a ranking before encode).
+
+    Like ``decode`` it turns integer-valued floats in integer fields into ints, in place.
+    """
     try:
         result = _validate(event, schema, known_hardware)
     except Exception as exc:
