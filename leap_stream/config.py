@@ -130,6 +130,16 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("LEAP_DATASET_FLUSH_S", "10", "Longest time rows wait in the dataset buffer."),
     Setting("LEAP_COMMIT_INTERVAL_S", "1.0", "How often the worker commits acked offsets (Faust)."),
     Setting("LEAP_LAG_INTERVAL_S", "15", "How often the worker measures its consumer lag."),
+    Setting(
+        "LEAP_ORPHAN_GRACE_S",
+        "60",
+        "How long a completion waits for its submission to be joined before it is dead-lettered as orphan_completion.",
+    ),
+    Setting(
+        "LEAP_KAFKA_SESSION_TIMEOUT_S",
+        "10",
+        "Consumer-group session timeout of the worker: how soon a dead worker's partitions move.",
+    ),
     Setting("LEAP_LOG_LEVEL", "INFO", "Log level."),
 )
 

@@ -98,6 +98,7 @@ class WorkerDeps:
     flush_rows: int = 5000
     flush_s: float = 10.0
     lag_interval_s: float = 15.0
+    orphan_grace_s: float = 60.0
     retry_cap_s: float = 10.0
     stats: dict[str, float] = field(default_factory=dict)
 
@@ -110,6 +111,9 @@ class _Pending:
         self.rows: dict[str, dict[str, Any]] = {}
         self.since: float | None = None
         self.lock = asyncio.Lock()
+        # completions that arrived before their submission was remembered (the submissions
+        # agent is behind): (event, record, completion, first seen), retried until the grace
+        self.waiting: list[tuple[Any, Record, dict[str, Any], float]] = []
 
     def add(self, events: list[Any], rows: list[dict[str, Any]]) -> None:
         if self.since is None:
@@ -139,6 +143,10 @@ def build_app(deps: WorkerDeps) -> faust.App:
         stream_wait_empty=True,  # shutdown/rebalance waits for the batch in hand to be acked
         broker_commit_interval=float(config.get("LEAP_COMMIT_INTERVAL_S")),
         broker_commit_every=cfg.batch_size,
+        # a crashed worker's partitions move after this long (aiokafka heartbeats from the
+        # event loop, which the executors keep free, so a long batch does not trip it)
+        broker_session_timeout=float(config.get("LEAP_KAFKA_SESSION_TIMEOUT_S")),
+        broker_heartbeat_interval=min(3.0, float(config.get("LEAP_KAFKA_SESSION_TIMEOUT_S")) / 3),
         stream_buffer_maxsize=max(4 * cfg.batch_size, 4096),
         broker_max_poll_records=cfg.batch_size,
         producer_acks=-1,
@@ -225,8 +233,47 @@ def build_app(deps: WorkerDeps) -> faust.App:
             stats["submissions_in"] = stats.get("submissions_in", 0) + len(records)
             stats["rankings_out"] = stats.get("rankings_out", 0) + len(res.rankings)
 
+    async def resolve_waiting(stopping: bool) -> None:
+        """Retry the join of waiting completions; orphan them after the grace period.
+
+        At shutdown the ones still unknown are neither orphaned nor acked: Faust is told not
+        to wait for them, their offsets stay uncommitted and the next worker redoes them.
+        """
+        if not pending.waiting:
+            return
+        mono = time.monotonic()
+        items = [(rec, comp) for _e, rec, comp, _t in pending.waiting]
+        give_up = [mono - since >= deps.orphan_grace_s for *_x, since in pending.waiting]
+        now = datetime.now(UTC)
+        outcome = await until_done(
+            "join", comp_pool, deps.completions.join_waiting, items, give_up, now
+        )
+        dead = [dl for kind, dl in outcome if kind == "dead" and dl is not None]
+        if dead:
+            await until_done("produce", comp_pool, send_all, [], dead)
+            count_dead(cfg.topic_completions, dead)
+        still: list[tuple[Any, Record, dict[str, Any], float]] = []
+        for item, (kind, value) in zip(pending.waiting, outcome, strict=True):
+            if kind == "wait":
+                still.append(item)
+                continue
+            pending.add([item[0]], [value] if kind == "row" and value is not None else [])
+        if stopping and still:
+            log.warning(
+                "%d completions still wait for their submission at shutdown; "
+                "left uncommitted, redone on restart",
+                len(still),
+            )
+            unacked = getattr(app.consumer, "_unacked_messages", None)
+            for ev, *_rest in still:
+                if unacked is not None:
+                    unacked.discard(ev.message)
+            still = []
+        pending.waiting = still
+
     async def flush_pending(force: bool = False) -> None:
         async with pending.lock:
+            await resolve_waiting(stopping=force and app.should_stop)
             if not pending.events:
                 return
             age = time.monotonic() - (pending.since or time.monotonic())
@@ -248,8 +295,13 @@ def build_app(deps: WorkerDeps) -> faust.App:
             await asyncio.sleep(tick)
             try:
                 await flush_pending(force=app.should_stop)
+            except asyncio.CancelledError:
+                raise
             except Exception:
                 log.exception("dataset flush failed")
+
+    def process_completions(records: list[Record], now: datetime) -> CompletionBatchResult:
+        return deps.completions.process(records, now, wait_for_join=deps.orphan_grace_s > 0)
 
     @app.agent(completions_topic)
     async def completions(stream: Any) -> None:
@@ -260,12 +312,17 @@ def build_app(deps: WorkerDeps) -> faust.App:
                 records = [record_of(e) for e in events]
                 now = datetime.now(UTC)
                 res: CompletionBatchResult = await until_done(
-                    "apply", comp_pool, deps.completions.process, records, now
+                    "apply", comp_pool, process_completions, records, now
                 )
                 if res.dead_letters:
                     await until_done("produce", comp_pool, send_all, [], res.dead_letters)
+                waiting = {i for i, _c in res.waiting}
+                mono = time.monotonic()
                 async with pending.lock:
-                    pending.add(events, res.rows)
+                    pending.add([e for i, e in enumerate(events) if i not in waiting], res.rows)
+                    pending.waiting.extend(
+                        (events[i], records[i], comp, mono) for i, comp in res.waiting
+                    )
                 await flush_pending()
                 topic = cfg.topic_completions
                 m.events_in.labels(topic=topic, outcome="valid").inc(res.valid)

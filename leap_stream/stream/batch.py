@@ -57,6 +57,8 @@ class CompletionStore(Protocol):
         self, completions: Sequence[Mapping[str, Any]]
     ) -> tuple[list[Any], list[dict[str, Any] | None]]: ...
 
+    def fetch_submissions(self, keys: Sequence[tuple[str, int]]) -> list[dict[str, Any] | None]: ...
+
 
 class BatchRanker(Protocol):
     def rank_batch(
@@ -232,6 +234,9 @@ class CompletionBatchResult:
     duplicates: int = 0
     measured: int = 0
     orphans: int = 0
+    # (index in the batch, completion) whose submission is not known yet: the caller retries
+    # the join with `join_waiting` before giving up (only when process(wait_for_join=True))
+    waiting: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
 
 
 class CompletionProcessor:
@@ -253,7 +258,9 @@ class CompletionProcessor:
         self.max_bytes = max_bytes
         self.known_hardware = known_hardware
 
-    def process(self, records: Sequence[Record], now: datetime) -> CompletionBatchResult:
+    def process(
+        self, records: Sequence[Record], now: datetime, *, wait_for_join: bool = False
+    ) -> CompletionBatchResult:
         good, dead = decode_records(
             records,
             COMPLETION_SCHEMA,
@@ -265,25 +272,22 @@ class CompletionProcessor:
         if not good:
             return out
         completions = [ev for _rec, ev in good]
+        index = {id(rec): i for i, rec in enumerate(records)}
         # raises OnlineStoreUnavailable: the agent retries the whole batch
         applied, submissions = self.store.apply_and_fetch(completions)
         for (rec, comp), res, sub in zip(good, applied, submissions, strict=True):
+            i = index[id(rec)]
             if res.new:
                 out.new += 1
                 out.measured += int(res.measured)
             else:
                 out.duplicates += 1
             if sub is None:
-                out.orphans += 1
-                out.dead_letters.append(
-                    _dead_letter(
-                        rec,
-                        "orphan_completion",
-                        f"no submission stored for job {comp['job_id']} attempt "
-                        f"{comp['attempt']}; history updated, no dataset row",
-                        now,
-                    )
-                )
+                if wait_for_join:
+                    out.waiting.append((i, comp))
+                else:
+                    out.orphans += 1
+                    out.dead_letters.append(self.orphan(rec, comp, now))
                 continue
             try:
                 out.rows.append(flatten(sub, comp))
@@ -291,6 +295,47 @@ class CompletionProcessor:
                 out.dead_letters.append(
                     _dead_letter(rec, "internal", f"dataset row failed: {exc!r}", now)
                 )
+        return out
+
+    @staticmethod
+    def orphan(rec: Record, comp: Mapping[str, Any], now: datetime) -> dict[str, Any]:
+        return _dead_letter(
+            rec,
+            "orphan_completion",
+            f"no submission stored for job {comp['job_id']} attempt {comp['attempt']}; "
+            "history updated, no dataset row",
+            now,
+            COMPLETION_SCHEMA,
+        )
+
+    def join_waiting(
+        self,
+        items: Sequence[tuple[Record, Mapping[str, Any]]],
+        give_up: Sequence[bool],
+        now: datetime,
+    ) -> list[tuple[str, dict[str, Any] | None]]:
+        """Retry the join of completions that arrived before their submission was remembered.
+
+        Per item: ("row", row) when the submission is known now, ("dead", orphan dead letter)
+        when it is still unknown and ``give_up``, else ("wait", None). One Redis round trip;
+        raises `OnlineStoreUnavailable` like `process`.
+        """
+        if not items:
+            return []
+        subs = self.store.fetch_submissions([(c["job_id"], int(c["attempt"])) for _r, c in items])
+        out: list[tuple[str, dict[str, Any] | None]] = []
+        for (rec, comp), sub, stop in zip(items, subs, give_up, strict=True):
+            if sub is not None:
+                try:
+                    out.append(("row", flatten(sub, comp)))
+                except Exception as exc:
+                    out.append(
+                        ("dead", _dead_letter(rec, "internal", f"dataset row failed: {exc!r}", now))
+                    )
+            elif stop:
+                out.append(("dead", self.orphan(rec, comp, now)))
+            else:
+                out.append(("wait", None))
         return out
 
 

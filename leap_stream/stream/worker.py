@@ -69,6 +69,7 @@ def build_deps(cfg: config.Config, bootstrap: str, redis_url: str) -> Any:
         flush_rows=int(config.get("LEAP_DATASET_FLUSH_ROWS")),
         flush_s=float(config.get("LEAP_DATASET_FLUSH_S")),
         lag_interval_s=float(config.get("LEAP_LAG_INTERVAL_S")),
+        orphan_grace_s=float(config.get("LEAP_ORPHAN_GRACE_S")),
     )
 
 

@@ -243,3 +243,37 @@ def test_lag_reader_counts_uncommitted_and_committed(
     rows = reader.read()
     assert [(r.partition, r.lag, r.committed) for r in rows] == [(0, 2, 3), (1, 0, 5)]
     assert total_lag(rows) == 2
+
+
+def test_completion_before_its_submission_waits_for_the_join(
+    redis_url: str, redis_prefix: str, redis_client: Any
+) -> None:
+    sim = _sim()
+    subs = submission_events(sim.submissions)[:10]
+    keys = {(s["job_id"], s["attempt"]) for s in subs}
+    comps = [
+        c
+        for c in completion_events(completions_in_arrival_order(sim.completions))
+        if (c["job_id"], c["attempt"]) in keys
+    ]
+    assert comps
+    store = OnlineStore(connect(redis_url), prefix=redis_prefix)
+    sp, cp = _processors(store)
+    stranger = dict(comps[0], event_id="cmp-stranger", job_id="job-stranger")
+    records = _records("comps", [*comps, stranger])
+    res = cp.process(records, NOW, wait_for_join=True)
+    # the history is applied at once; the rows wait for the submissions
+    assert res.new == len(comps) + 1 and not res.rows and not res.dead_letters
+    assert [i for i, _c in res.waiting] == list(range(len(comps) + 1))
+    items = [(records[i], c) for i, c in res.waiting]
+
+    assert [k for k, _v in cp.join_waiting(items, [False] * len(items), NOW)] == ["wait"] * len(
+        items
+    )
+    sp.process(_records("subs", subs), NOW)  # the submissions agent catches up
+    outcome = cp.join_waiting(items, [False] * (len(items) - 1) + [True], NOW)
+    assert [k for k, _v in outcome] == ["row"] * len(comps) + ["dead"]
+    assert {v["event_id"] for k, v in outcome if k == "row" and v} == {c["event_id"] for c in comps}
+    dead = outcome[-1][1]
+    assert dead is not None and dead["error"]["kind"] == "orphan_completion"
+    assert dead["source"]["offset"] == len(comps)
