@@ -92,6 +92,12 @@ def produce(result: Any, bootstrap: str, rate: float, progress: bool = True) -> 
     conf: dict[str, Any] = dict(config.kafka_client_config(_bootstrap(bootstrap)))
     conf.update({"linger.ms": 5, "compression.type": "lz4", "enable.idempotence": True})
     producer = Producer(conf)
+    known = producer.list_topics(timeout=10).topics
+    missing = [t for t in topics.values() if t not in known]
+    if missing:
+        raise SystemExit(
+            f"simulate: topics {missing} do not exist (run `leap-stream topics create`)"
+        )
     errors: list[str] = []
 
     def on_delivery(err: Any, _msg: Any) -> None:

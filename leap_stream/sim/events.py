@@ -12,10 +12,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import orjson
 import pandas as pd
 
 from leap_stream.sim.fleet import SimResult
+
+
+def _epoch_ms(ts: pd.Series) -> npt.NDArray[np.int64]:
+    naive = ts.dt.tz_convert("UTC").dt.tz_localize(None).to_numpy()
+    return np.asarray(naive.astype("datetime64[ms]").astype(np.int64))
 
 
 def rfc3339(ts: pd.Series) -> list[str]:
@@ -187,8 +193,8 @@ def timeline(result: SimResult) -> Iterator[tuple[str, str, bytes]]:
     comp = result.completions
     sub_ev = submission_events(subs)
     comp_ev = completion_events(comp)
-    t_sub = subs["submitted_at"].to_numpy().astype("datetime64[ns]").astype(np.int64)
-    t_comp = comp["ended_at"].to_numpy().astype("datetime64[ns]").astype(np.int64)
+    t_sub = _epoch_ms(subs["submitted_at"])
+    t_comp = _epoch_ms(comp["ended_at"])
     times = np.concatenate([t_sub, t_comp])
     kind = np.concatenate([np.zeros(len(t_sub), np.int8), np.ones(len(t_comp), np.int8)])
     idx = np.concatenate([np.arange(len(t_sub)), np.arange(len(t_comp))])
