@@ -100,6 +100,11 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting("LEAP_KAFKA_HEAP", "-Xms256m -Xmx768m", "JVM heap of the local broker."),
     Setting(
+        "LEAP_KAFKA_JVM_OPTS",
+        "-XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:TieredStopAtLevel=1",
+        "Other JVM options of the local broker (C1 only: starts in about a third of the time).",
+    ),
+    Setting(
         "LEAP_REDIS_PORT", "0", "Redis port for `dev up`; 0 picks 6379 if free, else a free port."
     ),
     Setting(

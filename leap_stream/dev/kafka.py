@@ -16,6 +16,8 @@ import time
 import uuid
 from pathlib import Path
 
+import orjson
+
 from leap_stream import config
 from leap_stream.dev import state
 from leap_stream.dev.state import Paths, ServiceState
@@ -179,12 +181,13 @@ def java_binary() -> str:
     return java
 
 
-def java_command(lib: Path, log4j_file: Path, heap: str, main: str, *args: str) -> list[str]:
+def java_command(
+    lib: Path, log4j_file: Path, heap: str, main: str, *args: str, jvm_opts: str = ""
+) -> list[str]:
     return [
         java_binary(),
         *shlex.split(heap),
-        "-XX:+UseG1GC",
-        "-XX:MaxGCPauseMillis=20",
+        *shlex.split(jvm_opts),
         "-Djava.awt.headless=true",
         f"-Dlog4j2.configurationFile={log4j_file}",
         "-cp",
@@ -245,11 +248,19 @@ def spawn_detached(cmd: list[str], out_file: Path, cwd: Path) -> int:
     return int(proc.stdout.strip())
 
 
-def tail_file(path: Path, lines: int = 20) -> str:
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def tail_file(path: Path, lines: int = 20, since: int = 0) -> str:
+    """Last lines of a log, only from offset `since` (this start), not an earlier run's."""
     try:
         with path.open("rb") as fh:
             fh.seek(0, os.SEEK_END)
-            fh.seek(max(0, fh.tell() - 16384))
+            fh.seek(max(since, fh.tell() - 16384))
             return b"\n".join(fh.read().splitlines()[-lines:]).decode(errors="replace")
     except FileNotFoundError:
         return "(no log yet)"
@@ -280,7 +291,10 @@ def start(
     lib = fetch_jars(paths, version, log)
     run_dir = paths.kafka_dir
     run_dir.mkdir(parents=True, exist_ok=True)
-    old = previous.extra if previous else {}
+    ports_file = run_dir / "ports.json"  # kept across down/up: dev.env exports stay valid
+    old = dict(previous.extra) if previous else {}
+    if ports_file.exists():
+        old.update(orjson.loads(ports_file.read_bytes()))
     # the previous ports first: a formatted KRaft directory and clients' dev.env keep working
     port = state.pick_port(int(config.get("LEAP_KAFKA_PORT")), int(old.get("port", DEFAULT_PORT)))
     controller_port = state.pick_port(
@@ -288,6 +302,7 @@ def start(
         int(old.get("controller_port", DEFAULT_CONTROLLER_PORT)),
         avoid=[port],
     )
+    state.atomic_write(ports_file, orjson.dumps({"port": port, "controller_port": controller_port}))
     log_file = paths.log_file(NAME)
     props_file = run_dir / "server.properties"
     log4j_file = run_dir / "log4j2.properties"
@@ -302,7 +317,15 @@ def start(
     log4j_file.write_text(render_log4j2(log_file))
     format_storage(lib, run_dir, props_file, log4j_file)
     out_file = paths.logs / "kafka.out"
-    cmd = java_command(lib, log4j_file, config.get("LEAP_KAFKA_HEAP"), MAIN_CLASS, str(props_file))
+    cmd = java_command(
+        lib,
+        log4j_file,
+        config.get("LEAP_KAFKA_HEAP"),
+        MAIN_CLASS,
+        str(props_file),
+        jvm_opts=config.get("LEAP_KAFKA_JVM_OPTS"),
+    )
+    offsets = {"log_offset": _size(log_file), "stdout_offset": _size(out_file)}
     log.info("starting Kafka %s on 127.0.0.1:%d (controller %d)", version, port, controller_port)
     pid = spawn_detached(cmd, out_file, run_dir)
     bootstrap = f"127.0.0.1:{port}"
@@ -321,6 +344,7 @@ def start(
             "version": version,
             "stdout": str(out_file),
             "data": str(run_dir / "data"),
+            **offsets,
         },
     )
     state.save_state(paths, st)
@@ -332,9 +356,11 @@ def wait_ready(st: ServiceState, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if not state.pid_alive(st.pid, st.marker):
+            log_tail = tail_file(Path(st.log), since=int(st.extra.get("log_offset", 0)))
+            out = Path(str(st.extra.get("stdout")))
+            out_tail = tail_file(out, 10, since=int(st.extra.get("stdout_offset", 0)))
             raise RuntimeError(
-                f"Kafka exited during start-up; see {st.log} and {st.extra.get('stdout')}:\n"
-                f"{tail_file(Path(st.log))}\n{tail_file(Path(str(st.extra.get('stdout'))), 10)}"
+                f"Kafka exited during start-up; see {st.log} and {out}:\n{log_tail}\n{out_tail}"
             )
         if is_ready(st.address, timeout=2.0):
             return

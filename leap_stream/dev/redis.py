@@ -11,7 +11,7 @@ from pathlib import Path
 
 from leap_stream import config
 from leap_stream.dev import state
-from leap_stream.dev.kafka import spawn_detached, tail_file
+from leap_stream.dev.kafka import _size, spawn_detached, tail_file
 from leap_stream.dev.state import Paths, ServiceState
 
 NAME = "redis"
@@ -85,12 +85,17 @@ def start(
     binary = find_redis_server()
     run_dir = paths.redis_dir
     run_dir.mkdir(parents=True, exist_ok=True)
+    port_file = run_dir / "port"  # kept across down/up: dev.env exports stay valid
     old_port = int(previous.port) if previous else DEFAULT_PORT
+    if port_file.exists() and port_file.read_text().strip().isdigit():
+        old_port = int(port_file.read_text())
     port = state.pick_port(int(config.get("LEAP_REDIS_PORT")), old_port)
+    state.atomic_write(port_file, f"{port}\n".encode())
     log_file = paths.log_file(NAME)
     paths.logs.mkdir(parents=True, exist_ok=True)
     redis_pid_file = run_dir / "redis-server.pid"  # redis writes this one itself
     cmd = redis_command(binary, port, run_dir, log_file, redis_pid_file)
+    log_offset = _size(log_file)
     log.info("starting redis-server on 127.0.0.1:%d", port)
     pid = spawn_detached(cmd, paths.logs / "redis.out", run_dir)
     url = f"redis://127.0.0.1:{port}/0"
@@ -103,7 +108,7 @@ def start(
         marker=f":{port}",  # redis rewrites its title to "redis-server 127.0.0.1:<port>"
         owner=owner,
         started_at=time.time(),
-        extra={"binary": binary, "stdout": str(paths.logs / "redis.out")},
+        extra={"binary": binary, "stdout": str(paths.logs / "redis.out"), "log_offset": log_offset},
     )
     state.save_state(paths, st)
     wait_ready(st, float(config.get("LEAP_DEV_READY_TIMEOUT_S")))
@@ -115,7 +120,8 @@ def wait_ready(st: ServiceState, timeout: float) -> None:
     while time.monotonic() < deadline:
         if not state.pid_alive(st.pid):
             raise RuntimeError(
-                f"redis-server exited during start-up; see {st.log}:\n{tail_file(Path(st.log))}\n"
+                f"redis-server exited during start-up; see {st.log}:\n"
+                f"{tail_file(Path(st.log), since=int(st.extra.get('log_offset', 0)))}\n"
                 f"{tail_file(Path(str(st.extra.get('stdout'))), 10)}"
             )
         if is_ready(st.address, timeout=0.5):

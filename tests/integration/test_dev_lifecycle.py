@@ -55,11 +55,13 @@ def home(tmp_path: Path) -> Path:
 
 
 def test_up_twice_status_down_twice(home: Path) -> None:
+    exports: list[dict[str, str]] = []
     for cycle in range(2):
         up = _cli(home, "up", "--env")
         assert up.returncode == 0, up.stderr
         env = state.parse_env(up.stdout)
         assert set(env) == {"LEAP_KAFKA_BOOTSTRAP", "LEAP_REDIS_URL"}, up.stdout
+        exports.append(env)
         assert state.parse_env((home / "dev.env").read_text()) == env
         first = _status(home)
         for name in ("kafka", "redis"):
@@ -84,4 +86,5 @@ def test_up_twice_status_down_twice(home: Path) -> None:
         assert not after["kafka"]["running"] and not after["redis"]["running"]
         for name in ("kafka", "redis"):
             assert not state.pid_alive(first[name]["pid"])
-    assert "Kafka Server started" in (home / "logs" / "kafka.log").read_text()
+    assert exports[1] == exports[0]  # same ports again: exports in a shell stay valid
+    assert (home / "logs" / "kafka.log").read_text().count("Kafka Server started") == 2

@@ -107,7 +107,7 @@ def test_auto_create_is_off_on_the_native_broker(kafka_bootstrap: str) -> None:
         or os.environ.get("LEAP_KAFKA_AUTO_CREATE_TOPICS")
     ):
         pytest.skip("broker not started by leap_stream.dev with default settings")
-    producer = Producer({**kafka_client_config(kafka_bootstrap), "message.timeout.ms": 3000})
+    producer = Producer({**kafka_client_config(kafka_bootstrap), "message.timeout.ms": 1000})
     errors: list[KafkaError] = []
     producer.produce(
         f"test.nonexistent.{time.time_ns()}", value=b"x", on_delivery=lambda e, _m: errors.append(e)

@@ -49,8 +49,10 @@ def test_log4j2_config_writes_to_the_log_file(tmp_path: Path) -> None:
 
 
 def test_java_command_uses_heap_and_config(tmp_path: Path) -> None:
-    cmd = kafka.java_command(tmp_path, tmp_path / "l.properties", "-Xms1m -Xmx2m", "Main", "a")
-    assert cmd[1:3] == ["-Xms1m", "-Xmx2m"]
+    cmd = kafka.java_command(
+        tmp_path, tmp_path / "l.properties", "-Xms1m -Xmx2m", "Main", "a", jvm_opts="-XX:+X -Dy=z"
+    )
+    assert cmd[1:5] == ["-Xms1m", "-Xmx2m", "-XX:+X", "-Dy=z"]
     assert f"-Dlog4j2.configurationFile={tmp_path / 'l.properties'}" in cmd
     assert cmd[-4:] == ["-cp", f"{tmp_path}/*", "Main", "a"]
 
@@ -98,3 +100,14 @@ def test_unreachable_configured_service_is_not_replaced(
     monkeypatch.setenv("LEAP_REDIS_URL", f"redis://127.0.0.1:{state.free_port()}/0")
     with pytest.raises(RuntimeError, match="does not answer"):
         ensure_services(kafka=False, redis=True, home=tmp_path)
+
+
+def test_tail_file_shows_only_this_start(tmp_path: Path) -> None:
+    log = tmp_path / "k.log"
+    log.write_text("old run\n")
+    offset = log.stat().st_size
+    with log.open("a") as fh:
+        fh.write("new 1\nnew 2\n")
+    assert kafka.tail_file(log, since=offset) == "new 1\nnew 2"
+    assert kafka.tail_file(log, lines=1) == "new 2"
+    assert kafka.tail_file(tmp_path / "missing.log") == "(no log yet)"
