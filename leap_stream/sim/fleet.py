@@ -171,6 +171,7 @@ class SimResult:
     truth: pd.DataFrame
     drift_events: list[DriftEvent] = field(default_factory=list)
     invalid_choices: int = 0
+    n_types: int = 1  # hardware types in the catalog the fleet ran with
 
     def summary(self) -> dict[str, Any]:
         subs = self.submissions
@@ -192,6 +193,7 @@ class SimResult:
             "lineages_multi_hw": _multi_hw(self.dataset),
             "candidates_mean": round(float(cand_len.mean()), 2) if n else 0.0,
             "candidates_max": int(cand_len.max()) if n else 0,
+            "eligible_share": round(float(cand_len.mean()) / self.n_types, 4) if n else 0.0,
             "status": self.completions["status"].value_counts().to_dict() if n else {},
             "device_hours": round(float(self.completions["device_hours"].sum()), 1) if n else 0,
             "invalid_choices": self.invalid_choices,
@@ -910,6 +912,7 @@ def combine(sim: FleetSimulator, days: list[DayResult]) -> SimResult:
         truth=cat("truth"),
         drift_events=list(sim.drift_events),
         invalid_choices=sum(d.invalid_choices for d in days),
+        n_types=len(sim.hw.types),
     )
 
 
