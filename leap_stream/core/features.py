@@ -93,8 +93,15 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "log_interconnect",
         "log_cost",
         "log_roofline",
+        "log_t_compute",
+        "log_t_memory",
+        "log_t_comm",
+        "log_phys_rate",
     ),
+    # Per (model_type × hardware) EWMA aggregates of the candidate.
+    "agg": ("agg_cand", "agg_cand_count"),
     # The lineage's own prior throughput (the published lesson: the feature that matters most).
+    # Not booster inputs: the predictor anchors on them (see predictor.py).
     "prior": (
         "self_log_pd",
         "self_log_dev_ratio",
@@ -107,10 +114,30 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "other_age_days",
         "hist_types",
         "est_transfer",
+        "agg_prior",
+        "agg_ratio",
     ),
-    # Per (model_type × hardware) EWMA aggregates.
-    "agg": ("agg_cand", "agg_cand_count", "agg_prior", "agg_ratio"),
 }
+BOOSTER_GROUPS = ("config", "specs", "agg")
+# Hardware-dependent booster inputs, and their copies for the lineage's prior hardware
+# ("o_" + name): the predictor evaluates the booster on both to move the prior across types.
+HW_COLUMNS = (
+    "hardware_type",
+    "vendor",
+    "log_peak_tflops",
+    "log_mem_bw",
+    "log_device_mem",
+    "log_interconnect",
+    "log_cost",
+    "log_roofline",
+    "log_t_compute",
+    "log_t_memory",
+    "log_t_comm",
+    "log_phys_rate",
+    "mem_ratio",
+    "agg_cand",
+    "agg_cand_count",
+)
 ALL_FEATURES: tuple[str, ...] = tuple(f for g in GROUPS.values() for f in g)
 
 # Bytes per parameter for weights + gradients + optimizer state (mixed precision keeps fp32 master
@@ -118,8 +145,11 @@ ALL_FEATURES: tuple[str, ...] = tuple(f for g in GROUPS.values() for f in g)
 _OPT_STATE_BYTES = {"adamw": 12.0, "adam": 12.0, "lamb": 12.0, "adafactor": 6.0, "lion": 8.0}
 _OPT_STATE_DEFAULT = 8.0  # sgd (momentum), adagrad
 _ELEM_BYTES = {"fp32": 4.0, "tf32": 4.0, "fp16": 2.0, "bf16": 2.0, "fp8": 1.0}
+# Share of the dense bf16 peak a precision can use (fp32 rarely hits tensor cores).
+_PREC_PEAK = {"fp32": 0.125, "tf32": 0.5, "fp16": 1.0, "bf16": 1.0, "fp8": 1.6}
 # Usable share of device memory (allocator, buffers, framework overhead).
 FIT_HEADROOM = 1.0
+VENDOR_PENALTY = 1.0  # in log-spec distance units when choosing the most similar prior type
 DAY_S = 86400.0
 
 
@@ -143,6 +173,25 @@ def memory_per_device_gib(jobs: pd.DataFrame) -> np.ndarray:
     ckpt = jobs["activation_checkpointing"].to_numpy(bool)
     per_layer = np.where(ckpt, 2.0, 16.0)  # elements per (token × hidden) kept per layer
     acts = mbs * seq * hidden * (layers / pp) * per_layer * elem / tp
+    return np.asarray((state + acts) / 2**30)
+
+
+def min_memory_per_device_gib(jobs: pd.DataFrame) -> np.ndarray:
+    """A lower bound: model state fully sharded over every device (ZeRO-3 / FSDP, row-sharded
+    embeddings) plus recomputed activations. A candidate is excluded only when even this does
+    not fit, because the submission does not say how the job shards its state."""
+    params = jobs["parameters"].to_numpy(np.float64)
+    elem = jobs["precision"].map(_ELEM_BYTES).fillna(2.0).to_numpy(np.float64)
+    opt = jobs["optimizer"].map(_OPT_STATE_BYTES).fillna(_OPT_STATE_DEFAULT).to_numpy(np.float64)
+    nd = jobs["num_devices"].to_numpy(np.float64)
+    state = params * (2.0 * elem + opt) / nd
+    seq = jobs["sequence_length"].to_numpy(np.float64)
+    hidden = jobs["hidden_size"].to_numpy(np.float64)
+    layers = jobs["layers"].to_numpy(np.float64)
+    mbs = jobs["micro_batch_size"].to_numpy(np.float64)
+    tp = jobs["tensor_parallel"].to_numpy(np.float64)
+    pp = jobs["pipeline_parallel"].to_numpy(np.float64)
+    acts = mbs * seq * hidden * (layers / pp) * 2.0 * elem / tp
     return np.asarray((state + acts) / 2**30)
 
 
@@ -239,7 +288,8 @@ def build(
     now: np.ndarray,
 ) -> pd.DataFrame:
     """One row per (job, candidate): columns `job` (row of `jobs`), `hardware_type`, `known`
-    (the candidate is in `specs`), `fits` (estimated memory fits the device) and `ALL_FEATURES`.
+    (the candidate is in `specs`), `fits` (a lower bound of memory fits the device),
+    `ALL_FEATURES`, `other_hw` inputs as ``"o_" + name`` for `HW_COLUMNS`.
 
     `histories[j]` / `aggregates[j]` are job j's lineage history and its model type's
     aggregates *as of its submission* (point in time); `now[j]` is that time in epoch seconds.
@@ -282,6 +332,27 @@ def build(
         * elem_j
     )
     now_j = np.asarray(now, np.float64)
+    # physics inputs per job (per sample, per device): see hw_columns
+    gbs_j = jobs["global_batch_size"].to_numpy(np.float64)
+    dp_j = jobs["data_parallel"].to_numpy(np.float64)
+    tp_j = jobs["tensor_parallel"].to_numpy(np.float64)
+    pp_j = jobs["pipeline_parallel"].to_numpy(np.float64)
+    mbs_j = jobs["micro_batch_size"].to_numpy(np.float64)
+    seq_j = jobs["sequence_length"].to_numpy(np.float64)
+    hid_j = jobs["hidden_size"].to_numpy(np.float64)
+    lay_j = jobs["layers"].to_numpy(np.float64)
+    act_j = jobs["active_parameters"].fillna(jobs["parameters"]).to_numpy(np.float64)
+    par_j = jobs["parameters"].to_numpy(np.float64)
+    prec_peak = jobs["precision"].map(_PREC_PEAK).fillna(1.0).to_numpy(np.float64)
+    traffic_j = 16.0 * seq_j * hid_j * lay_j * elem_j + 6.0 * act_j * elem_j / mbs_j
+    samples_per_dev_step = gbs_j / nd_j
+    grad_j = (
+        np.where(dp_j > 1, 2.0 * (dp_j - 1) / dp_j * par_j * 2.0 * elem_j / (tp_j * pp_j), 0.0)
+        / samples_per_dev_step
+    )
+    tp_bytes_j = np.where(
+        tp_j > 1, 16.0 * (lay_j / pp_j) * seq_j * hid_j * elem_j * (tp_j - 1) / tp_j**2, 0.0
+    )
 
     f: dict[str, object] = {"job": job, "hardware_type": hw_names, "known": known}
     for name, col in (
@@ -303,23 +374,34 @@ def build(
     f["log_flops_per_sample"] = _log(fps_j)[job]
     f["log_bytes_per_sample"] = _log(bps_j)[job]
     f["log_mem_per_device_gib"] = _log(mem_j)[job]
-    mem_ratio = mem_j[job] / mem_t[hw]
-    f["mem_ratio"] = mem_ratio
-    f["fits"] = ~(mem_ratio > FIT_HEADROOM)  # unknown specs: not excluded here (unknown_hardware)
+    # unknown specs: not excluded here (the ranker reports unknown_hardware)
+    f["fits"] = ~(min_memory_per_device_gib(jobs)[job] > mem_t[hw] * FIT_HEADROOM)
     for col in ("precision", "family", "framework", "optimizer"):
         f[col] = _categorical(jobs[col].to_numpy(object)[job], CATEGORIES[col])
     f["model_type"] = jobs["model_type"].to_numpy(object)[job]  # levels set by the model
 
-    # --- candidate specs
-    f["vendor"] = _categorical(vendor_t[hw], CATEGORIES["vendor"])
-    f["log_peak_tflops"] = log_flops_t[hw]
-    f["log_mem_bw"] = log_bw_t[hw]
-    f["log_device_mem"] = _log(mem_t)[hw]
-    f["log_interconnect"] = _log(ic_t)[hw]
-    f["log_cost"] = _log(cost_t)[hw]
-    # Per-device samples/s at 40 % of peak: a physics prior for jobs without any history.
-    roofline = _log(0.4 * flops_t[hw] * 1e12) - _log(fps_j)[job]
-    f["log_roofline"] = roofline
+    def hw_columns(codes: np.ndarray, prefix: str) -> None:
+        f[prefix + "vendor"] = _categorical(vendor_t[codes], CATEGORIES["vendor"])
+        f[prefix + "log_peak_tflops"] = log_flops_t[codes]
+        f[prefix + "log_mem_bw"] = log_bw_t[codes]
+        f[prefix + "log_device_mem"] = _log(mem_t)[codes]
+        f[prefix + "log_interconnect"] = _log(ic_t)[codes]
+        f[prefix + "log_cost"] = _log(cost_t)[codes]
+        # per-device samples/s at 40 % of peak: a physics prior
+        f[prefix + "log_roofline"] = _log(0.4 * flops_t[codes] * 1e12) - _log(fps_j)[job]
+        f[prefix + "mem_ratio"] = mem_j[job] / mem_t[codes]
+        # seconds per sample per device: compute, memory traffic, gradient and TP all-reduces
+        t_c = fps_j[job] / (flops_t[codes] * prec_peak[job] * 1e12 * 0.45)
+        t_m = traffic_j[job] / (bw_t[codes] * 1e9 * 0.7)
+        t_dp = grad_j[job] / (ic_t[codes] * 1e9)
+        t_tp = tp_bytes_j[job] / (ic_t[codes] * 1e9)
+        t = np.maximum(t_c, t_m) + 0.2 * np.minimum(t_c, t_m) + 0.5 * t_dp + t_tp
+        f[prefix + "log_t_compute"] = _log(t_c)
+        f[prefix + "log_t_memory"] = _log(t_m)
+        f[prefix + "log_t_comm"] = _log(t_dp + t_tp + 1e-12)
+        f[prefix + "log_phys_rate"] = -_log(t)
+
+    hw_columns(hw, "")
 
     # --- the lineage's own history
     row_key = job * k + hw
@@ -345,7 +427,12 @@ def build(
         pair_entry = order[h_start[job[pair_row]] + offs]
         ph = h_hw[pair_entry]
         rh = hw[pair_row]
-        dist = np.abs(log_flops_t[rh] - log_flops_t[ph]) + np.abs(log_bw_t[rh] - log_bw_t[ph])
+        # same vendor first (software stack and kernels carry over), then FLOP/s and bandwidth
+        dist = (
+            np.abs(log_flops_t[rh] - log_flops_t[ph])
+            + np.abs(log_bw_t[rh] - log_bw_t[ph])
+            + np.where(vendor_t[rh] == vendor_t[ph], 0.0, VENDOR_PENALTY)
+        )
         dist = np.where((ph == rh) | ~np.isfinite(dist), np.inf, dist)
         # ties: most recent measurement
         sel = np.lexsort((-h_at[pair_entry], dist, pair_row))
@@ -389,45 +476,18 @@ def build(
     )
     est = other_lpd + spec_ratio
     f["est_transfer"] = est
+    # the prior hardware's side of the booster inputs (NaN / unknown without a prior)
+    f["o_hardware_type"] = np.append(
+        np.asarray(types, dtype=object), np.asarray([None], dtype=object)
+    )[other_hw]
+    hw_columns(other_hw, "o_")
+    f["o_agg_cand"] = agg_prior
+    f["o_agg_cand_count"] = _lookup(job * k + other_hw, a_key, a_cnt)
 
     frame = pd.DataFrame(f)
     return frame
 
 
-def base_log(frame: pd.DataFrame, groups: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-    """The offset (log per-device samples/s) from the enabled feature groups only, and which
-    estimate it came from (`BASE_KINDS`): a feature for the booster and the interval bucket.
-
-    Ablating a group must also remove it from the offset, or it leaks back in.
-    """
-    n = len(frame)
-    nan = np.full(n, np.nan)
-    col = {c: frame[c].to_numpy(np.float64) for c in _BASE_INPUTS}
-    cands = [nan, nan, nan, nan]
-    if "prior" in groups:
-        cands[0] = col["self_log_pd"]
-        moved = col["other_log_pd"] + (col["agg_ratio"] if "agg" in groups else nan)
-        cands[1] = np.where(np.isfinite(moved), moved, col["est_transfer"])
-    if "agg" in groups:
-        cands[2] = col["agg_cand"]
-    if "specs" in groups and "config" in groups:
-        cands[3] = col["log_roofline"]
-    ok = [np.isfinite(c) for c in cands]
-    kind = np.select(ok, [0, 1, 2, 3], 4).astype(np.int64)
-    base = np.select(ok, cands, 0.0)
-    return np.asarray(base), kind
-
-
-BASE_KINDS = ("self", "other_type", "type_aggregate", "roofline", "none")
-_BASE_INPUTS = (
-    "self_log_pd",
-    "other_log_pd",
-    "agg_ratio",
-    "est_transfer",
-    "agg_cand",
-    "log_roofline",
-)
-
-
-def feature_names(groups: Sequence[str]) -> list[str]:
-    return [f for g in GROUPS if g in groups for f in GROUPS[g]]
+def booster_features(groups: Sequence[str]) -> list[str]:
+    """Booster inputs of the enabled groups (the prior group anchors, it is not an input)."""
+    return [f for g in BOOSTER_GROUPS if g in groups for f in GROUPS[g]]

@@ -1,13 +1,20 @@
-"""`ThroughputModel`: LightGBM on log per-device throughput, corrected from the best prior.
+"""`ThroughputModel`: the lineage's own prior, moved across hardware by a LightGBM model.
 
-Target: log(samples_per_s / num_devices) − `features.base_log` (the lineage's own prior on the
-candidate, else its prior elsewhere moved by the model type's aggregate ratio, else the
-aggregate, else a roofline). Boosting a residual from a strong offset keeps predictions smooth
-where the history is good, instead of piecewise-constant in a 10⁶-wide throughput range.
+The booster learns log per-device throughput, log(samples_per_s / num_devices), from the job's
+configuration, the hardware's specs and the model type's aggregates (`BOOSTER_GROUPS`) over
+every measured run. A prediction then anchors on the lineage's history, the published lesson:
 
-Intervals: split-conformal quantiles of the log residual per kind of offset (`BASE_KINDS`:
-self / other type / aggregate / roofline / none), computed on lineages held out of the booster fit, so the nominal 80 % is
-calibrated by construction (the backtest reports the realised coverage).
+* the lineage ran on the candidate before: its last per-device rate there (`self`);
+* it ran elsewhere: its rate on the most similar type B moved by the booster's own ratio,
+  prior_B + f(job, candidate) − f(job, B) (`transfer`); the per-lineage factor (input
+  pipeline, code quality) cancels in the ratio, which a model of absolute throughput cannot see;
+* no history: f(job, candidate) (`model`).
+
+f(job, B) and f(job, candidate) come from ONE booster call on the stacked rows.
+
+Intervals: split-conformal quantiles of the log residual per kind, on lineages held out of the
+booster fit; every held-out row also contributes a transfer residual when it has a prior on
+another type (the case the ranker meets most: candidates the lineage never ran on).
 
 Artefact: a directory with `model.txt` (LightGBM text format, never pickle) and
 `metadata.json` (version, trained_at, data window, features, categories, intervals, metrics).
@@ -32,7 +39,6 @@ from leap_stream.core import features as F
 
 INTERVAL_LEVEL = 0.8
 _QLO, _QHI = (1 - INTERVAL_LEVEL) / 2, 1 - (1 - INTERVAL_LEVEL) / 2
-N_BUCKETS = len(F.BASE_KINDS)
 MIN_BUCKET_ROWS = 30
 
 DEFAULT_PARAMS: dict[str, Any] = {
@@ -71,6 +77,21 @@ def holdout_mask(lineage_ids: np.ndarray | pd.Series, fraction: float, seed: int
     return np.asarray((h % 10_000) < int(fraction * 10_000))
 
 
+KINDS = ("self", "transfer", "model")
+KIND_SELF, KIND_TRANSFER, KIND_MODEL = 0, 1, 2
+N_KINDS = len(KINDS)
+
+
+def anchor_kind(frame: pd.DataFrame, groups: Sequence[str]) -> np.ndarray:
+    """Which estimate a row gets (see the module docstring); `prior` ablated → always model."""
+    kind = np.full(len(frame), KIND_MODEL, np.int64)
+    if "prior" not in groups:
+        return kind
+    kind[np.isfinite(frame["other_log_pd"].to_numpy(np.float64))] = KIND_TRANSFER
+    kind[np.isfinite(frame["self_log_pd"].to_numpy(np.float64))] = KIND_SELF
+    return kind
+
+
 class ThroughputModel:
     def __init__(self, booster: lgb.Booster, metadata: dict[str, Any]) -> None:
         self.booster = booster
@@ -78,9 +99,12 @@ class ThroughputModel:
         self.feature_names: list[str] = list(metadata["features"])
         self.groups: list[str] = list(metadata["groups"])
         self._levels: dict[str, list[str]] = {k: list(v) for k, v in metadata["categories"].items()}
+        pairs = metadata.get("pair_effects") or {}
+        self._pair_index = pd.Index(list(pairs.keys()))
+        self._pair_value = np.asarray(list(pairs.values()), np.float64)
         q = metadata["residual_quantiles"]
-        self._qlo = np.asarray([q[str(b)][0] for b in range(N_BUCKETS)], np.float64)
-        self._qhi = np.asarray([q[str(b)][1] for b in range(N_BUCKETS)], np.float64)
+        self._qlo = np.asarray([q[k][0] for k in KINDS], np.float64)
+        self._qhi = np.asarray([q[k][1] for k in KINDS], np.float64)
 
     @property
     def version(self) -> str:
@@ -104,16 +128,14 @@ class ThroughputModel:
     ) -> ThroughputModel:
         """Fit on (job × hardware it ran on) rows; `samples_per_s` is the measured whole-job rate."""
         groups = [g for g in F.GROUPS if g in groups]
-        names = F.feature_names(groups)  # + base_kind, added by _matrix
+        names = F.booster_features(groups)
         levels = {
             c: sorted({str(v) for v in frame[c].dropna().unique()})
             for c in F.OPEN_CATEGORIES
             if c in names
         }
-        base, kind = F.base_log(frame, groups)
-        X = _matrix(frame, names, levels, kind)
         y = np.log(np.asarray(samples_per_s, np.float64)) - frame["log_devices"].to_numpy()
-        target = y - base
+        offset = _offset(frame, groups)
         calib = holdout_mask(lineage_ids, calib_fraction, seed) if len(frame) >= 400 else None
         if calib is not None and (calib.all() or not calib.any()):
             calib = None
@@ -126,61 +148,118 @@ class ThroughputModel:
 
             callbacks.append(_cb)
         train_idx = ~calib if calib is not None else np.ones(len(frame), bool)
-        dtrain = lgb.Dataset(X[train_idx], target[train_idx], free_raw_data=True)
-        valid_sets = []
-        if calib is not None:
-            dvalid = lgb.Dataset(X[calib], target[calib], reference=dtrain)
-            valid_sets = [dvalid]
-            callbacks.append(lgb.early_stopping(EARLY_STOP, verbose=False))
-        booster = lgb.train(
-            p, dtrain, num_boost_round=num_rounds, valid_sets=valid_sets, callbacks=callbacks
-        )
-        cal = calib if calib is not None else train_idx
-        pred = booster.predict(X[cal], num_iteration=booster.best_iteration or None)
-        resid = target[cal] - pred
-        bucket = kind[cal]
-        quantiles = _bucket_quantiles(resid, bucket)
-        cal_ape = np.abs(np.expm1(-resid))  # |pred - y| / y in linear space
+        if names:
+            X = _matrix(frame, names, levels)
+            target = y - offset
+            dtrain = lgb.Dataset(X[train_idx], target[train_idx], free_raw_data=True)
+            valid_sets = []
+            if calib is not None:
+                valid_sets = [lgb.Dataset(X[calib], target[calib], reference=dtrain)]
+                callbacks.append(lgb.early_stopping(EARLY_STOP, verbose=False))
+            booster = lgb.train(
+                p, dtrain, num_boost_round=num_rounds, valid_sets=valid_sets, callbacks=callbacks
+            )
+            best = booster.best_iteration or booster.current_iteration()
+            booster = lgb.Booster(model_str=booster.model_to_string(num_iteration=best))
+        else:  # every booster group ablated: a constant (the mean), still a valid text model
+            X = pd.DataFrame({"const": np.zeros(len(frame))})
+            names = ["const"]
+            booster = lgb.train({**p, "min_data_in_leaf": 1}, lgb.Dataset(X, y), num_boost_round=1)
+            best = 1
         trained_at = datetime.now(UTC)
         digest = hashlib.sha256(booster.model_to_string().encode()).hexdigest()[:8]
         metadata: dict[str, Any] = {
-            "version": trained_at.strftime("%Y%m%dT%H%M%SZ") + "-" + digest,
+            "version": trained_at.strftime("%Y%m%dT%H%M%S%fZ") + "-" + digest,
             "trained_at": trained_at.isoformat().replace("+00:00", "Z"),
             "data_window": list(data_window) if data_window else None,
             "rows": len(frame),
             "features": names,
             "groups": groups,
             "categories": levels,
-            "target": "log(samples_per_s / num_devices) - base_log",
+            "target": "log(samples_per_s / num_devices) - log_phys_rate",
+            "anchors": list(KINDS),
             "interval_level": INTERVAL_LEVEL,
-            "residual_quantiles": quantiles,
-            "best_iteration": int(booster.best_iteration or booster.current_iteration()),
+            "residual_quantiles": {k: [-0.2, 0.2] for k in KINDS},
+            "best_iteration": int(best),
             "params": {k: v for k, v in p.items() if k != "num_threads"},
-            "metrics": {
-                "calib_rows": int(cal.sum()),
-                "calib_accuracy_10pct": float(np.mean(cal_ape <= 0.10)),
-                "calib_mape": float(np.mean(cal_ape)),
-            },
         }
-        if booster.best_iteration:
-            booster = lgb.Booster(
-                model_str=booster.model_to_string(num_iteration=booster.best_iteration)
+        # (model type × hardware) idiosyncrasy the trees cannot reach: the shrunk mean residual
+        # of the training rows, a table in the metadata (text) added to f at prediction time.
+        if "config" in groups and "specs" in groups:
+            tf = frame.loc[train_idx]
+            pred_tr = np.asarray(booster.predict(_matrix(tf, names, levels))) + offset[train_idx]
+            metadata["pair_effects"] = _pair_table(
+                tf["model_type"].to_numpy(object),
+                tf["hardware_type"].to_numpy(object),
+                y[train_idx] - pred_tr,
             )
+        model = cls(booster, metadata)
+        # conformal calibration on held-out lineages, every applicable anchor per row
+        cal = calib if calib is not None else train_idx
+        cf = frame.loc[cal]
+        yc = y[cal]
+        blind, moved = model._log_pd_parts(cf)
+        resid = {
+            "self": yc - cf["self_log_pd"].to_numpy(np.float64),
+            "transfer": yc - moved,
+            "model": yc - blind,
+        }
+        if "prior" not in groups:
+            resid["self"] = resid["transfer"] = resid["model"]
+        quantiles = _quantiles(resid)
+        kind = anchor_kind(cf, groups)
+        pred = np.choose(kind, [cf["self_log_pd"].to_numpy(np.float64), moved, blind])
+        ape = np.abs(np.expm1(pred - yc))
+        metadata["residual_quantiles"] = quantiles
+        metadata["metrics"] = {
+            "calib_rows": int(cal.sum()),
+            "calib_accuracy_10pct": float(np.mean(ape <= 0.10)),
+            "calib_mape": float(np.mean(ape)),
+            "calib_rows_by_kind": {k: int(np.isfinite(v).sum()) for k, v in resid.items()},
+        }
         return cls(booster, metadata)
 
     # --- serving
+    def _log_pd_parts(self, frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+        """(f(job, candidate), prior moved to the candidate) in log per-device samples/s."""
+        n = len(frame)
+        other = np.isfinite(frame["other_log_pd"].to_numpy(np.float64))
+        if "prior" not in self.groups:
+            other[:] = False
+        X = _matrix(frame, self.feature_names, self._levels)
+        if other.any():
+            Xo = _matrix(frame.loc[other], self.feature_names, self._levels, prefix="o_")
+            X = pd.concat([X, Xo], ignore_index=True)
+        out = np.asarray(self.booster.predict(X, num_threads=_threads(len(X))))  # the one call
+        out[:n] += _offset(frame, self.groups) + self._pair(frame, "")
+        if other.any():
+            fo = frame.loc[other]
+            out[n:] += _offset(fo, self.groups, prefix="o_") + self._pair(fo, "o_")
+        blind = out[:n]
+        moved = np.full(n, np.nan)
+        moved[other] = frame["other_log_pd"].to_numpy(np.float64)[other] + blind[other] - out[n:]
+        return blind, moved
+
+    def _pair(self, frame: pd.DataFrame, prefix: str) -> np.ndarray:
+        if len(self._pair_index) == 0:
+            return np.zeros(len(frame))
+        keys = _pair_keys(
+            frame["model_type"].to_numpy(object), frame[prefix + "hardware_type"].to_numpy(object)
+        )
+        pos = self._pair_index.get_indexer(keys)
+        return np.where(pos >= 0, self._pair_value[np.maximum(pos, 0)], 0.0)
+
     def predict(self, frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(p50, p10, p90) whole-job samples/s, one booster call for the whole frame."""
         if len(frame) == 0:
             e = np.empty(0)
             return e, e, e
-        base, kind = F.base_log(frame, self.groups)
-        X = _matrix(frame, self.feature_names, self._levels, kind)
-        resid = self.booster.predict(X, num_threads=_threads(len(frame)))
-        log_total = base + resid + frame["log_devices"].to_numpy(np.float64)
-        b = np.clip(kind, 0, N_BUCKETS - 1)
+        blind, moved = self._log_pd_parts(frame)
+        kind = anchor_kind(frame, self.groups)
+        log_pd = np.choose(kind, [frame["self_log_pd"].to_numpy(np.float64), moved, blind])
+        log_total = log_pd + frame["log_devices"].to_numpy(np.float64)
         p50 = np.exp(log_total)
-        return p50, np.exp(log_total + self._qlo[b]), np.exp(log_total + self._qhi[b])
+        return p50, np.exp(log_total + self._qlo[kind]), np.exp(log_total + self._qhi[kind])
 
     # --- artefact
     def save(self, directory: str | os.PathLike[str]) -> Path:
@@ -201,10 +280,14 @@ class ThroughputModel:
 
 
 def _matrix(
-    frame: pd.DataFrame, names: list[str], levels: dict[str, list[str]], kind: np.ndarray
+    frame: pd.DataFrame, names: list[str], levels: dict[str, list[str]], prefix: str = ""
 ) -> pd.DataFrame:
-    X = frame[names].copy()
-    X["base_kind"] = kind
+    """Booster input; with prefix "o_", the same job on its prior hardware."""
+    if names == ["const"]:
+        return pd.DataFrame({"const": np.zeros(len(frame))})
+    cols = [prefix + c if prefix and c in F.HW_COLUMNS else c for c in names]
+    X = frame[cols].copy()
+    X.columns = pd.Index(names)
     for c, lv in levels.items():
         if c in X:
             v = X[c].astype(object)
@@ -212,23 +295,44 @@ def _matrix(
     return X
 
 
-def _bucket_quantiles(resid: np.ndarray, bucket: np.ndarray) -> dict[str, list[float]]:
-    """Per-bucket (q10, q90) of the log residual y − ŷ; sparse buckets use the pooled value."""
-    finite = np.isfinite(resid)
-    pooled = (
-        [float(np.quantile(resid[finite], _QLO)), float(np.quantile(resid[finite], _QHI))]
-        if finite.any()
-        else [-0.5, 0.5]
-    )
+def _offset(frame: pd.DataFrame, groups: Sequence[str], prefix: str = "") -> np.ndarray:
+    """The physics rate (compute / memory / all-reduce times, `features.hw_columns`) the booster
+    corrects: trees then learn an efficiency in a narrow range, not a rate spanning ten orders
+    of magnitude, and the hardware ratio starts from physics where data is thin."""
+    if "specs" in groups and "config" in groups:
+        r = frame[prefix + "log_phys_rate"].to_numpy(np.float64)
+        return np.asarray(np.where(np.isfinite(r), r, 0.0))
+    return np.zeros(len(frame))
+
+
+PAIR_SHRINK = 3.0  # pseudo-rows at zero effect: a pair seen once moves a third of the way
+
+
+def _pair_keys(model_type: np.ndarray, hw: np.ndarray) -> pd.Index:
+    return pd.Index(pd.Series(model_type).astype(str) + "|" + pd.Series(hw).astype(str))
+
+
+def _pair_table(model_type: np.ndarray, hw: np.ndarray, resid: np.ndarray) -> dict[str, float]:
+    keys = _pair_keys(model_type, hw)
+    g = pd.Series(resid).groupby(keys.to_numpy()).agg(["sum", "count"])
+    eff = g["sum"] / (g["count"] + PAIR_SHRINK)
+    return {str(k): round(float(v), 6) for k, v in eff.items()}
+
+
+def _quantiles(resid: dict[str, np.ndarray]) -> dict[str, list[float]]:
+    """Per-kind (q10, q90) of the log residual y − ŷ, with the finite-sample conformal
+    correction; a kind with too few rows borrows the widest of the others."""
     out: dict[str, list[float]] = {}
-    for b in range(N_BUCKETS):
-        r = resid[finite & (bucket == b)]
-        if len(r) >= MIN_BUCKET_ROWS:
-            # finite-sample conformal correction: the ceil((n+1)q)/n empirical quantile
-            n = len(r)
+    for k, r in resid.items():
+        r = r[np.isfinite(r)]
+        n = len(r)
+        if n >= MIN_BUCKET_ROWS:
             lo = float(np.quantile(r, max(0.0, np.floor((n + 1) * _QLO) / n)))
             hi = float(np.quantile(r, min(1.0, np.ceil((n + 1) * _QHI) / n)))
-            out[str(b)] = [lo, hi]
-        else:
-            out[str(b)] = [min(pooled[0], -0.05), max(pooled[1], 0.05)]
+            out[k] = [lo, hi]
+    widest = (
+        [min(v[0] for v in out.values()), max(v[1] for v in out.values())] if out else [-0.5, 0.5]
+    )
+    for k in resid:
+        out.setdefault(k, widest)
     return out

@@ -99,3 +99,54 @@ def measured(dataset: pd.DataFrame) -> pd.DataFrame:
         dataset["status"].isin(["succeeded", "preempted"]).to_numpy() & np.isfinite(sps) & (sps > 0)
     )
     return dataset.loc[ok].reset_index(drop=True)
+
+
+class Replayer:
+    """Incremental `replay` for day-by-day backtests: completions may be added in any order
+    (a job submitted today can end in three days); queries must come in time order."""
+
+    def __init__(self) -> None:
+        self.book = HistoryBook()
+        self._pending: list[pd.DataFrame] = []
+        self._last_query = -np.inf
+
+    def add_completions(self, completions: pd.DataFrame) -> None:
+        cols = ["lineage_id", "model_type", "hardware_type", "status", "samples_per_s"]
+        part = completions[[*cols, "num_devices"]].copy()
+        part["ended_s"] = epoch_s(completions["ended_at"])
+        self._pending.append(part)
+
+    def snapshot(self, queries: pd.DataFrame) -> Snapshots:
+        """Histories as of each query's submitted_at (queries no earlier than the last ones)."""
+        q_now = epoch_s(queries["submitted_at"])
+        if len(q_now) and q_now.min() < self._last_query:
+            raise ValueError("queries must come in time order")
+        pending = pd.concat(self._pending, ignore_index=True) if self._pending else pd.DataFrame()
+        if len(pending):
+            pending = pending.sort_values("ended_s", kind="stable")
+        horizon = q_now.max() if len(q_now) else -np.inf
+        due = pending[pending["ended_s"] < horizon] if len(pending) else pending
+        rest = pending[pending["ended_s"] >= horizon] if len(pending) else pending
+        self._pending = [rest] if len(rest) else []
+        frame = (
+            due.assign(ended_at=pd.to_datetime(due["ended_s"], unit="s", utc=True))
+            if len(due)
+            else _EMPTY
+        )
+        snap = replay(frame, queries, self.book)
+        if len(q_now):
+            self._last_query = float(q_now.max())
+        return snap
+
+
+_EMPTY = pd.DataFrame(
+    {
+        "lineage_id": pd.Series([], dtype=object),
+        "model_type": pd.Series([], dtype=object),
+        "hardware_type": pd.Series([], dtype=object),
+        "status": pd.Series([], dtype=object),
+        "samples_per_s": pd.Series([], dtype=np.float64),
+        "num_devices": pd.Series([], dtype=np.int64),
+        "ended_at": pd.Series([], dtype="datetime64[ns, UTC]"),
+    }
+)

@@ -1,0 +1,445 @@
+"""`leap-stream backtest`: nightly retrains against the fleet simulator's ground truth.
+
+Warm up the fleet for some days, then for each night: retrain on every measurement that had
+arrived before it (the nightly job), and rank that day's submissions with the model, the lookup
+table and an oracle that knows the true throughput. The simulator gives the measured throughput
+on *every* candidate (`truth`), so accuracy covers the hardware a job did not run on, and a
+choice's cost is the device-hours the job's work needs at the measured rate there × price.
+
+Features are computed once per day with an incremental point-in-time replay (a row's features
+never change once its submission time has passed), so a night costs one training run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pandas as pd
+
+from leap_stream.core import features as F
+from leap_stream.core.lookup import LookupTable
+from leap_stream.core.predictor import ThroughputModel
+from leap_stream.core.ranker import SRC_NONE, Ranker
+from leap_stream.core.ranking import throughput_per_cost
+from leap_stream.train import pit
+from leap_stream.train.trainer import metrics
+
+PREDICTORS = ("model", "lookup", "oracle")
+
+
+@dataclass
+class _SpecCatalog:
+    specs: pd.DataFrame
+
+    def spec_matrix(self) -> pd.DataFrame:
+        return self.specs
+
+
+def _candidates(subs: pd.DataFrame) -> list[list[str]]:
+    return [c.split("|") if c else [] for c in subs["candidate_hardware"].tolist()]
+
+
+def _night_eval(
+    subs: pd.DataFrame,
+    truth: pd.DataFrame,
+    completions: pd.DataFrame,
+    snap: pit.Snapshots,
+    specs: pd.DataFrame,
+    model: ThroughputModel | None,
+    lookup: LookupTable | None,
+) -> tuple[dict[str, Any], pd.DataFrame]:
+    """Metrics of one night for model, lookup and oracle, and the scored rows (for plots)."""
+    cands = _candidates(subs)
+    cat = _SpecCatalog(specs)
+    frames: dict[str, pd.DataFrame] = {}
+    for name, (mdl, lk) in {"model": (model, lookup), "lookup": (None, lookup)}.items():
+        fr, _reason = Ranker(cat, mdl, lk).score_batch(
+            subs, cands, snap.histories, snap.aggregates, snap.now
+        )
+        frames[name] = fr
+    base = frames["model"]
+    key = pd.DataFrame(
+        {
+            "job_id": subs["job_id"].to_numpy(object)[base["job"].to_numpy()],
+            "attempt": subs["attempt"].to_numpy()[base["job"].to_numpy()],
+            "hardware_type": base["hardware_type"].to_numpy(object),
+        }
+    )
+    t = key.merge(
+        truth[
+            ["job_id", "attempt", "hardware_type", "true_samples_per_s", "measured_samples_per_s"]
+        ],
+        on=["job_id", "attempt", "hardware_type"],
+        how="left",
+    )
+    meas = t["measured_samples_per_s"].to_numpy(np.float64)
+    true = t["true_samples_per_s"].to_numpy(np.float64)
+    job = base["job"].to_numpy(np.int64)
+    hw = base["hardware_type"].to_numpy(object)
+    nd = subs["num_devices"].to_numpy(np.float64)[job]
+    cost = base["cost"].to_numpy(np.float64)
+    in_truth = np.isfinite(meas)
+    n_jobs = len(subs)
+
+    # the job's work: what its default-hardware run processed (samples), a weight per job
+    comp = completions.set_index(["job_id", "attempt"])
+    ck = pd.MultiIndex.from_arrays([subs["job_id"], subs["attempt"]])
+    c = comp.reindex(ck)
+    dur = (
+        (pd.to_datetime(c["ended_at"], utc=True) - pd.to_datetime(c["started_at"], utc=True))
+        .dt.total_seconds()
+        .to_numpy(np.float64)
+    )
+    default = subs["default_hardware"].to_numpy(object)
+    is_default = hw == default[job]
+    meas_default = np.full(n_jobs, np.nan)
+    meas_default[job[is_default & in_truth]] = meas[is_default & in_truth]
+    work = np.nan_to_num(dur * meas_default, nan=0.0)
+    dev_hours = np.nan_to_num(c["device_hours"].to_numpy(np.float64), nan=0.0)
+
+    # cost of running job j on row r's hardware (USD), at the measured rate there
+    row_cost = work[job] / meas * nd * cost / 3600.0
+    meas_tpc = throughput_per_cost(meas, cost, nd)
+    best_row = _argmax_per_job(job, np.where(in_truth, meas_tpc, -np.inf), n_jobs)
+    cost_default = np.full(n_jobs, np.nan)
+    cost_default[job[is_default & in_truth]] = row_cost[is_default & in_truth]
+    eligible = np.isfinite(cost_default) & (work > 0)
+
+    preds = {
+        "model": frames["model"]["pred"].to_numpy(np.float64),
+        "lookup": frames["lookup"]["pred"].to_numpy(np.float64),
+        "oracle": true,
+    }
+    sources = {
+        "model": frames["model"]["source"].to_numpy(np.int64),
+        "lookup": frames["lookup"]["source"].to_numpy(np.int64),
+        "oracle": np.where(in_truth, 0, SRC_NONE),
+    }
+    fits = base["fits"].to_numpy(bool)
+    out: dict[str, Any] = {}
+    for name in PREDICTORS:
+        p = preds[name]
+        usable = (sources[name] != SRC_NONE) & np.isfinite(p) & (p > 0)
+        if name != "oracle":
+            usable &= fits
+        lo = frames["model"]["low"].to_numpy() if name == "model" else None
+        hi = frames["model"]["high"].to_numpy() if name == "model" else None
+        m = metrics(
+            np.where(usable, p, np.nan)[in_truth],
+            meas[in_truth],
+            None if lo is None else lo[in_truth],
+            None if hi is None else hi[in_truth],
+        )
+        ran = in_truth & is_default  # the hardware the job actually ran on
+        m["accuracy_ran"] = metrics(np.where(usable, p, np.nan)[ran], meas[ran])["accuracy"]
+        score = np.where(usable & in_truth, throughput_per_cost(p, cost, nd), -np.inf)
+        top = _argmax_per_job(job, score, n_jobs)
+        covered = top >= 0
+        chosen_cost = np.where(covered, row_cost[np.maximum(top, 0)], cost_default)
+        best_cost = np.where(best_row >= 0, row_cost[np.maximum(best_row, 0)], np.nan)
+        e = eligible & np.isfinite(chosen_cost) & np.isfinite(best_cost)
+        m["top1"] = float(np.mean((top == best_row)[e])) if e.any() else float("nan")
+        m["regret"] = float(chosen_cost[e].sum() / best_cost[e].sum() - 1.0) if e.any() else 0.0
+        m["savings"] = float(1.0 - chosen_cost[e].sum() / cost_default[e].sum()) if e.any() else 0.0
+        has_cand = np.zeros(n_jobs, bool)
+        has_cand[job[base["known"].to_numpy(bool)]] = True
+        m["coverage"] = float(covered[has_cand].mean()) if has_cand.any() else 0.0
+        m["coverage_device_hours"] = (
+            float(dev_hours[covered & has_cand].sum() / dev_hours[has_cand].sum())
+            if dev_hours[has_cand].sum() > 0
+            else 0.0
+        )
+        out[name] = m
+    out["submissions"] = n_jobs
+    out["rows"] = int(in_truth.sum())
+    out["not_fit_excluded_in_truth"] = float(np.mean(~fits[in_truth])) if in_truth.any() else 0.0
+    scored = pd.DataFrame(
+        {
+            "measured": meas,
+            "model": preds["model"],
+            "lookup": preds["lookup"],
+            "oracle": true,
+        }
+    )[in_truth]
+    return out, scored
+
+
+def _argmax_per_job(job: np.ndarray, score: np.ndarray, n_jobs: int) -> np.ndarray:
+    """Row index of the best finite score per job, -1 when none (job sorted or not)."""
+    out = np.full(n_jobs, -1, np.int64)
+    ok = np.isfinite(score)
+    if not ok.any():
+        return out
+    rows = np.flatnonzero(ok)
+    order = rows[np.lexsort((-score[rows], job[rows]))]
+    first = np.ones(len(order), bool)
+    first[1:] = job[order][1:] != job[order][:-1]
+    out[job[order][first]] = order[first]
+    return out
+
+
+def run_backtest(
+    seed: int = 0,
+    nights: int = 30,
+    warmup_days: int = 14,
+    rate: int = 3000,
+    ablate: list[str] | None = None,
+    policy: str = "default",
+    progress: bool = True,
+) -> tuple[dict[str, Any], list[pd.DataFrame]]:
+    from tqdm import tqdm
+
+    from leap_stream.catalog import load_catalog
+    from leap_stream.sim.fleet import FleetSimulator, SimConfig
+
+    catalog = load_catalog()
+    specs = catalog.spec_matrix()
+    sim = FleetSimulator(SimConfig(seed=seed, days=warmup_days + nights, rate=rate), catalog)
+    rep = pit.Replayer()
+    train_parts: list[tuple[pd.DataFrame, pd.DataFrame, np.ndarray]] = []  # frame, rows, ended
+    datasets: list[pd.DataFrame] = []
+    variants = ["full"] + [f"-{g}" for g in (ablate or [])]
+    per_night: list[dict[str, Any]] = []
+    scored_all: list[pd.DataFrame] = []
+    t_start = time.perf_counter()
+    train_s = 0.0
+
+    def ingest(day: Any) -> pit.Snapshots:
+        """Histories for the day's submissions, then its rows become training material."""
+        snap = rep.snapshot(day.submissions)
+        ds = day.dataset
+        measured = pit.measured(ds.assign(_snap=np.arange(len(ds))))
+        idx = measured["_snap"].to_numpy()
+        frame = F.build(
+            measured,
+            [[h] for h in measured["hardware_type"].tolist()],
+            [snap.histories[i] for i in idx],
+            [snap.aggregates[i] for i in idx],
+            specs,
+            snap.now[idx],
+        )
+        ended = pit.epoch_s(measured["ended_at"])
+        train_parts.append((frame, measured, ended))
+        datasets.append(ds)
+        rep.add_completions(day.completions)
+        return snap
+
+    bar = tqdm(
+        total=warmup_days + nights,
+        desc="backtest",
+        unit="day",
+        file=sys.stderr,
+        disable=not progress,
+    )
+    for _ in range(warmup_days):
+        ingest(sim.step_day())
+        bar.update(1)
+    for _night in range(nights):
+        t_n = pd.Timestamp(sim.config.start, tz="UTC").timestamp() + 86400.0 * sim.day_index
+        frame = pd.concat([p[0] for p in train_parts], ignore_index=True)
+        rows = pd.concat([p[1] for p in train_parts], ignore_index=True)
+        ended = np.concatenate([p[2] for p in train_parts])
+        known = ended < t_n  # measurements that had arrived by the nightly run
+        all_ds = pd.concat(datasets, ignore_index=True)
+        lookup = LookupTable.fit(all_ds[(pit.epoch_s(all_ds["ended_at"]) < t_n)])
+        models: dict[str, ThroughputModel] = {}
+        t0 = time.perf_counter()
+        for v in variants:
+            groups = [g for g in F.GROUPS if v == "full" or g != v[1:]]
+            models[v] = ThroughputModel.fit(
+                frame.loc[known].reset_index(drop=True),
+                rows["samples_per_s"].to_numpy(np.float64)[known],
+                rows["lineage_id"].to_numpy(object)[known],
+                groups=groups,
+                seed=seed,
+            )
+        train_s += time.perf_counter() - t0
+        policy_fn = None
+        if policy == "ranked":
+            policy_fn = _ranked_policy(models["full"], lookup, specs, rep)
+        day = sim.step_day(policy_fn)
+        snap = ingest(day)
+        result, scored = _night_eval(
+            day.submissions, day.truth, day.completions, snap, specs, models["full"], lookup
+        )
+        result["date"] = str(day.day)
+        result["train_rows"] = int(known.sum())
+        for v in variants[1:]:
+            r, _ = _night_eval(
+                day.submissions, day.truth, day.completions, snap, specs, models[v], None
+            )
+            result[v] = {k: r["model"][k] for k in ("accuracy", "mape", "top1", "savings")}
+        per_night.append(result)
+        scored_all.append(scored.assign(night=len(per_night)))
+        bar.update(1)
+        bar.set_postfix(
+            acc=f"{result['model']['accuracy']:.3f}", top1=f"{result['model']['top1']:.3f}"
+        )
+    bar.close()
+    summary = _summarise(per_night, variants)
+    summary.update(
+        seed=seed,
+        nights=nights,
+        warmup_days=warmup_days,
+        rate_per_day=rate,
+        policy=policy,
+        train_s=round(train_s, 1),
+        wall_s=round(time.perf_counter() - t_start, 1),
+        per_night=per_night,
+    )
+    return summary, scored_all
+
+
+def _summarise(per_night: list[dict[str, Any]], variants: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    keys = (
+        "accuracy",
+        "accuracy_ran",
+        "mape",
+        "median_ape",
+        "top1",
+        "regret",
+        "savings",
+        "coverage",
+        "coverage_device_hours",
+    )
+    for name in PREDICTORS:
+        out[name] = {k: round(float(np.nanmean([n[name][k] for n in per_night])), 4) for k in keys}
+    out["model"]["interval_coverage_80"] = round(
+        float(np.nanmean([n["model"]["interval_coverage"] for n in per_night])), 4
+    )
+    ablation: dict[str, Any] = {}
+    for v in variants[1:]:
+        ablation[v[1:]] = {
+            k: round(float(np.nanmean([n[v][k] for n in per_night])) - out["model"][k], 4)
+            for k in ("accuracy", "mape", "top1", "savings")
+        }
+    if ablation:
+        out["ablation_delta"] = ablation  # variant minus full model, mean over nights
+    return out
+
+
+def _ranked_policy(
+    model: ThroughputModel, lookup: LookupTable, specs: pd.DataFrame, rep: pit.Replayer
+) -> Any:
+    """The ranker's top choice as the simulator policy, with start-of-day history."""
+
+    def policy(subs: pd.DataFrame) -> pd.Series:
+        book = rep.book
+        hist = [book.lineage(x) for x in subs["lineage_id"].tolist()]
+        aggs_by_type = {m: book.aggregates(m) for m in subs["model_type"].unique()}
+        aggs = [aggs_by_type[m] for m in subs["model_type"].tolist()]
+        now = pit.epoch_s(subs["submitted_at"])
+        fr, _ = Ranker(_SpecCatalog(specs), model, lookup).score_batch(
+            subs, _candidates(subs), hist, aggs, now
+        )
+        job = fr["job"].to_numpy(np.int64)
+        score = np.where(fr["source"].to_numpy() != SRC_NONE, fr["tpc"].to_numpy(), -np.inf)
+        top = _argmax_per_job(job, score, len(subs))
+        hw = fr["hardware_type"].to_numpy(object)
+        choice = np.where(top >= 0, hw[np.maximum(top, 0)], subs["default_hardware"].to_numpy())
+        return pd.Series(choice, index=subs.index)
+
+    return policy
+
+
+def plots(summary: dict[str, Any], scored: list[pd.DataFrame], out_dir: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    nights = summary["per_night"]
+    x = np.arange(1, len(nights) + 1)
+    paths = []
+    for metric, fname, ylabel in (
+        ("accuracy", "accuracy_per_night.png", "share within ±10 % of measured"),
+        ("savings", "savings_per_night.png", "cost saved vs default hardware"),
+    ):
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for name in PREDICTORS:
+            ax.plot(x, [n[name][metric] for n in nights], marker="o", ms=3, label=name)
+        ax.set_xlabel("night")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        p = out_dir / fname
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        paths.append(p)
+    allsc = pd.concat(scored, ignore_index=True) if scored else pd.DataFrame()
+    if len(allsc):
+        sample = allsc.sample(min(len(allsc), 20000), random_state=0)
+        fig, ax = plt.subplots(figsize=(6, 6))
+        for name in ("lookup", "model"):
+            ok = np.isfinite(sample[name]) & (sample[name] > 0)
+            ax.scatter(sample["measured"][ok], sample[name][ok], s=2, alpha=0.3, label=name)
+        lim = [max(1e-3, float(sample["measured"].min())), float(sample["measured"].max())]
+        ax.plot(lim, lim, "k--", lw=1)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("measured samples/s")
+        ax.set_ylabel("predicted samples/s")
+        ax.legend()
+        fig.tight_layout()
+        p = out_dir / "calibration.png"
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        paths.append(p)
+    return paths
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--nights", type=int, default=30)
+    parser.add_argument("--warmup-days", type=int, default=14)
+    parser.add_argument(
+        "--rate", type=int, default=3000, help="submissions per simulated day (subsampled)"
+    )
+    parser.add_argument("--ablate", default="", help="feature groups to drop, e.g. prior,specs")
+    parser.add_argument("--policy", choices=("default", "ranked"), default="default")
+    parser.add_argument("--plots", type=Path, help="folder for PNG plots")
+    parser.add_argument("--json", action="store_true", help="print the full per-night JSON")
+    parser.add_argument("--no-progress", action="store_true")
+
+
+def run(args: argparse.Namespace) -> int:
+    ablate = [g.strip() for g in args.ablate.split(",") if g.strip()]
+    unknown = [g for g in ablate if g not in F.GROUPS]
+    if unknown:
+        print(
+            f"backtest: unknown feature groups {unknown}; known: {list(F.GROUPS)}", file=sys.stderr
+        )
+        return 2
+    summary, scored = run_backtest(
+        seed=args.seed,
+        nights=args.nights,
+        warmup_days=args.warmup_days,
+        rate=args.rate,
+        ablate=ablate,
+        policy=args.policy,
+        progress=not args.no_progress,
+    )
+    if args.plots:
+        summary["plots"] = [str(p) for p in plots(summary, scored, args.plots)]
+    if not args.json:
+        summary = {k: v for k, v in summary.items() if k != "per_night"}
+    for name in PREDICTORS:
+        m = summary[name]
+        print(
+            f"{name:7s} accuracy {m['accuracy']:.3f} (ran-on {m['accuracy_ran']:.3f}) "
+            f"MAPE {m['mape']:.3f} top1 {m['top1']:.3f} regret {m['regret']:.3f} "
+            f"savings {m['savings']:.3f} coverage {m['coverage']:.3f}",
+            file=sys.stderr,
+        )
+    print(orjson.dumps(summary, option=orjson.OPT_SERIALIZE_NUMPY).decode())
+    return 0

@@ -1,0 +1,272 @@
+"""Nightly training: dataset → point-in-time rows → LightGBM → registry, behind a promotion gate.
+
+The gate compares the candidate recipe and the current model on the same held-out last nights
+(rows neither has trained on), and promotes only when the candidate is not worse. The published
+model is then refit on everything (the recipe was judged, the freshest nights matter most under
+drift). `leap-stream train` prints a tqdm bar on stderr and one JSON object as its last stdout line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pandas as pd
+
+from leap_stream.core import features as F
+from leap_stream.core.lookup import LookupTable
+from leap_stream.core.predictor import NUM_ROUNDS, ThroughputModel
+from leap_stream.train import pit
+
+# Candidate may be this much below the current model's ±10 % accuracy and still pass (noise).
+GATE_TOLERANCE = 0.005
+MIN_GATE_ROWS = 200
+LOOKUP_FILE = "lookup.json"
+
+
+@dataclass
+class TrainingRows:
+    """Measured dataset rows with their point-in-time features (candidate = where it ran)."""
+
+    rows: pd.DataFrame
+    frame: pd.DataFrame
+    y: np.ndarray  # measured whole-job samples/s
+
+
+def training_rows(dataset: pd.DataFrame, known_before: pd.Timestamp | None = None) -> TrainingRows:
+    """Rows whose measurement had arrived before `known_before` (all when None)."""
+    completions = dataset
+    if known_before is not None:
+        ended = pd.to_datetime(dataset["ended_at"], utc=True)
+        completions = dataset.loc[(ended < known_before).to_numpy()]
+    rows = pit.measured(completions)
+    snap = pit.replay(completions, rows)
+    frame = F.build(
+        rows,
+        [[h] for h in rows["hardware_type"].tolist()],
+        snap.histories,
+        snap.aggregates,
+        _specs_for(rows),
+        snap.now,
+    )
+    return TrainingRows(rows, frame, rows["samples_per_s"].to_numpy(np.float64))
+
+
+_SPECS: pd.DataFrame | None = None
+
+
+def catalog_specs() -> pd.DataFrame:
+    global _SPECS
+    if _SPECS is None:
+        from leap_stream.catalog import load_catalog
+
+        _SPECS = load_catalog().spec_matrix()
+    return _SPECS
+
+
+def _specs_for(_rows: pd.DataFrame) -> pd.DataFrame:
+    return catalog_specs()
+
+
+def fit(
+    tr: TrainingRows,
+    groups: Sequence[str] = tuple(F.GROUPS),
+    seed: int = 0,
+    num_rounds: int = NUM_ROUNDS,
+    progress: bool = False,
+) -> ThroughputModel:
+    window = (
+        (_iso(tr.rows["submitted_at"].min()), _iso(tr.rows["submitted_at"].max()))
+        if len(tr.rows)
+        else None
+    )
+    bar: Any = None
+    cb = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=num_rounds, desc="boosting", unit="tree", file=sys.stderr, leave=False)
+
+        def cb(i: int, _total: int) -> None:
+            bar.update(i - bar.n)
+
+    try:
+        return ThroughputModel.fit(
+            tr.frame,
+            tr.y,
+            tr.rows["lineage_id"].to_numpy(object),
+            groups=groups,
+            seed=seed,
+            num_rounds=num_rounds,
+            data_window=window,
+            progress=cb,
+        )
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def evaluate(model: ThroughputModel, frame: pd.DataFrame, y: np.ndarray) -> dict[str, float]:
+    """±10 % accuracy, MAPE, median APE and realised coverage of the nominal 80 % interval."""
+    p50, lo, hi = model.predict(frame)
+    return metrics(p50, y, lo, hi)
+
+
+def metrics(
+    pred: np.ndarray,
+    y: np.ndarray,
+    lo: np.ndarray | None = None,
+    hi: np.ndarray | None = None,
+) -> dict[str, float]:
+    y = np.asarray(y, np.float64)
+    pred = np.asarray(pred, np.float64)
+    have = np.isfinite(pred) & (pred > 0)
+    ape = np.abs(pred[have] / y[have] - 1.0)
+    out = {
+        "rows": float(len(y)),
+        "predicted": float(have.mean()) if len(y) else 0.0,
+        # a missing prediction counts as a miss: accuracy is over every row
+        "accuracy": float(np.sum(ape <= 0.10) / len(y)) if len(y) else float("nan"),
+        "mape": float(np.mean(ape)) if len(ape) else float("nan"),
+        "median_ape": float(np.median(ape)) if len(ape) else float("nan"),
+    }
+    if lo is not None and hi is not None:
+        inside = (y >= lo) & (y <= hi)
+        out["interval_coverage"] = float(np.mean(inside[have])) if have.any() else float("nan")
+    return out
+
+
+def gate(cand: dict[str, float], cur: dict[str, float] | None) -> tuple[bool, str]:
+    """Promote when the candidate is not worse than the current model on the same rows."""
+    if cur is None:
+        return True, "no current model"
+    if cand["accuracy"] + GATE_TOLERANCE < cur["accuracy"]:
+        return False, (
+            f"accuracy {cand['accuracy']:.4f} < current {cur['accuracy']:.4f} - {GATE_TOLERANCE}"
+        )
+    if cand["mape"] > cur["mape"] * 1.05:
+        return False, f"MAPE {cand['mape']:.4f} > 1.05 × current {cur['mape']:.4f}"
+    return True, (
+        f"accuracy {cand['accuracy']:.4f} vs current {cur['accuracy']:.4f}, "
+        f"MAPE {cand['mape']:.4f} vs {cur['mape']:.4f}"
+    )
+
+
+def _iso(ts: Any) -> str:
+    return str(pd.Timestamp(ts).isoformat()).replace("+00:00", "Z")
+
+
+def train_and_publish(
+    dataset: pd.DataFrame,
+    registry_root: Path,
+    holdout_days: float = 2.0,
+    seed: int = 0,
+    refit: bool = True,
+    progress: bool = True,
+    now: pd.Timestamp | None = None,
+) -> dict[str, Any]:
+    from leap_stream.store.registry import ModelLoadError, Registry
+
+    t0 = time.perf_counter()
+    registry = Registry(registry_root)
+    sub = pd.to_datetime(dataset["submitted_at"], utc=True)
+    now = now or pd.to_datetime(dataset["ended_at"], utc=True).max()
+    everything = training_rows(dataset)
+    report: dict[str, Any] = {"rows": len(everything.rows), "dataset_rows": len(dataset)}
+    if len(everything.rows) == 0:
+        report.update(promoted=False, reason="no measured rows")
+        return report
+    cutoff = now - pd.Timedelta(days=holdout_days)
+    current: ThroughputModel | None = None
+    try:
+        loaded = registry.load_current(ThroughputModel.load)
+        current = loaded[1] if loaded else None
+    except ModelLoadError as exc:
+        report["current_error"] = str(exc)
+    rows_sub = pd.to_datetime(everything.rows["submitted_at"], utc=True)
+    holdout = (rows_sub >= cutoff).to_numpy()
+    fresh = holdout.copy()
+    if current is not None and current.metadata.get("data_window"):
+        seen_until = pd.Timestamp(current.metadata["data_window"][1])
+        fresh &= (rows_sub > seen_until).to_numpy()
+    if fresh.sum() < MIN_GATE_ROWS:
+        fresh = holdout  # current may have seen some of them; said so in the report
+        report["gate_rows_seen_by_current"] = True
+    report["gate_rows"] = int(fresh.sum())
+    cand_metrics: dict[str, float] | None = None
+    cand_model: ThroughputModel | None = None
+    cur_metrics: dict[str, float] | None = None
+    if holdout_days > 0 and fresh.sum() >= MIN_GATE_ROWS:
+        # the candidate recipe only learns from measurements that had arrived by the cutoff
+        before = training_rows(dataset.loc[(sub < cutoff).to_numpy()], known_before=cutoff)
+        if len(before.rows) >= MIN_GATE_ROWS:
+            cand_model = fit(before, seed=seed, progress=progress)
+            hold_frame = everything.frame.loc[fresh].reset_index(drop=True)
+            hold_y = everything.y[fresh]
+            cand_metrics = evaluate(cand_model, hold_frame, hold_y)
+            if current is not None:
+                try:
+                    cur_metrics = evaluate(current, hold_frame, hold_y)
+                except Exception as exc:  # an incompatible old model: replace it
+                    report["current_error"] = f"{type(exc).__name__}: {exc}"
+    promote, why = gate(cand_metrics, cur_metrics) if cand_metrics else (True, "no gate rows")
+    if cand_metrics is None and current is not None:
+        promote, why = False, "not enough held-out rows to compare with the current model"
+    report.update(candidate=cand_metrics, current=cur_metrics)
+    model = cand_model if cand_model is not None and not refit else None
+    if model is None:
+        model = fit(everything, seed=seed, progress=progress)
+    model.metadata["gate"] = {"candidate": cand_metrics, "current": cur_metrics, "reason": why}
+    lookup = LookupTable.fit(dataset)
+    with tempfile.TemporaryDirectory() as tmp:
+        d = model.save(Path(tmp) / model.version)
+        lookup.save(d / LOOKUP_FILE)
+        version = registry.publish(d)
+    report["version"] = version
+    if promote:
+        registry.promote(version, reason=why, candidate=cand_metrics, current=cur_metrics)
+    report.update(promoted=promote, reason=why, train_s=round(time.perf_counter() - t0, 2))
+    report["calibration"] = model.metadata["metrics"]
+    return report
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dataset", type=Path, help="dataset dir (Parquet by day) or file")
+    parser.add_argument("--registry", type=Path, help="model registry dir")
+    parser.add_argument(
+        "--holdout-days", type=float, default=2.0, help="nights held out by the gate"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-refit", action="store_true", help="publish the gated model as is")
+    parser.add_argument("--no-progress", action="store_true")
+
+
+def run(args: argparse.Namespace) -> int:
+    from leap_stream.config import Config
+    from leap_stream.store.offline import read_dataset
+
+    cfg = Config.from_env()
+    dataset_dir = args.dataset or cfg.dataset_dir
+    registry_dir = args.registry or cfg.registry_dir
+    dataset = read_dataset(dataset_dir)
+    print(f"train: {len(dataset)} dataset rows from {dataset_dir}", file=sys.stderr)
+    report = train_and_publish(
+        dataset,
+        Path(registry_dir),
+        holdout_days=args.holdout_days,
+        seed=args.seed,
+        refit=not args.no_refit,
+        progress=not args.no_progress,
+    )
+    verdict = "promoted" if report.get("promoted") else "NOT promoted"
+    print(f"train: {report.get('version')} {verdict}: {report.get('reason')}", file=sys.stderr)
+    print(orjson.dumps(report, option=orjson.OPT_SERIALIZE_NUMPY).decode())
+    return 0
