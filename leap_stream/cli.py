@@ -23,6 +23,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "lag": ("leap_stream.stream.lag", "consumer lag of the worker's group per partition"),
     "rankings": ("leap_stream.stream.client", "read rankings (`rankings tail`)"),
     "store": ("leap_stream.store.cli", "Redis history rebuild, dataset compaction, models"),
+    "train": ("leap_stream.train.trainer", "nightly training with the promotion gate"),
+    "backtest": ("leap_stream.train.backtest", "nightly retrains against the simulator's truth"),
 }
 
 
