@@ -28,6 +28,7 @@ import faust
 import orjson
 
 from leap_stream import config
+from leap_stream.stream.acks import OrderedAcks
 from leap_stream.stream.batch import (
     CompletionBatchResult,
     CompletionProcessor,
@@ -233,12 +234,10 @@ def build_app(deps: WorkerDeps) -> faust.App:
             stats["submissions_in"] = stats.get("submissions_in", 0) + len(records)
             stats["rankings_out"] = stats.get("rankings_out", 0) + len(res.rankings)
 
-    async def resolve_waiting(stopping: bool) -> None:
-        """Retry the join of waiting completions; orphan them after the grace period.
+    gate = OrderedAcks(lambda e: e.message.tp, lambda e: e.message.offset, lambda e: e.ack())
 
-        At shutdown the ones still unknown are neither orphaned nor acked: Faust is told not
-        to wait for them, their offsets stay uncommitted and the next worker redoes them.
-        """
+    async def resolve_waiting() -> None:
+        """Retry the join of waiting completions; orphan them after the grace period."""
         if not pending.waiting:
             return
         mono = time.monotonic()
@@ -258,43 +257,42 @@ def build_app(deps: WorkerDeps) -> faust.App:
                 still.append(item)
                 continue
             pending.add([item[0]], [value] if kind == "row" and value is not None else [])
-        if stopping and still:
-            log.warning(
-                "%d completions still wait for their submission at shutdown; "
-                "left uncommitted, redone on restart",
-                len(still),
-            )
-            unacked = getattr(app.consumer, "_unacked_messages", None)
-            for ev, *_rest in still:
-                if unacked is not None:
-                    unacked.discard(ev.message)
-            still = []
         pending.waiting = still
 
-    async def flush_pending(force: bool = False) -> None:
-        async with pending.lock:
-            await resolve_waiting(stopping=force and app.should_stop)
-            if not pending.events:
-                return
+    async def flush_locked(force: bool) -> None:
+        """Dataset write when due, then ack (in offset order, through the gate). Holds the lock."""
+        await resolve_waiting()
+        if pending.events:
             age = time.monotonic() - (pending.since or time.monotonic())
-            if not (force or len(pending.rows) >= deps.flush_rows or age >= deps.flush_s):
-                return
-            rows = list(pending.rows.values())
-            if rows:
-                await until_done("dataset", comp_pool, deps.dataset_append, rows)
-                m.dataset_rows_written.inc(len(rows))
-            for e in pending.events:
-                e.ack()
-            pending.events, pending.rows, pending.since = [], {}, None
-            stats["dataset_rows"] = stats.get("dataset_rows", 0) + len(rows)
+            if force or len(pending.rows) >= deps.flush_rows or age >= deps.flush_s:
+                rows = list(pending.rows.values())
+                if rows:
+                    await until_done("dataset", comp_pool, deps.dataset_append, rows)
+                    m.dataset_rows_written.inc(len(rows))
+                gate.done(pending.events)
+                pending.events, pending.rows, pending.since = [], {}, None
+                stats["dataset_rows"] = stats.get("dataset_rows", 0) + len(rows)
+        if force and (app.should_stop or app.rebalancing):
+            # Shutdown or rebalance: what is still unacked (completions waiting for their
+            # submission and the events after them) is dropped without acking. Faust is told
+            # not to wait for it; its offsets stay uncommitted and it is redelivered.
+            left = gate.forget()
+            pending.waiting = []
+            if left:
+                log.warning("%d completion events left uncommitted; redelivered later", len(left))
+                unacked = getattr(app.consumer, "_unacked_messages", None)
+                if unacked is not None:
+                    for ev in left:
+                        unacked.discard(ev.message)
 
     async def flusher() -> None:
-        """Writes the dataset buffer on age, when idle, and when the app is stopping."""
+        """Writes the dataset buffer on age, when idle, and when the app stops or rebalances."""
         tick = max(0.05, min(0.5, deps.flush_s / 4))
         while True:
             await asyncio.sleep(tick)
             try:
-                await flush_pending(force=app.should_stop)
+                async with pending.lock:
+                    await flush_locked(force=app.should_stop or app.rebalancing)
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -311,23 +309,25 @@ def build_app(deps: WorkerDeps) -> faust.App:
                 t0 = time.perf_counter()
                 records = [record_of(e) for e in events]
                 now = datetime.now(UTC)
-                res: CompletionBatchResult = await until_done(
-                    "apply", comp_pool, process_completions, records, now
-                )
-                if res.dead_letters:
-                    await until_done("produce", comp_pool, send_all, [], res.dead_letters)
-                waiting = {i for i, _c in res.waiting}
-                mono = time.monotonic()
+                # one batch at a time with the flusher: a rebalance never sees half a batch
                 async with pending.lock:
+                    gate.track(events)
+                    res: CompletionBatchResult = await until_done(
+                        "apply", comp_pool, process_completions, records, now
+                    )
+                    if res.dead_letters:
+                        await until_done("produce", comp_pool, send_all, [], res.dead_letters)
+                    waiting = {i for i, _c in res.waiting}
+                    mono = time.monotonic()
                     pending.add([e for i, e in enumerate(events) if i not in waiting], res.rows)
                     pending.waiting.extend(
                         (events[i], records[i], comp, mono) for i, comp in res.waiting
                     )
-                await flush_pending()
+                    await flush_locked(force=False)
                 topic = cfg.topic_completions
                 m.events_in.labels(topic=topic, outcome="valid").inc(res.valid)
                 m.events_in.labels(topic=topic, outcome="invalid").inc(len(records) - res.valid)
-                count_dead(topic, [d for d in res.dead_letters])
+                count_dead(topic, res.dead_letters)
                 m.completions_duplicate.inc(res.duplicates)
                 m.batch_size.labels(agent="completions").observe(len(records))
                 m.batch_seconds.labels(agent="completions").observe(time.perf_counter() - t0)
@@ -357,7 +357,8 @@ def build_app(deps: WorkerDeps) -> faust.App:
 
     @app.on_before_shutdown.connect  # type: ignore[arg-type]
     async def _close(app_: Any, **_kw: Any) -> None:
-        await flush_pending(force=True)
+        async with pending.lock:
+            await flush_locked(force=True)
         await in_thread(aux_pool, deps.output.close)
 
     return app

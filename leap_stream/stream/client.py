@@ -32,6 +32,7 @@ class RankingsClient:
         *,
         from_beginning: bool = True,
         group: str | None = None,
+        keep_all: bool = False,
     ) -> None:
         from confluent_kafka import Consumer
 
@@ -51,6 +52,7 @@ class RankingsClient:
         self._latest: dict[RankingKey, dict[str, Any]] = {}
         self.received = 0  # rankings read, repeats included
         self.undecodable = 0
+        self.all: list[dict[str, Any]] | None = [] if keep_all else None  # every one, in order
 
     def poll(self, timeout: float = 1.0, max_messages: int = 1000) -> list[dict[str, Any]]:
         """Rankings that arrived now (repeats included); the latest view is updated too."""
@@ -69,6 +71,8 @@ class RankingsClient:
             self.received += 1
             self._latest[(str(ranking["job_id"]), int(ranking.get("attempt", 1)))] = ranking
             out.append(ranking)
+            if self.all is not None:
+                self.all.append(ranking)
         return out
 
     def drain(self, idle_s: float = 2.0, max_s: float = 120.0) -> int:

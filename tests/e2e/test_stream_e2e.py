@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from leap_stream.contracts import parse_ts
 from leap_stream.core.history import HistoryBook
 from leap_stream.sim.events import (
     completion_events,
@@ -213,6 +214,21 @@ def _dead_letters(bootstrap: str, topic: str, expect: int, timeout: float) -> di
     return seen
 
 
+def _promote_model(registry_dir: Path, dataset: pd.DataFrame) -> str:
+    """What the nightly trainer does, in small: fit, save with a lookup, publish, promote."""
+    from leap_stream.core.lookup import LookupTable
+    from leap_stream.store.registry import Registry
+    from leap_stream.train.trainer import fit, training_rows
+
+    model = fit(training_rows(dataset), num_rounds=60)
+    d = model.save(registry_dir.parent / "build")
+    LookupTable.fit(dataset).save(d / "lookup.json")
+    reg = Registry(registry_dir)
+    version = reg.publish(d)
+    reg.promote(version)
+    return version
+
+
 def _histogram_quantile(buckets: list[tuple[float, float]], q: float) -> float:
     """Upper bound of the bucket holding quantile q (cumulative counts)."""
     total = buckets[-1][1]
@@ -272,9 +288,10 @@ def test_worker_end_to_end(stack: Stack) -> None:
     # windows therefore rank with the history the earlier ones wrote
     n_windows = 3
     applied: list[dict[str, Any]] = []
-    rankings = RankingsClient(stack.bootstrap, t["rank"])
+    rankings = RankingsClient(stack.bootstrap, t["rank"], keep_all=True)
     lag = LagReader(stack.bootstrap, stack.group, [t["sub"], t["comp"]])
     sent_comp = 0
+    model_version = None
     t_start = time.monotonic()
     busy_s = 0.0
     for w in range(n_windows):
@@ -322,6 +339,17 @@ def test_worker_end_to_end(stack: Stack) -> None:
             every=0.1,
         )
         busy_s += time.monotonic() - t0
+        if w == 0:
+            # the nightly job promotes a model trained on yesterday: hot-reloaded, no restart
+            model_version = _promote_model(stack.tmp / "registry", past)
+            wait_for(
+                "the worker to serve the new model",
+                lambda v=model_version: any(
+                    lab.get("version") == v
+                    for lab, _x, _s in stack.metrics().get("leap_model_info", [])
+                ),
+                30,
+            )
     elapsed = time.monotonic() - t_start
     assert sent_comp == len(comps)
 
@@ -332,7 +360,11 @@ def test_worker_end_to_end(stack: Stack) -> None:
     sources = {}
     for r in latest.values():
         sources[r["source"]] = sources.get(r["source"], 0) + 1
-    assert sources.get("lookup", 0) > 0
+    assert sources.get("lookup", 0) > 0 and sources.get("model", 0) > 0
+    late = [latest[(s["job_id"], s["attempt"])] for s in subs[len(subs) // n_windows :]]
+    assert {r["model_version"] for r in late if r["source"] == "model"} == {model_version}
+    early = [latest[(s["job_id"], s["attempt"])] for s in subs[: len(subs) // n_windows]]
+    assert not any(r["source"] == "model" for r in early)
     history_used = sum(bool(r.get("history_used")) for r in latest.values())
     assert history_used > 0  # windows 2 and 3 saw what window 1 measured
 
@@ -440,6 +472,18 @@ def test_worker_end_to_end(stack: Stack) -> None:
         f"history_used {history_used}"
     )
     print(f"dead letters: {kinds}")
+    assert rankings.all is not None
+    for w in range(n_windows):
+        lo, hi = len(subs) * w // n_windows, len(subs) * (w + 1) // n_windows
+        mine = {(s["job_id"], s["attempt"]) for s in subs[lo:hi]}
+        stamps = sorted(
+            parse_ts(r["produced_at"]) for r in rankings.all if (r["job_id"], r["attempt"]) in mine
+        )
+        print(
+            f"window {w}: {len(mine)} submissions ranked in {stamps[-1] - stamps[0]:.2f}s of "
+            f"worker time ({len(mine) / max(stamps[-1] - stamps[0], 1e-3):.0f} rankings/s)"
+            + (" with LightGBM" if w else " with the lookup table")
+        )
     print(
         f"wall {elapsed:.1f}s incl. worker start; busy {busy_s:.1f}s -> {n_events / busy_s:.0f} events/s end to end"
     )
@@ -465,7 +509,7 @@ def test_worker_restart_loses_nothing(stack: Stack, sig: int) -> None:
     for s in subs:
         feeder.send(t["sub"], s["job_id"], orjson.dumps(s))
     feeder.flush()
-    rankings = RankingsClient(stack.bootstrap, t["rank"])
+    rankings = RankingsClient(stack.bootstrap, t["rank"], keep_all=True)
     lag = LagReader(stack.bootstrap, stack.group, [t["sub"], t["comp"]])
 
     stack.start("worker-1")
@@ -487,8 +531,10 @@ def test_worker_restart_loses_nothing(stack: Stack, sig: int) -> None:
     assert total_lag(lag.read()) > 0  # stopped with work left
     done_before = sum(r.committed or 0 for r in lag.read())
 
+    rankings.drain(idle_s=1.0, max_s=20)
     stack.start("worker-2")
     t_restart = time.monotonic()
+    restart_epoch = time.time()
 
     before = rankings.received
     t_first: float | None = None
@@ -536,6 +582,13 @@ def test_worker_restart_loses_nothing(stack: Stack, sig: int) -> None:
     assert hist == [book.lineage(x) for x in book.lineage_ids]
     assert aggs == {m: book.aggregates(m) for m in book.model_types}
 
+    assert rankings.all is not None
+    run2 = sorted(
+        parse_ts(r["produced_at"])
+        for r in rankings.all
+        if parse_ts(r["produced_at"]) > restart_epoch
+    )
+    run2_rate = len(run2) / max(run2[-1] - run2[0], 1e-3) if len(run2) > 1 else 0.0
     total_events = len(subs) + len(comps)
     redone = total_events - done_before
     print(
@@ -544,6 +597,7 @@ def test_worker_restart_loses_nothing(stack: Stack, sig: int) -> None:
         f"worker in {t_caught_up - t_restart:.1f}s incl. start-up "
         f"({redone / (t_caught_up - t_restart):.0f} events/s; "
         f"{redone / (t_caught_up - t_first):.0f} events/s from its first ranking); "
-        f"{repeats} repeated rankings"
+        f"{repeats} repeated rankings; backlog: {len(run2)} rankings at {run2_rate:.0f}/s "
+        "(LightGBM-free lookup ranker, completions in parallel)"
     )
     rankings.close()

@@ -162,3 +162,24 @@ def test_summary_line_names_best_candidate() -> None:
     assert r["job_id"] in line and f"source={r['source']}" in line
     if r["candidates"]:
         assert f"best={r['candidates'][0]['hardware_type']}" in line
+
+
+def test_ordered_acks_release_only_contiguous_prefixes() -> None:
+    from leap_stream.stream.acks import OrderedAcks
+
+    acked: list[tuple[int, int]] = []
+    gate = OrderedAcks(lambda e: e[0], lambda e: e[1], acked.append)
+    evs = [(0, o) for o in range(5)] + [(1, o) for o in (7, 8)]
+    gate.track(evs)
+    assert gate.done([(0, 1), (0, 2), (1, 8)]) == 0  # (0,0) and (1,7) still open
+    assert acked == []
+    assert gate.done([(0, 0)]) == 3
+    assert acked == [(0, 0), (0, 1), (0, 2)]
+    assert gate.done([(0, 4)]) == 0  # (0,3) waits, e.g. for its submission
+    assert gate.done([(1, 7)]) == 2
+    assert acked[-2:] == [(1, 7), (1, 8)]
+    assert gate.pending() == [(0, 3), (0, 4)]
+    assert gate.forget() == [(0, 3), (0, 4)]
+    assert gate.pending() == []
+    gate.done([(2, 0)])  # untracked: acked at once
+    assert acked[-1] == (2, 0)

@@ -1,0 +1,74 @@
+"""Acks in offset order per partition, whatever order the work finishes in.
+
+Faust commits "the highest contiguous acked offset", but its gap check has holes (a single
+unacked offset right at the committed position, or anything while the committed offset is
+0, is stepped over), so an event that is still waiting (a completion waiting for its
+submission, a row waiting for the dataset write) could be committed past and lost on a
+crash. The gate hands Faust only a contiguous prefix: an event is acked when it and every
+earlier tracked event of its partition are done.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterable
+from typing import Any
+
+
+class OrderedAcks:
+    def __init__(
+        self,
+        partition_of: Callable[[Any], Hashable],
+        offset_of: Callable[[Any], int],
+        ack: Callable[[Any], object],
+    ) -> None:
+        self._partition_of = partition_of
+        self._offset_of = offset_of
+        self._ack = ack
+        # partition -> offset -> [event, done]
+        self._open: dict[Hashable, OrderedDict[int, list[Any]]] = {}
+
+    def track(self, events: Iterable[Any]) -> None:
+        """Register events as they are received (offset order within a partition)."""
+        for ev in events:
+            q = self._open.setdefault(self._partition_of(ev), OrderedDict())
+            q.setdefault(self._offset_of(ev), [ev, False])
+
+    def done(self, events: Iterable[Any]) -> int:
+        """Mark events done; ack every newly contiguous prefix. Returns how many were acked."""
+        touched = set()
+        for ev in events:
+            p = self._partition_of(ev)
+            q = self._open.get(p)
+            entry = q.get(self._offset_of(ev)) if q is not None else None
+            if entry is None:  # never tracked: nothing can be waiting before it
+                self._ack(ev)
+                continue
+            entry[1] = True
+            touched.add(p)
+        acked = 0
+        for p in touched:
+            q = self._open[p]
+            while q:
+                offset, (ev, finished) = next(iter(q.items()))
+                if not finished:
+                    break
+                del q[offset]
+                self._ack(ev)
+                acked += 1
+            if not q:
+                del self._open[p]
+        return acked
+
+    def pending(self) -> list[Any]:
+        """Tracked events not acked yet (done or not), oldest first per partition."""
+        return [entry[0] for q in self._open.values() for entry in q.values()]
+
+    def forget(self) -> list[Any]:
+        """Drop everything unacked (shutdown, rebalance): Faust redelivers from the commit."""
+        left = self.pending()
+        self._open.clear()
+        return left
+
+
+__all__ = ["OrderedAcks"]
