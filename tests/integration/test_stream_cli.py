@@ -1,0 +1,75 @@
+"""The on-call commands against a real broker: `rankings tail`, `lag`, and `worker` refusing to
+start without its topics."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import Any
+
+import orjson
+import pytest
+
+pytestmark = pytest.mark.services
+
+
+def _cli(
+    args: list[str], env: dict[str, str], timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "leap_stream", *args],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_rankings_tail_and_lag(kafka_bootstrap: str, topic_factory: Any) -> None:
+    from confluent_kafka import Producer
+
+    topic = topic_factory("rank", partitions=2)
+    p = Producer({"bootstrap.servers": kafka_bootstrap})
+    for i in range(5):
+        r = {
+            "job_id": f"j{i}",
+            "attempt": 1,
+            "source": "lookup",
+            "reason": "no_model",
+            "candidates": [{"hardware_type": "h100-80g"}],
+            "produced_at": "2026-12-02T00:00:00Z",
+        }
+        p.produce(topic, key=r["job_id"].encode(), value=orjson.dumps(r))
+    p.produce(topic, value=b"garbage")
+    assert p.flush(30) == 0
+    env = {"LEAP_KAFKA_BOOTSTRAP": kafka_bootstrap}
+
+    out = _cli(
+        ["rankings", "tail", "--from-beginning", "--json", "--idle-exit", "3", "--topic", topic],
+        env,
+    )
+    assert out.returncode == 0, out.stderr
+    got = [orjson.loads(line) for line in out.stdout.splitlines()]
+    assert sorted(r["job_id"] for r in got) == [f"j{i}" for i in range(5)]
+    out = _cli(["rankings", "tail", "--from-beginning", "--idle-exit", "3", "--topic", topic], env)
+    assert out.returncode == 0 and "best=h100-80g" in out.stdout
+
+    out = _cli(["lag", "--group", "nobody-reads-this", "--topic", topic, "--json"], env)
+    assert out.returncode == 0, out.stderr
+    doc = orjson.loads(out.stdout)
+    assert doc["total"] == 6 and len(doc["partitions"]) == 2
+    out = _cli(["lag", "--group", "nobody-reads-this", "--topic", topic], env)
+    assert out.returncode == 0 and "total lag 6" in out.stdout
+
+
+def test_worker_refuses_to_start_without_its_topics(kafka_bootstrap: str, redis_url: str) -> None:
+    env = {
+        "LEAP_KAFKA_BOOTSTRAP": kafka_bootstrap,
+        "LEAP_REDIS_URL": redis_url,
+        "LEAP_TOPIC_SUBMISSIONS": f"absent.{os.urandom(4).hex()}",
+        "LEAP_METRICS_PORT": "0",
+    }
+    out = _cli(["worker"], env)
+    assert out.returncode == 2
+    assert "leap-stream topics create" in out.stderr and env["LEAP_TOPIC_SUBMISSIONS"] in out.stderr
