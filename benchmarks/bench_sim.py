@@ -2,8 +2,9 @@
 
 Prints figures, asserts nothing. "events" = submissions + completions. Three stages:
   frames  — simulate(): submissions, completions, dataset and truth DataFrames
-  dicts   — frames + schema-shaped event dicts (what --to-kafka serialises)
-  written — frames + write_jsonl(): both JSONL files (orjson) and the two Parquet files
+  dicts   — frames + schema-shaped event dicts (submission_events / completion_events)
+  lines   — frames + the events as JSON bytes (what --to-kafka produces and the files hold)
+  written — frames + write_jsonl(): both JSONL files and the two Parquet files
 CPU time (process_time) is reported next to wall time because the machine is shared.
 
     .venv/bin/python benchmarks/bench_sim.py --days 2 --rate 30000
@@ -19,7 +20,13 @@ from typing import Any
 
 import orjson
 
-from leap_stream.sim.events import completion_events, submission_events, write_jsonl
+from leap_stream.sim.events import (
+    completion_events,
+    completion_lines,
+    submission_events,
+    submission_lines,
+    write_jsonl,
+)
 from leap_stream.sim.fleet import SimConfig, SimResult, simulate
 
 
@@ -48,11 +55,15 @@ def main() -> None:
         _, w_ev, c_ev = _timed(
             lambda r=r: (submission_events(r.submissions), completion_events(r.completions))
         )
+        _, w_ln, c_ln = _timed(
+            lambda r=r: (submission_lines(r.submissions), completion_lines(r.completions))
+        )
         with tempfile.TemporaryDirectory() as tmp:
             _, w_wr, c_wr = _timed(lambda r=r, tmp=tmp: write_jsonl(r, tmp))
         for key, w, c in (
             ("frames", w_sim, c_sim),
             ("dicts", w_sim + w_ev, c_sim + c_ev),
+            ("lines", w_sim + w_ln, c_sim + c_ln),
             ("written", w_sim + w_wr, c_sim + c_wr),
         ):
             prev = best.get(key)

@@ -12,7 +12,14 @@ import pytest
 
 from leap_stream.catalog import load_catalog
 from leap_stream.contracts.schemas import validator
-from leap_stream.sim.events import completion_events, submission_events, write_jsonl
+from leap_stream.sim.events import (
+    completion_events,
+    completion_lines,
+    submission_events,
+    submission_lines,
+    timeline,
+    write_jsonl,
+)
 from leap_stream.sim.fleet import (
     DriftEvent,
     FleetSimulator,
@@ -64,6 +71,31 @@ def test_every_event_is_schema_valid(small: SimResult) -> None:
     # measured completions carry throughput, unmeasured ones do not
     measured = small.completions["samples_per_s"].notna().to_numpy()
     assert [("throughput" in e) for e in comps] == measured.tolist()
+
+
+def test_fast_lines_are_the_orjson_bytes_of_the_events(small: SimResult) -> None:
+    import orjson
+
+    assert submission_lines(small.submissions) == [
+        orjson.dumps(e) for e in submission_events(small.submissions)
+    ]
+    assert completion_lines(small.completions) == [
+        orjson.dumps(e) for e in completion_events(small.completions)
+    ]
+    # the Kafka timeline: time-ordered, each completion after its own submission
+    seen: set[str] = set()
+    last = ""
+    for kind, key, value in timeline(small):
+        ev = orjson.loads(value)
+        assert ev["job_id"] == key
+        ts = ev["submitted_at"] if kind == "submission" else ev["ended_at"]
+        assert ts >= last
+        last = ts
+        ident = f"{key}/{ev['attempt']}"
+        if kind == "submission":
+            seen.add(ident)
+        else:
+            assert ident in seen
 
 
 def test_frames_follow_the_dataset_contract(small: SimResult) -> None:
