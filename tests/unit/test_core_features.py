@@ -51,6 +51,7 @@ def test_self_prior_is_per_device_and_other_is_most_similar_type() -> None:
     assert math.isclose(h100["self_age_days"], 2.0)
     assert h100["hist_types"] == 3
     # for h100 the most similar *other* type by FLOP/s + bandwidth is mi300x, not l4
+    # (the only other nvidia part, l4, is farther than the vendor penalty)
     assert math.isclose(h100["other_log_pd"], math.log(900.0 / 8))
     specs = S.SPECS
     flops_ratio = math.log(
@@ -73,20 +74,31 @@ def test_aggregate_ratio_between_candidate_and_prior_hardware() -> None:
     row = fr.iloc[0]
     assert math.isclose(row["agg_ratio"], math.log(6.0))
     assert row["agg_cand_count"] == 7
-    base, kind = F.base_log(fr, list(F.GROUPS))
-    assert kind[0] == 1  # moved from the other type
-    assert math.isclose(base[0], math.log(10.0) + math.log(6.0))
-    # without the prior group the offset may not use the lineage's history
-    base2, kind2 = F.base_log(fr, ["config", "specs", "agg"])
-    assert kind2[0] == 2 and math.isclose(base2[0], math.log(60.0))
-    _, kind3 = F.base_log(fr, ["config", "specs"])
-    assert kind3[0] == 3
+    # the prior hardware's copies of the booster inputs
+    assert row["o_hardware_type"] == "l4"
+    assert math.isclose(row["o_agg_cand"], math.log(10.0)) and row["o_agg_cand_count"] == 5
+    assert math.isclose(row["o_log_peak_tflops"], math.log(S.SPECS.loc["l4", "peak_bf16_tflops"]))
+    # physics: faster hardware, faster rate
+    assert row["log_phys_rate"] > row["o_log_phys_rate"]
+
+
+def test_same_vendor_prior_is_preferred() -> None:
+    jobs = _jobs(1)
+    hist = {
+        "mi300x": Measurement(900.0, 8, NOW - 3600, 2),  # amd, spec-closer to h100
+        "a100-80g": Measurement(500.0, 8, NOW - 3600, 2),  # nvidia
+    }
+    fr = F.build(jobs, [["h100-sxm"]], [hist], [None], S.SPECS, np.asarray([NOW]))
+    assert fr.iloc[0]["o_hardware_type"] == "a100-80g"
 
 
 def test_memory_fit_check_excludes_small_devices() -> None:
-    jobs = _jobs(1, parameters=7e10, active_parameters=7e10, tensor_parallel=1, pipeline_parallel=1)
+    jobs = _jobs(1, parameters=7e10, active_parameters=7e10, num_devices=1)
     fr = F.build(jobs, [["l4", "mi300x"]], [None], [None], S.SPECS, np.asarray([NOW]))
     assert fr["fits"].tolist() == [False, False]  # 70B params × 16 B/param on one device
+    jobs = _jobs(1, parameters=7e10, active_parameters=7e10, num_devices=32)
+    fr = F.build(jobs, [["l4", "mi300x"]], [None], [None], S.SPECS, np.asarray([NOW]))
+    assert fr["fits"].tolist() == [False, True]  # fully sharded over 32: 35 GB each
     jobs = _jobs(1, parameters=1e8, active_parameters=1e8)
     fr = F.build(jobs, [["l4", "mi300x"]], [None], [None], S.SPECS, np.asarray([NOW]))
     assert fr["fits"].tolist() == [True, True]

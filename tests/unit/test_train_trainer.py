@@ -1,0 +1,71 @@
+"""Trainer: point-in-time rows, promotion gate, registry round trip, CLI last line JSON."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pandas as pd
+import pytest
+
+from leap_stream.core.lookup import LookupTable
+from leap_stream.core.predictor import ThroughputModel
+from leap_stream.store.registry import Registry
+from leap_stream.train import synthetic as S
+from leap_stream.train import trainer
+
+
+def _dataset(n: int = 3000, seed: int = 4) -> pd.DataFrame:
+    # synthetic hardware names exist in the real catalog, so the trainer's catalog specs apply
+    return S.dataset(n, seed=seed, days=10).drop(columns=["true_samples_per_s", "lineage_factor"])
+
+
+def test_gate_rules() -> None:
+    ok, why = trainer.gate({"accuracy": 0.8, "mape": 0.1}, None)
+    assert ok and "no current" in why
+    ok, why = trainer.gate({"accuracy": 0.70, "mape": 0.1}, {"accuracy": 0.80, "mape": 0.1})
+    assert not ok and "accuracy" in why
+    ok, _ = trainer.gate({"accuracy": 0.798, "mape": 0.1}, {"accuracy": 0.80, "mape": 0.1})
+    assert ok  # within tolerance
+    ok, why = trainer.gate({"accuracy": 0.80, "mape": 0.2}, {"accuracy": 0.80, "mape": 0.1})
+    assert not ok and "MAPE" in why
+
+
+def test_training_rows_respect_known_before() -> None:
+    d = _dataset()
+    cut = pd.Timestamp("2026-11-06", tz="UTC")
+    tr = trainer.training_rows(d, known_before=cut)
+    assert (pd.to_datetime(tr.rows["ended_at"], utc=True) < cut).all()
+    assert len(tr.rows) == len(tr.frame) == len(tr.y)
+
+
+def test_train_publish_promote_then_gate(tmp_path: Path) -> None:
+    d = _dataset()
+    reg = tmp_path / "registry"
+    first = trainer.train_and_publish(d, reg, holdout_days=2, progress=False)
+    assert first["promoted"] is True
+    r = Registry(reg)
+    assert r.current_version() == first["version"]
+    loaded = r.load_current(ThroughputModel.load)
+    assert loaded is not None and loaded[1].version == first["version"]
+    assert LookupTable.load(r.versions / first["version"] / trainer.LOOKUP_FILE).tables
+    # the same data again: the candidate is compared with the current on the same rows
+    second = trainer.train_and_publish(d, reg, holdout_days=2, progress=False)
+    assert second["current"] is not None and second["candidate"] is not None
+    assert second["version"] != first["version"]
+    assert isinstance(second["promoted"], bool) and second["reason"]
+
+
+def test_cli_last_line_is_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    d = _dataset(1500, seed=9)
+    path = tmp_path / "dataset.parquet"
+    d.to_parquet(path)
+    from leap_stream.cli import main
+
+    rc = main(
+        ["train", "--dataset", str(path), "--registry", str(tmp_path / "reg"), "--no-progress"]
+    )
+    assert rc == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    report = orjson.loads(last)
+    assert report["promoted"] is True and report["rows"] > 0
