@@ -313,3 +313,24 @@ def test_summary_fields(small: SimResult) -> None:
     assert s["vendors"] == 5
     assert s["submissions_with_prior"] == int(small.submissions["has_prior"].sum())
     assert abs(s["submissions"] - SMALL.rate * SMALL.days) < 0.02 * SMALL.rate * SMALL.days
+
+
+def test_dataset_rows_equal_what_the_offline_store_builds_from_the_events(
+    small: SimResult,
+) -> None:
+    """The trainer must see the same rows from simulator frames and from replayed telemetry."""
+    from leap_stream.store.offline import flatten
+
+    subs = submission_events(small.submissions)
+    comps = {(e["job_id"], e["attempt"]): e for e in completion_events(small.completions)}
+    ds = small.dataset.set_index(["job_id", "attempt"], drop=False)
+    for sub in subs[::17]:
+        key = (sub["job_id"], sub["attempt"])
+        row = flatten(sub, comps[key])
+        expected = ds.loc[key]
+        for col in DATASET_COLUMNS:
+            a, b = row[col], expected[col]
+            if isinstance(a, float) and np.isnan(a):
+                assert pd.isna(b), col
+            else:
+                assert a == b, (col, a, b)
