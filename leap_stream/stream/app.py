@@ -124,6 +124,42 @@ class _Pending:
             self.rows.setdefault(str(row["event_id"]), row)  # first wins, as in read_dataset
 
 
+class Batcher:
+    """Lets Faust keep fetching while a batch is processed (pipelining).
+
+    `noack_take` stops buffering while its consumer runs, so with one batch in the executor
+    the next one could only gather what arrives in `within` seconds: small batches exactly
+    when the worker is busy. Here the agent body only appends to ``events`` and returns at
+    once; a separate task takes everything accumulated (up to ``max_batch``) when it is free.
+    ``max_backlog`` bounds memory: the agent waits when that many events are queued.
+    """
+
+    def __init__(self, max_batch: int, max_backlog: int) -> None:
+        self.max_batch = max_batch
+        self.max_backlog = max_backlog
+        self.events: list[Any] = []
+        self._ready = asyncio.Event()
+        self._space = asyncio.Event()
+        self._space.set()
+
+    async def feed(self, events: list[Any]) -> None:
+        self.events.extend(events)
+        self._ready.set()
+        while len(self.events) >= self.max_backlog:
+            self._space.clear()
+            await self._space.wait()
+
+    async def next_batch(self) -> list[Any]:
+        while not self.events:
+            self._ready.clear()
+            await self._ready.wait()
+        batch = self.events[: self.max_batch]
+        del self.events[: self.max_batch]
+        if len(self.events) < self.max_backlog:
+            self._space.set()
+        return batch
+
+
 def build_app(deps: WorkerDeps) -> faust.App:
     cfg = deps.cfg
     datadir = cfg.home / "faust" / cfg.consumer_group
@@ -199,40 +235,64 @@ def build_app(deps: WorkerDeps) -> faust.App:
         for dl in dead:
             m.dead_letter.labels(topic=topic, kind=dl["error"]["kind"]).inc()
 
+    async def handle_submissions(events: list[Any]) -> None:
+        t0 = time.perf_counter()
+        records = [record_of(e) for e in events]
+        now = datetime.now(UTC)
+        res: SubmissionBatchResult = await until_done(
+            "rank", sub_pool, deps.submissions.process, records, now
+        )
+        if res.rankings or res.dead_letters:
+            await until_done("produce", sub_pool, send_all, res.rankings, res.dead_letters)
+        for e in events:
+            e.ack()
+        # metrics after the outputs are durable
+        topic = cfg.topic_submissions
+        m.events_in.labels(topic=topic, outcome="valid").inc(res.valid)
+        m.events_in.labels(topic=topic, outcome="invalid").inc(len(records) - res.valid)
+        count_dead(topic, res.dead_letters)
+        if res.redis_error is not None:
+            if res.redis_error != "backoff":
+                m.redis_errors.labels(op="read_and_remember").inc()
+            m.history_unavailable.inc(len(res.rankings))
+        covered = 0
+        for r in res.rankings:
+            m.rankings_out.labels(source=r["source"]).inc()
+            if r["source"] != "model":
+                m.fallback.labels(reason=r["reason"]).inc()
+            covered += r["source"] != "none"
+            m.ranking_latency.observe(max(0.0, float(r["latency_ms"])) / 1000.0)
+        m.observe_coverage(len(res.rankings), covered)
+        m.batch_size.labels(agent="submissions").observe(len(records))
+        m.batch_seconds.labels(agent="submissions").observe(time.perf_counter() - t0)
+        stats["submissions_in"] = stats.get("submissions_in", 0) + len(records)
+        stats["rankings_out"] = stats.get("rankings_out", 0) + len(res.rankings)
+
+    async def run_batches(name: str, batcher: Batcher, handle: Callable[[list[Any]], Any]) -> None:
+        """The processing side of a Batcher; a bug here stops the worker (nothing is acked)."""
+        while True:
+            batch = await batcher.next_batch()
+            try:
+                await handle(batch)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.exception("%s batch handler failed: stopping the worker", name)
+                await app.crash(exc)
+                return
+
+    async def consume(stream: Any, name: str, handle: Callable[[list[Any]], Any]) -> None:
+        batcher = Batcher(cfg.batch_size, 4 * cfg.batch_size)
+        task = asyncio.ensure_future(run_batches(name, batcher, handle))
+        try:
+            async for events in stream.noack_take(cfg.batch_size, within=cfg.batch_within_s):
+                await batcher.feed(events)
+        finally:
+            task.cancel()
+
     @app.agent(submissions_topic)
     async def submissions(stream: Any) -> None:
-        async for events in stream.noack_take(cfg.batch_size, within=cfg.batch_within_s):
-            t0 = time.perf_counter()
-            records = [record_of(e) for e in events]
-            now = datetime.now(UTC)
-            res: SubmissionBatchResult = await until_done(
-                "rank", sub_pool, deps.submissions.process, records, now
-            )
-            if res.rankings or res.dead_letters:
-                await until_done("produce", sub_pool, send_all, res.rankings, res.dead_letters)
-            for e in events:
-                await stream.ack(e)
-            # metrics after the outputs are durable
-            topic = cfg.topic_submissions
-            m.events_in.labels(topic=topic, outcome="valid").inc(res.valid)
-            m.events_in.labels(topic=topic, outcome="invalid").inc(len(records) - res.valid)
-            count_dead(topic, res.dead_letters)
-            if res.redis_error is not None:
-                if res.redis_error != "backoff":
-                    m.redis_errors.labels(op="read_and_remember").inc()
-                m.history_unavailable.inc(len(res.rankings))
-            covered = 0
-            for r in res.rankings:
-                m.rankings_out.labels(source=r["source"]).inc()
-                if r["source"] != "model":
-                    m.fallback.labels(reason=r["reason"]).inc()
-                covered += r["source"] != "none"
-                m.ranking_latency.observe(max(0.0, float(r["latency_ms"])) / 1000.0)
-            m.observe_coverage(len(res.rankings), covered)
-            m.batch_size.labels(agent="submissions").observe(len(records))
-            m.batch_seconds.labels(agent="submissions").observe(time.perf_counter() - t0)
-            stats["submissions_in"] = stats.get("submissions_in", 0) + len(records)
-            stats["rankings_out"] = stats.get("rankings_out", 0) + len(res.rankings)
+        await consume(stream, "submissions", handle_submissions)
 
     gate = OrderedAcks(lambda e: e.message.tp, lambda e: e.message.offset, lambda e: e.ack())
 
@@ -301,37 +361,37 @@ def build_app(deps: WorkerDeps) -> faust.App:
     def process_completions(records: list[Record], now: datetime) -> CompletionBatchResult:
         return deps.completions.process(records, now, wait_for_join=deps.orphan_grace_s > 0)
 
+    async def handle_completions(events: list[Any]) -> None:
+        t0 = time.perf_counter()
+        records = [record_of(e) for e in events]
+        now = datetime.now(UTC)
+        # one batch at a time with the flusher: a rebalance never sees half a batch
+        async with pending.lock:
+            gate.track(events)
+            res: CompletionBatchResult = await until_done(
+                "apply", comp_pool, process_completions, records, now
+            )
+            if res.dead_letters:
+                await until_done("produce", comp_pool, send_all, [], res.dead_letters)
+            waiting = {i for i, _c in res.waiting}
+            mono = time.monotonic()
+            pending.add([e for i, e in enumerate(events) if i not in waiting], res.rows)
+            pending.waiting.extend((events[i], records[i], comp, mono) for i, comp in res.waiting)
+            await flush_locked(force=False)
+        topic = cfg.topic_completions
+        m.events_in.labels(topic=topic, outcome="valid").inc(res.valid)
+        m.events_in.labels(topic=topic, outcome="invalid").inc(len(records) - res.valid)
+        count_dead(topic, res.dead_letters)
+        m.completions_duplicate.inc(res.duplicates)
+        m.batch_size.labels(agent="completions").observe(len(records))
+        m.batch_seconds.labels(agent="completions").observe(time.perf_counter() - t0)
+        stats["completions_in"] = stats.get("completions_in", 0) + len(records)
+
     @app.agent(completions_topic)
     async def completions(stream: Any) -> None:
         task = asyncio.ensure_future(flusher())
         try:
-            async for events in stream.noack_take(cfg.batch_size, within=cfg.batch_within_s):
-                t0 = time.perf_counter()
-                records = [record_of(e) for e in events]
-                now = datetime.now(UTC)
-                # one batch at a time with the flusher: a rebalance never sees half a batch
-                async with pending.lock:
-                    gate.track(events)
-                    res: CompletionBatchResult = await until_done(
-                        "apply", comp_pool, process_completions, records, now
-                    )
-                    if res.dead_letters:
-                        await until_done("produce", comp_pool, send_all, [], res.dead_letters)
-                    waiting = {i for i, _c in res.waiting}
-                    mono = time.monotonic()
-                    pending.add([e for i, e in enumerate(events) if i not in waiting], res.rows)
-                    pending.waiting.extend(
-                        (events[i], records[i], comp, mono) for i, comp in res.waiting
-                    )
-                    await flush_locked(force=False)
-                topic = cfg.topic_completions
-                m.events_in.labels(topic=topic, outcome="valid").inc(res.valid)
-                m.events_in.labels(topic=topic, outcome="invalid").inc(len(records) - res.valid)
-                count_dead(topic, res.dead_letters)
-                m.completions_duplicate.inc(res.duplicates)
-                m.batch_size.labels(agent="completions").observe(len(records))
-                m.batch_seconds.labels(agent="completions").observe(time.perf_counter() - t0)
-                stats["completions_in"] = stats.get("completions_in", 0) + len(records)
+            await consume(stream, "completions", handle_completions)
         finally:
             task.cancel()
 
