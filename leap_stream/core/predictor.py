@@ -44,9 +44,9 @@ MIN_BUCKET_ROWS = 30
 DEFAULT_PARAMS: dict[str, Any] = {
     "objective": "huber",
     "alpha": 0.3,  # huber delta in log units: robust to the odd straggler measurement
-    "learning_rate": 0.1,
-    "num_leaves": 31,
-    "min_data_in_leaf": 100,
+    "learning_rate": 0.2,
+    "num_leaves": 63,
+    "min_data_in_leaf": 50,
     "feature_fraction": 0.9,
     "bagging_fraction": 0.8,
     "bagging_freq": 1,
@@ -56,7 +56,7 @@ DEFAULT_PARAMS: dict[str, Any] = {
     "max_cat_to_onehot": 8,
     "verbose": -1,
 }
-NUM_ROUNDS = 400
+NUM_ROUNDS = 150
 EARLY_STOP = 40
 
 
@@ -227,17 +227,24 @@ class ThroughputModel:
         if "prior" not in self.groups:
             other[:] = False
         X = _matrix(frame, self.feature_names, self._levels)
-        if other.any():
-            Xo = _matrix(frame.loc[other], self.feature_names, self._levels, prefix="o_")
+        # one prior-hardware row per (job, prior type), shared by the job's candidates
+        rows = np.flatnonzero(other)
+        inverse = np.zeros(0, np.int64)
+        if len(rows):
+            hw_code, _ = pd.factorize(frame["o_hardware_type"].to_numpy(object)[rows])
+            key = frame["job"].to_numpy(np.int64)[rows] * (int(hw_code.max()) + 2) + hw_code
+            _u, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+            fo = frame.iloc[rows[first]]
+            Xo = _matrix(fo, self.feature_names, self._levels, prefix="o_")
             X = pd.concat([X, Xo], ignore_index=True)
         out = np.asarray(self.booster.predict(X, num_threads=_threads(len(X))))  # the one call
-        out[:n] += _offset(frame, self.groups) + self._pair(frame, "")
-        if other.any():
-            fo = frame.loc[other]
-            out[n:] += _offset(fo, self.groups, prefix="o_") + self._pair(fo, "o_")
-        blind = out[:n]
+        blind = out[:n] + _offset(frame, self.groups) + self._pair(frame, "")
         moved = np.full(n, np.nan)
-        moved[other] = frame["other_log_pd"].to_numpy(np.float64)[other] + blind[other] - out[n:]
+        if len(rows):
+            prior_f = out[n:] + _offset(fo, self.groups, prefix="o_") + self._pair(fo, "o_")
+            moved[rows] = (
+                frame["other_log_pd"].to_numpy(np.float64)[rows] + blind[rows] - prior_f[inverse]
+            )
         return blind, moved
 
     def _pair(self, frame: pd.DataFrame, prefix: str) -> np.ndarray:

@@ -1,0 +1,127 @@
+"""Throughput-model figures: training time on ~1M rows, batched scoring rows/s. Asserts nothing.
+
+    .venv/bin/python benchmarks/bench_model.py --rows 1000000 --batch 500
+
+Stages (wall and CPU seconds; the machine is shared, so CPU time is printed too):
+  simulate   fleet simulator days until the dataset has --rows rows
+  features   point-in-time replay + feature build of the training rows
+  fit        ThroughputModel.fit (LightGBM, early stopping on held-out lineages)
+  predict    ThroughputModel.predict on the (job × candidate) frame of one batch
+  rank       Ranker.rank_batch end to end (features + one LightGBM call + ranking dicts)
+Targets (docs/model.md): fit < 120 s on 1M rows, rank ≥ 50k candidate rows/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import numpy as np
+import orjson
+
+T = TypeVar("T")
+
+
+def timed(fn: Callable[[], T]) -> tuple[T, float, float]:
+    w, c = time.perf_counter(), time.process_time()
+    out = fn()
+    return out, time.perf_counter() - w, time.process_time() - c
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--rate", type=int, default=30000, help="simulated submissions per day")
+    ap.add_argument("--batch", type=int, default=500, help="submissions per rank_batch")
+    ap.add_argument("--batches", type=int, default=20)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+
+    from leap_stream.catalog import load_catalog
+    from leap_stream.core.lookup import LookupTable
+    from leap_stream.core.predictor import ThroughputModel
+    from leap_stream.core.ranker import Ranker
+    from leap_stream.sim.events import submission_events
+    from leap_stream.sim.fleet import SimConfig, simulate
+    from leap_stream.train import pit, trainer
+
+    figures: dict[str, Any] = {}
+    days = max(2, int(np.ceil(args.rows / args.rate)) + 1)
+    res, w, c = timed(lambda: simulate(SimConfig(seed=args.seed, days=days, rate=args.rate)))
+    figures["simulate"] = {"days": days, "wall_s": round(w, 2), "cpu_s": round(c, 2)}
+    ds = res.dataset.iloc[: args.rows]
+    tr, w, c = timed(lambda: trainer.training_rows(ds))
+    n = len(tr.rows)
+    figures["features"] = {"rows": n, "wall_s": round(w, 2), "cpu_s": round(c, 2)}
+    print(f"features: {n} training rows in {w:.1f} s wall ({c:.1f} s CPU)")
+    model, w, c = timed(
+        lambda: ThroughputModel.fit(tr.frame, tr.y, tr.rows["lineage_id"].to_numpy(object))
+    )
+    figures["fit"] = {
+        "rows": n,
+        "wall_s": round(w, 2),
+        "cpu_s": round(c, 2),
+        "trees": model.metadata["best_iteration"],
+        "calib_accuracy_10pct": round(model.metadata["metrics"]["calib_accuracy_10pct"], 4),
+    }
+    print(
+        f"fit: {n} rows, {model.metadata['best_iteration']} trees in {w:.1f} s wall ({c:.1f} s CPU)"
+    )
+
+    # scoring: batches of submissions from the last simulated day, with their real histories
+    catalog = load_catalog()
+    lookup = LookupTable.fit(ds)
+    ranker = Ranker(catalog, model, lookup)
+    last = res.submissions.tail(args.batch * args.batches).reset_index(drop=True)
+    snap = pit.replay(res.dataset, last)
+    events = submission_events(last)
+    now = datetime.now(UTC)
+    agg_by_type = {m: snap.book.aggregates(m) for m in last["model_type"].unique()}
+    rows = 0
+    pred_s = rank_s = 0.0
+    for b in range(args.batches):
+        sl = slice(b * args.batch, (b + 1) * args.batch)
+        subs = events[sl]
+        hist = snap.histories[sl]
+        t0 = time.perf_counter()
+        out = ranker.rank_batch(subs, hist, agg_by_type, now)
+        rank_s += time.perf_counter() - t0
+        rows += sum(len(s["candidate_hardware"]) for s in subs)
+        assert len(out) == len(subs)
+        # the booster call alone, on the same frame
+        from leap_stream.core.ranker import jobs_frame
+
+        jobs = jobs_frame(subs)
+        frame, _ = ranker.score_batch(
+            jobs,
+            [s["candidate_hardware"] for s in subs],
+            hist,
+            [agg_by_type.get(m) for m in jobs["model_type"]],
+            jobs["submitted_at_s"].to_numpy(),
+        )
+        t0 = time.perf_counter()
+        model.predict(frame)
+        pred_s += time.perf_counter() - t0
+    figures["rank"] = {
+        "batch_submissions": args.batch,
+        "candidate_rows": rows,
+        "rows_per_s": round(rows / rank_s),
+        "submissions_per_s": round(args.batch * args.batches / rank_s),
+        "ms_per_batch": round(1000 * rank_s / args.batches, 2),
+    }
+    figures["predict"] = {"rows_per_s": round(rows / pred_s)}
+    print(
+        f"rank_batch: {figures['rank']['rows_per_s']} candidate rows/s, "
+        f"{figures['rank']['submissions_per_s']} submissions/s, "
+        f"{figures['rank']['ms_per_batch']} ms per batch of {args.batch}; "
+        f"model.predict alone {figures['predict']['rows_per_s']} rows/s"
+    )
+    print(orjson.dumps(figures).decode())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
