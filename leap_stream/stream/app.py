@@ -45,6 +45,9 @@ T = TypeVar("T")
 # Exit status when the worker had to stop with work it could not make durable (e.g. SIGTERM
 # while Redis is down): the offsets of that work are not committed and it is redone on restart.
 EXIT_UNFINISHED = 3
+# Most submission events held unacked while Redis is down (then the oldest are acked anyway,
+# matching SubmissionProcessor.MAX_PENDING_REMEMBER).
+MAX_HELD = 100_000
 
 
 def faust_broker_url(bootstrap: str) -> str:
@@ -235,7 +238,15 @@ def build_app(deps: WorkerDeps) -> faust.App:
         for dl in dead:
             m.dead_letter.labels(topic=topic, kind=dl["error"]["kind"]).inc()
 
+    sub_gate = OrderedAcks(lambda e: e.message.tp, lambda e: e.message.offset, lambda e: e.ack())
+    held: list[Any] = []
+    sub_busy = asyncio.Lock()  # a batch in hand: the flusher must not forget its events
+
     async def handle_submissions(events: list[Any]) -> None:
+        async with sub_busy:
+            await _handle_submissions(events)
+
+    async def _handle_submissions(events: list[Any]) -> None:
         t0 = time.perf_counter()
         records = [record_of(e) for e in events]
         now = datetime.now(UTC)
@@ -244,8 +255,20 @@ def build_app(deps: WorkerDeps) -> faust.App:
         )
         if res.rankings or res.dead_letters:
             await until_done("produce", sub_pool, send_all, res.rankings, res.dead_letters)
-        for e in events:
-            e.ack()
+        sub_gate.track(events)
+        if res.flushed_pending:
+            sub_gate.done(held)
+            held.clear()
+        if res.remembered:
+            sub_gate.done(events)
+        else:
+            # ranked and published, but not yet in Redis for the completion join: the acks
+            # wait (in offset order) until Redis takes them, so a restart redoes them
+            held.extend(events)
+            if len(held) > MAX_HELD:
+                log.warning("%d submissions not remembered; acking the oldest", len(held))
+                sub_gate.done(held[: len(held) - MAX_HELD])
+                del held[: len(held) - MAX_HELD]
         # metrics after the outputs are durable
         topic = cfg.topic_submissions
         m.events_in.labels(topic=topic, outcome="valid").inc(res.valid)
@@ -336,20 +359,27 @@ def build_app(deps: WorkerDeps) -> faust.App:
             # Shutdown or rebalance: what is still unacked (completions waiting for their
             # submission and the events after them) is dropped without acking. Faust is told
             # not to wait for it; its offsets stay uncommitted and it is redelivered.
-            left = gate.forget()
             pending.waiting = []
-            if left:
-                log.warning("%d completion events left uncommitted; redelivered later", len(left))
-                unacked = getattr(app.consumer, "_unacked_messages", None)
-                if unacked is not None:
-                    for ev in left:
-                        unacked.discard(ev.message)
+            drop_unacked(gate.forget(), "completion")
+
+    def drop_unacked(left: list[Any], what: str) -> None:
+        """Forget events without acking them; Faust must not wait for them at stop/rebalance."""
+        if not left:
+            return
+        log.warning("%d %s events left uncommitted; redelivered later", len(left), what)
+        unacked = getattr(app.consumer, "_unacked_messages", None)
+        if unacked is not None:
+            for ev in left:
+                unacked.discard(ev.message)
 
     async def flusher() -> None:
         """Writes the dataset buffer on age, when idle, and when the app stops or rebalances."""
         tick = max(0.05, min(0.5, deps.flush_s / 4))
         while True:
             await asyncio.sleep(tick)
+            if (app.should_stop or app.rebalancing) and held and not sub_busy.locked():
+                held.clear()
+                drop_unacked(sub_gate.forget(), "submission")
             try:
                 async with pending.lock:
                     await flush_locked(force=app.should_stop or app.rebalancing)

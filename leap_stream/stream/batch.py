@@ -117,6 +117,11 @@ class SubmissionBatchResult:
     valid: int = 0
     history_available: bool = True
     redis_error: str | None = None
+    # The submissions are in Redis for the completion join: this batch's (`remembered`), and
+    # those of earlier batches that had failed (`flushed_pending`). The agent holds the acks
+    # of a batch until it is remembered, so a restart redoes what only lived in memory.
+    remembered: bool = True
+    flushed_pending: bool = False
 
 
 class Backoff:
@@ -186,6 +191,7 @@ class SubmissionProcessor:
                 if self.pending_remember:
                     self.store.remember_submissions(self.pending_remember)
                     self.pending_remember = []
+                    out.flushed_pending = True
                 got, aggregates = self.store.read_and_remember(subs)
                 histories = list(got)
                 self.backoff.succeeded()
@@ -202,6 +208,7 @@ class SubmissionProcessor:
             out.redis_error = "backoff"
             self._keep_for_later(subs)
         out.history_available = out.redis_error is None
+        out.remembered = out.history_available
         ranker = self._ranker()
         try:
             out.rankings = ranker.rank_batch(subs, histories, aggregates, now)

@@ -145,12 +145,13 @@ def test_redis_down_ranks_without_history_and_catches_up(
     res = sp.process(_records("subs", subs[:20]), NOW)
     assert time.monotonic() - t0 < 5.0  # a dead Redis fails fast
     assert not res.history_available and res.redis_error
+    assert not res.remembered and not res.flushed_pending
     assert len(res.rankings) == 20 and not res.dead_letters
     assert all(r["history_used"] is False for r in res.rankings)
     assert len(sp.pending_remember) == 20
     # within the backoff window the store is not even tried
     res = sp.process(_records("subs", subs[20:30], start=20), NOW)
-    assert res.redis_error == "backoff" and len(res.rankings) == 10
+    assert res.redis_error == "backoff" and len(res.rankings) == 10 and not res.remembered
     assert len(sp.pending_remember) == 30
     # the completion path cannot skip Redis: it raises so the agent retries the batch
     comps = completion_events(completions_in_arrival_order(_sim().completions))[:5]
@@ -162,7 +163,7 @@ def test_redis_down_ranks_without_history_and_catches_up(
     sp.store = up
     sp.backoff.succeeded()
     res = sp.process(_records("subs", subs[30:40], start=30), NOW)
-    assert res.history_available
+    assert res.history_available and res.remembered and res.flushed_pending
     assert sp.pending_remember == []
     got = up.fetch_submissions([(s["job_id"], s["attempt"]) for s in subs])
     assert all(g is not None for g in got)
