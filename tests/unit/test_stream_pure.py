@@ -183,3 +183,30 @@ def test_ordered_acks_release_only_contiguous_prefixes() -> None:
     assert gate.pending() == []
     gate.done([(2, 0)])  # untracked: acked at once
     assert acked[-1] == (2, 0)
+
+
+def test_batcher_accumulates_while_busy_and_applies_backpressure() -> None:
+    import asyncio
+
+    from leap_stream.stream.app import Batcher
+
+    async def scenario() -> tuple[list[int], list[int], bool]:
+        b = Batcher(max_batch=5, max_backlog=8)
+        await b.feed([1, 2])
+        first = await b.next_batch()  # what is there, not waiting for a full batch
+        await b.feed([3, 4, 5])
+        await b.feed([6, 7, 8, 9])  # arrives while "processing": accumulates
+        second = await b.next_batch()
+        assert second == [3, 4, 5, 6, 7]  # capped at max_batch
+        # 2 left; feeding 7 more reaches the backlog bound: feed waits for the consumer
+        feeder = asyncio.ensure_future(b.feed(list(range(10, 17))))
+        await asyncio.sleep(0.01)
+        blocked = not feeder.done()
+        await b.next_batch()
+        await asyncio.wait_for(feeder, 1.0)
+        return first, second, blocked
+
+    first, second, blocked = asyncio.run(scenario())
+    assert len(second) == 5
+    assert first == [1, 2]
+    assert blocked
