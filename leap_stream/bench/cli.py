@@ -1,0 +1,150 @@
+"""`leap-stream bench`: pass-through ceiling, pipeline, real worker, naive, and latency at 1,000/s.
+
+Figures go to stderr as the stages finish; the last stdout line is one JSON object (the keys of
+`stats.FINAL_KEYS`), so scripts can `tail -1`. docs/benchmarks.md has the measured figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+import orjson
+
+from leap_stream.bench.stats import final_figures
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--events", type=int, default=20_000, help="backlog per stage (default 20000)"
+    )
+    parser.add_argument(
+        "--naive-events", type=int, default=0, help="events of the naive stage (default events/20)"
+    )
+    parser.add_argument("--candidates", type=int, default=20, help="candidate types per job")
+    parser.add_argument("--rate", type=float, default=1000.0, help="offered load, submissions/s")
+    parser.add_argument("--seconds", type=float, default=20.0, help="duration of the offered load")
+    parser.add_argument("--batch", type=int, default=500, help="consume(num_messages=…) size")
+    parser.add_argument(
+        "--only",
+        default="passthrough,pipeline,worker,naive,load",
+        help="comma-separated stages to run (default all)",
+    )
+    parser.add_argument(
+        "--profile",
+        default="",
+        help="write a pyinstrument profile of the pipeline stage here (.html/.txt)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the full figures as JSON too")
+
+
+def run(args: argparse.Namespace) -> int:
+    from leap_stream.bench import harness as H
+    from leap_stream.dev import ensure_services, stop_services
+
+    stages = {s.strip() for s in args.only.split(",") if s.strip()}
+    services = ensure_services(kafka=True, redis=True, lease=True)
+    figs: dict[str, Any] = {}
+    detail: dict[str, Any] = {}
+    world = None
+    worker = None
+    try:
+        world = H.build_world(
+            services.kafka_bootstrap, services.redis_url, args.events, args.candidates
+        )
+        figs["hardware_types"] = len(world.types)
+        figs["candidates_per_job"] = args.candidates
+        n = len(world.submissions)
+        naive_n = args.naive_events or max(200, n // 20)
+
+        if "passthrough" in stages:
+            src, dst = world.topic("pt-in"), world.topic("pt-out")
+            H.load_topic(world.bootstrap, src, world.submissions, world.lines)
+            d = H.batch_loop(world.bootstrap, src, dst, dst, n, H.passthrough_work, args.batch)
+            detail["passthrough"] = d
+            H.log(f"passthrough: {d['events']} events in {d['seconds']}s = {d['eps']:.0f}/s")
+        if "pipeline" in stages:
+            src, dst, dlq = world.topic("pl-in"), world.topic("pl-out"), world.topic("pl-dlq")
+            H.load_topic(world.bootstrap, src, world.submissions, world.lines)
+            work, st = H.pipeline_work(world)
+            profiler = None
+            if args.profile:
+                from pyinstrument import Profiler
+
+                profiler = Profiler(interval=0.002)
+                profiler.start()
+            d = H.batch_loop(world.bootstrap, src, dst, dlq, n, work, args.batch)
+            if profiler is not None:
+                profiler.stop()
+                text = (
+                    profiler.output_html()
+                    if args.profile.endswith(".html")
+                    else profiler.output_text(unicode=False, color=False, show_all=False)
+                )
+                with open(args.profile, "w") as fh:
+                    fh.write(text)
+                H.log(f"profile written to {args.profile}")
+            d.update(st)
+            detail["pipeline"] = d
+            H.log(
+                f"pipeline: {d['events']} events in {d['seconds']}s = {d['eps']:.0f}/s "
+                f"({d['batches']} batches, {st['model']} ranked by the model, {st['dead']} dead)"
+            )
+        if "worker" in stages or "load" in stages:
+            topics = {
+                "sub": world.topic("wk-sub"),
+                "comp": world.topic("wk-comp"),
+                "rank": world.topic("wk-rank"),
+                "dlq": world.topic("wk-dlq"),
+            }
+            H.load_topic(world.bootstrap, topics["sub"], world.submissions, world.lines)
+            worker = H.WorkerProc(world, topics)
+            d = H.worker_backlog(world, worker, n)
+            detail["worker"] = d
+            H.log(
+                f"worker (Faust): {n} events in {d['span_s']}s = {d['eps']:.0f}/s; "
+                f"start to first ranking {d['start_to_first_s']}s; sources {d['sources']}"
+            )
+            if "load" in stages:
+                time.sleep(1.0)
+                d = H.offered_load(world, worker, args.rate, args.seconds)
+                detail["load"] = d
+                H.log(
+                    f"offered {args.rate:.0f}/s for {args.seconds:.0f}s: {d['ranked']}/{d['sent']} "
+                    f"ranked, p50 {d['p50_ms']:.1f} ms, p90 {d['p90_ms']:.1f} ms, "
+                    f"p99 {d['p99_ms']:.1f} ms, max {d['max_ms']:.1f} ms"
+                )
+            worker.stop()
+        if "naive" in stages:
+            src, dst = world.topic("nv-in"), world.topic("nv-out")
+            H.load_topic(world.bootstrap, src, world.submissions[:naive_n], world.lines[:naive_n])
+            d = H.naive_loop(world, src, dst, naive_n)
+            detail["naive"] = d
+            H.log(
+                f"naive: {d['events']} events in {d['seconds']}s = {d['eps']:.1f}/s "
+                f"({d['predict_calls']} predict calls)"
+            )
+    finally:
+        if worker is not None:
+            worker.stop()
+        if world is not None:
+            world.close()
+        stop_services(services)
+    nan = float("nan")
+    figs.update(
+        passthrough_eps=detail.get("passthrough", {}).get("eps", nan),
+        pipeline_eps=detail.get("pipeline", {}).get("eps", nan),
+        worker_eps=detail.get("worker", {}).get("eps", nan),
+        naive_eps=detail.get("naive", {}).get("eps", nan),
+        p50_ms_at_1000=detail.get("load", {}).get("p50_ms", nan),
+        p99_ms_at_1000=detail.get("load", {}).get("p99_ms", nan),
+    )
+    if args.json:
+        print(orjson.dumps(detail, option=orjson.OPT_SERIALIZE_NUMPY, default=str).decode())
+    sys.stdout.write(orjson.dumps(final_figures(figs)).decode() + "\n")
+    return 0
+
+
+__all__ = ["register", "run"]

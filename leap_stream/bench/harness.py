@@ -1,0 +1,587 @@
+"""The bench's world and its stages: one broker, one Redis, own topics, run one after another.
+
+Every stage reads the same pre-loaded backlog of submissions (N events, 20 candidates each) from
+its own input topic and writes to its own output topic, so no stage's work leaks into the next:
+
+* passthrough: batched ``consume(num_messages=…)`` → produce → flush, no work (the ceiling);
+* pipeline: the same loop with `SubmissionProcessor.process` in the middle, the function the
+  Faust agent runs (decode, one Redis round trip, features, one LightGBM call, rank);
+* worker: the real `leap-stream worker` (Faust) as a subprocess on its own backlog;
+* naive: per event decode, a Redis round trip, one predict call per candidate row, produce;
+* load: 1,000 submissions/s, open loop, through the running worker, latency at a consumer.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pandas as pd
+
+from leap_stream import config
+from leap_stream.bench.stats import due, percentile_ms, rate, widen_candidates
+
+SUBMISSION_SCHEMA = "job-submitted"
+
+
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = int(s.getsockname()[1])
+    s.close()
+    return port
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class BenchWorld:
+    bootstrap: str
+    redis_url: str
+    prefix: str
+    tmp: Path
+    registry_dir: Path
+    model_dir: Path
+    submissions: list[dict[str, Any]]
+    lines: list[bytes]
+    types: tuple[str, ...]
+    candidates: int
+    topics: list[str] = field(default_factory=list)
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+
+    def topic(self, hint: str, partitions: int = 4) -> str:
+        from leap_stream.dev.topics import create_topics
+
+        name = f"bench.{hint}.{self.run_id}"
+        create_topics(self.bootstrap, [name], partitions=partitions)
+        self.topics.append(name)
+        return name
+
+    def close(self) -> None:
+        from leap_stream.dev.topics import delete_topics
+        from leap_stream.store.online import connect
+
+        try:
+            if self.topics:
+                delete_topics(self.bootstrap, self.topics)
+        finally:
+            r = connect(self.redis_url)
+            keys = list(r.scan_iter(match=f"{self.prefix}*", count=2000))
+            for i in range(0, len(keys), 1000):
+                r.delete(*keys[i : i + 1000])
+            r.close()
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def build_world(
+    bootstrap: str, redis_url: str, events: int, candidates: int, seed: int = 11
+) -> BenchWorld:
+    """Simulated fleet: day 1 trains the model and seeds the Redis history, day 2 is the input."""
+    from leap_stream.catalog import load_catalog
+    from leap_stream.core.lookup import LookupTable
+    from leap_stream.sim.events import completion_events, submission_events
+    from leap_stream.sim.fleet import SimConfig, simulate
+    from leap_stream.store.online import OnlineStore, connect
+    from leap_stream.store.registry import Registry
+    from leap_stream.train.trainer import fit, training_rows
+
+    tmp = Path(tempfile.mkdtemp(prefix="leap-bench-"))
+    types = load_catalog().types
+    t0 = time.perf_counter()
+    sim = simulate(SimConfig(seed=seed, days=2, rate=max(5000, min(events, 40_000))))
+    first_day = sim.submissions["submitted_at"].min().normalize() + pd.Timedelta(days=1)
+    past = sim.dataset[sim.dataset["submitted_at"] < first_day]
+    day2 = sim.submissions[sim.submissions["submitted_at"] >= first_day]
+    model = fit(training_rows(past), num_rounds=80)
+    built = model.save(tmp / "build")
+    LookupTable.fit(past).save(built / "lookup.json")
+    registry = Registry(tmp / "registry")
+    registry.promote(registry.publish(built))
+    log(f"fleet simulated and model {model.version} trained in {time.perf_counter() - t0:.1f}s")
+
+    prefix = f"bench:{uuid.uuid4().hex[:8]}:"
+    store = OnlineStore(connect(redis_url), prefix=prefix)
+    past_comp = sim.completions[sim.completions["ended_at"] < first_day]  # known before day 2
+    comps = completion_events(past_comp.sort_values("ended_at"))
+    for i in range(0, len(comps), 2000):
+        store.apply_completions(comps[i : i + 2000])
+    base = submission_events(day2)
+    subs: list[dict[str, Any]] = []
+    i = 0
+    while len(subs) < events:
+        s = base[i % len(base)]
+        rnd = i // len(base)
+        if rnd:
+            s = dict(s, job_id=f"{s['job_id']}-r{rnd}", event_id=f"{s['event_id']}-r{rnd}")
+        subs.append(widen_candidates(s, types, candidates, salt=i))
+        i += 1
+    lines = [orjson.dumps(s) for s in subs]
+    with_prior = sum(
+        bool(h) for h in store.read_batch([s["lineage_id"] for s in subs[:5000]], [])[0]
+    )
+    log(
+        f"{len(subs)} submissions x {candidates} candidates over {len(types)} types; "
+        f"{len(comps)} completions seed the history ({with_prior / min(5000, len(subs)):.0%} "
+        "of jobs have a prior)"
+    )
+    return BenchWorld(
+        bootstrap=bootstrap,
+        redis_url=redis_url,
+        prefix=prefix,
+        tmp=tmp,
+        registry_dir=tmp / "registry",
+        model_dir=registry.current_dir() or built,
+        submissions=subs,
+        lines=lines,
+        types=types,
+        candidates=candidates,
+    )
+
+
+# --- Kafka plumbing
+
+
+def load_topic(bootstrap: str, topic: str, subs: list[dict[str, Any]], lines: list[bytes]) -> None:
+    from confluent_kafka import Producer
+
+    conf: dict[str, Any] = dict(config.kafka_client_config(bootstrap))
+    conf.update({"linger.ms": 20, "compression.type": "lz4", "batch.num.messages": 5000})
+    p = Producer(conf)
+    for s, line in zip(subs, lines, strict=True):
+        while True:
+            try:
+                p.produce(topic, key=s["job_id"].encode(), value=line)
+                break
+            except BufferError:
+                p.poll(0.05)
+        p.poll(0)
+    if p.flush(120) != 0:
+        raise RuntimeError(f"could not load {topic}")
+
+
+def consumer(bootstrap: str, topics: list[str], **extra: Any) -> Any:
+    from confluent_kafka import Consumer
+
+    conf: dict[str, Any] = dict(config.kafka_client_config(bootstrap))
+    conf.update(
+        {
+            "group.id": f"bench-{uuid.uuid4().hex[:10]}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "enable.partition.eof": False,
+        }
+    )
+    conf.update(extra)
+    c = Consumer(conf)
+    c.subscribe(topics)
+    return c
+
+
+Work = Callable[[list[Any]], tuple[list[tuple[bytes | None, bytes]], list[tuple[bytes, bytes]]]]
+
+
+def batch_loop(
+    bootstrap: str, src: str, dst: str, dlq: str, n: int, work: Work, batch: int = 500
+) -> dict[str, Any]:
+    """consume(num_messages=batch) → work → produce → flush (durable) per batch, until n read.
+
+    Timed from the first non-empty batch (the group join is not throughput)."""
+    from leap_stream.stream.output import OutputProducer
+
+    out = OutputProducer(bootstrap)
+    c = consumer(bootstrap, [src])
+    seen = batches = produced = 0
+    t_first: float | None = None
+    deadline = time.monotonic() + 600
+    try:
+        while seen < n and time.monotonic() < deadline:
+            msgs = [m for m in c.consume(num_messages=batch, timeout=0.5) if m.error() is None]
+            if not msgs:
+                continue
+            if t_first is None:
+                t_first = time.perf_counter()
+            seen += len(msgs)
+            batches += 1
+            outs, dead = work(msgs)
+            for key, value in outs:
+                out.send(dst, key, value)
+            for key, value in dead:
+                out.send(dlq, key, value)
+            produced += out.flush()
+        elapsed = time.perf_counter() - (t_first or time.perf_counter())
+    finally:
+        c.close()
+        out.close()
+    if seen < n:
+        raise RuntimeError(f"{src}: read {seen} of {n} events")
+    return {
+        "events": seen,
+        "seconds": round(elapsed, 3),
+        "eps": rate(seen, elapsed),
+        "batches": batches,
+        "produced": produced,
+    }
+
+
+def passthrough_work(msgs: list[Any]) -> tuple[list[tuple[bytes | None, bytes]], list[Any]]:
+    return [(m.key(), m.value()) for m in msgs], []
+
+
+def pipeline_work(world: BenchWorld) -> tuple[Work, Any]:
+    """The Faust agent's batch function (`SubmissionProcessor.process`), same store and ranker."""
+    from leap_stream.catalog import load_catalog
+    from leap_stream.store.online import OnlineStore, connect
+    from leap_stream.store.registry import Registry
+    from leap_stream.stream.app import dead_letter_key
+    from leap_stream.stream.batch import Record, SubmissionProcessor
+    from leap_stream.stream.metrics import Metrics
+    from leap_stream.stream.models import RankerHolder
+
+    catalog = load_catalog()
+    holder = RankerHolder(catalog, Registry(world.registry_dir), Metrics())
+    holder.poll()
+    if holder.version is None:
+        raise RuntimeError("the bench model did not load")
+    store = OnlineStore(connect(world.redis_url), prefix=world.prefix)
+    proc = SubmissionProcessor(
+        store,
+        holder.get,
+        max_bytes=int(config.get("LEAP_MAX_MESSAGE_BYTES")),
+        known_hardware=set(catalog.types),
+    )
+    stats: dict[str, int] = {"valid": 0, "dead": 0, "model": 0}
+
+    def work(msgs: list[Any]) -> tuple[list[tuple[bytes | None, bytes]], list[tuple[bytes, bytes]]]:
+        records = [Record(m.topic(), m.partition(), m.offset(), m.key(), m.value()) for m in msgs]
+        res = proc.process(records, datetime.now(UTC))
+        stats["valid"] += res.valid
+        stats["dead"] += len(res.dead_letters)
+        stats["model"] += sum(r["source"] == "model" for r in res.rankings)
+        rankings = [(str(r["job_id"]).encode(), orjson.dumps(r)) for r in res.rankings]
+        dead = [(dead_letter_key(d), orjson.dumps(d)) for d in res.dead_letters]
+        return rankings, dead
+
+    return work, stats
+
+
+class PerRowModel:
+    """A `ThroughputModel` called once per (job, candidate) row: the naive serving pattern."""
+
+    def __init__(self, model: Any) -> None:
+        self.inner = model
+        self.version = model.version
+        self.feature_names = model.feature_names
+        self.calls = 0
+
+    def predict(self, frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        parts = []
+        for i in range(len(frame)):
+            parts.append(self.inner.predict(frame.iloc[i : i + 1]))
+            self.calls += 1
+        if not parts:
+            empty = np.zeros(0)
+            return empty, empty, empty
+        return (
+            np.concatenate([p[0] for p in parts]),
+            np.concatenate([p[1] for p in parts]),
+            np.concatenate([p[2] for p in parts]),
+        )
+
+
+def naive_loop(world: BenchWorld, src: str, dst: str, n: int) -> dict[str, Any]:
+    """One event at a time: poll, decode, a Redis round trip for its lineage (HGETALLs) and one
+    for remembering it, features, one predict call per candidate row, produce."""
+    from leap_stream.catalog import load_catalog
+    from leap_stream.contracts import Ok, decode
+    from leap_stream.core.lookup import LookupTable
+    from leap_stream.core.predictor import ThroughputModel
+    from leap_stream.core.ranker import Ranker
+    from leap_stream.store.online import OnlineStore, connect
+    from leap_stream.stream.output import OutputProducer
+
+    catalog = load_catalog()
+    known = set(catalog.types)
+    model = PerRowModel(ThroughputModel.load(world.model_dir))
+    lookup = LookupTable.load(world.model_dir / "lookup.json")
+    ranker = Ranker(catalog, model=model, lookup=lookup)  # type: ignore[arg-type]
+    store = OnlineStore(connect(world.redis_url), prefix=world.prefix, lua_reads=False)
+    max_bytes = int(config.get("LEAP_MAX_MESSAGE_BYTES"))
+    out = OutputProducer(world.bootstrap)
+    c = consumer(world.bootstrap, [src])
+    seen = 0
+    t_first: float | None = None
+    deadline = time.monotonic() + 600
+    try:
+        while seen < n and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is None or m.error() is not None:
+                continue
+            if t_first is None:
+                t_first = time.perf_counter()
+            seen += 1
+            res = decode(m.value(), SUBMISSION_SCHEMA, max_bytes=max_bytes, known_hardware=known)
+            if not isinstance(res, Ok):
+                continue
+            sub = res.event
+            hist, aggs = store.read_batch([sub["lineage_id"]], [sub["model"]["model_type"]])
+            store.remember_submissions([sub])
+            ranking = ranker.rank_batch([sub], list(hist), aggs, datetime.now(UTC))[0]
+            out.send(dst, sub["job_id"].encode(), orjson.dumps(ranking))
+            out._producer.poll(0)
+        out.flush()
+        elapsed = time.perf_counter() - (t_first or time.perf_counter())
+    finally:
+        c.close()
+        out.close()
+    return {
+        "events": seen,
+        "seconds": round(elapsed, 3),
+        "eps": rate(seen, elapsed),
+        "predict_calls": model.calls,
+    }
+
+
+# --- the real worker
+
+
+@dataclass
+class WorkerProc:
+    world: BenchWorld
+    topics: dict[str, str]
+    group: str = field(default_factory=lambda: f"bench-worker-{uuid.uuid4().hex[:8]}")
+    metrics_port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LEAP_")}
+        home = self.world.tmp / "worker-home"
+        env.update(
+            LEAP_KAFKA_BOOTSTRAP=self.world.bootstrap,
+            LEAP_REDIS_URL=self.world.redis_url,
+            LEAP_REDIS_PREFIX=self.world.prefix,
+            LEAP_TOPIC_SUBMISSIONS=self.topics["sub"],
+            LEAP_TOPIC_COMPLETIONS=self.topics["comp"],
+            LEAP_TOPIC_RANKINGS=self.topics["rank"],
+            LEAP_TOPIC_DEAD_LETTER=self.topics["dlq"],
+            LEAP_CONSUMER_GROUP=self.group,
+            LEAP_HOME=str(home),
+            LEAP_DATASET_DIR=str(self.world.tmp / "dataset"),
+            LEAP_REGISTRY_DIR=str(self.world.registry_dir),
+            LEAP_METRICS_PORT=str(self.metrics_port),
+        )
+        for k in ("LEAP_BATCH_SIZE", "LEAP_BATCH_WITHIN_S", "LEAP_KAFKA_SECURITY_PROTOCOL"):
+            if k in os.environ:
+                env[k] = os.environ[k]
+        return env
+
+    def start(self) -> None:
+        logf = open(self.world.tmp / "worker.log", "wb")  # noqa: SIM115 - lives with the process
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "leap_stream", "worker", "-l", "warning"],
+            env=self.env(),
+            cwd=self.world.tmp,
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+        )
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_tail(self, n: int = 30) -> str:
+        p = self.world.tmp / "worker.log"
+        return "\n".join(p.read_text(errors="replace").splitlines()[-n:]) if p.exists() else ""
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+def read_rankings(
+    bootstrap: str, topic: str, n: int, alive: Callable[[], bool], timeout: float = 600
+) -> Iterator[tuple[float, dict[str, Any]]]:
+    """(receive time, ranking) until n rankings are read."""
+    c = consumer(bootstrap, [topic])
+    got = 0
+    end = time.monotonic() + timeout
+    try:
+        while got < n and time.monotonic() < end:
+            msgs = c.consume(num_messages=1000, timeout=0.2)
+            now = time.time()
+            for m in msgs:
+                if m.error() is None:
+                    got += 1
+                    yield now, orjson.loads(m.value())
+            if not msgs and not alive():
+                raise RuntimeError("the worker died")
+    finally:
+        c.close()
+    if got < n:
+        raise RuntimeError(f"{topic}: {got} of {n} rankings within {timeout}s")
+
+
+def worker_backlog(world: BenchWorld, worker: WorkerProc, n: int) -> dict[str, Any]:
+    """The worker drains a backlog of n submissions; rate over its produced_at span."""
+    from leap_stream.contracts import parse_ts
+
+    t0 = time.monotonic()
+    worker.start()
+    stamps: list[float] = []
+    t_first = 0.0
+    sources: dict[str, int] = {}
+    try:
+        for _recv, r in read_rankings(world.bootstrap, worker.topics["rank"], n, worker.alive):
+            if not stamps:
+                t_first = time.monotonic()
+            stamps.append(parse_ts(r["produced_at"]))
+            sources[r["source"]] = sources.get(r["source"], 0) + 1
+    except RuntimeError as exc:
+        raise RuntimeError(f"{exc}; worker log:\n{worker.log_tail()}") from None
+    span = max(stamps) - min(stamps)
+    return {
+        "events": n,
+        "eps": rate(n - 1, span),
+        "span_s": round(span, 3),
+        "start_to_first_s": round(t_first - t0, 2),
+        "wall_s": round(time.monotonic() - t0, 2),
+        "sources": sources,
+    }
+
+
+def offered_load(
+    world: BenchWorld, worker: WorkerProc, per_s: float, seconds: float
+) -> dict[str, Any]:
+    """Open-loop load at per_s for seconds; latency = ranking received − submission produced."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from leap_stream.contracts import format_ts
+
+    total = int(per_s * seconds)
+    subs = [
+        dict(
+            world.submissions[i % len(world.submissions)],
+            job_id=f"load-{world.run_id}-{i}",
+            event_id=f"sub-load-{world.run_id}-{i}",
+        )
+        for i in range(total)
+    ]
+    # the reader starts at the end of the rankings topic, assigned before the first send
+    conf: dict[str, Any] = dict(config.kafka_client_config(world.bootstrap))
+    conf.update(
+        {
+            "group.id": f"bench-lat-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            "fetch.wait.max.ms": 5,
+        }
+    )
+    c = Consumer(conf)
+    md = c.list_topics(worker.topics["rank"], timeout=10).topics[worker.topics["rank"]]
+    parts = []
+    for p in md.partitions:
+        _lo, hi = c.get_watermark_offsets(TopicPartition(worker.topics["rank"], p), timeout=10)
+        parts.append(TopicPartition(worker.topics["rank"], p, hi))
+    c.assign(parts)
+    sent_at: dict[str, float] = {}
+    lock = threading.Lock()
+    errors: list[str] = []
+
+    def produce() -> None:
+        try:
+            produce_paced()
+        except Exception as exc:  # surfaced in the figures, never silent
+            errors.append(repr(exc))
+
+    def produce_paced() -> None:
+        from confluent_kafka import Producer
+
+        pconf: dict[str, Any] = dict(config.kafka_client_config(world.bootstrap))
+        pconf.update({"linger.ms": 1, "acks": "all"})
+        p = Producer(pconf)
+        t0 = time.perf_counter()
+        i = 0
+        while i < total:
+            target = due(time.perf_counter() - t0, per_s, total)
+            while i < target:
+                s = subs[i]
+                now = time.time()
+                s["submitted_at"] = format_ts(now)
+                with lock:
+                    sent_at[s["job_id"]] = now
+                p.produce(worker.topics["sub"], key=s["job_id"].encode(), value=orjson.dumps(s))
+                i += 1
+            p.poll(0)
+            time.sleep(0.0005)
+        if p.flush(60) != 0:
+            errors.append("load producer could not flush")
+
+    th = threading.Thread(target=produce, name="bench-load", daemon=True)
+    t_start = time.perf_counter()
+    th.start()
+    lat: list[float] = []
+    end = time.monotonic() + seconds + 60
+    while len(lat) < total and time.monotonic() < end:
+        msgs = c.consume(num_messages=1000, timeout=0.05)
+        now = time.time()
+        for m in msgs:
+            if m.error() is not None:
+                continue
+            r = orjson.loads(m.value())
+            with lock:
+                t_sent = sent_at.get(r["job_id"])
+            if t_sent is not None:
+                lat.append(now - t_sent)
+        if not msgs and not worker.alive():
+            raise RuntimeError("the worker died under load:\n" + worker.log_tail())
+    th.join(30)
+    c.close()
+    wall = time.perf_counter() - t_start
+    return {
+        "offered_per_s": per_s,
+        "seconds": seconds,
+        "sent": len(sent_at),
+        "ranked": len(lat),
+        "achieved_per_s": round(rate(len(lat), wall), 1),
+        "p50_ms": percentile_ms(lat, 50),
+        "p90_ms": percentile_ms(lat, 90),
+        "p99_ms": percentile_ms(lat, 99),
+        "max_ms": percentile_ms(lat, 100),
+        "errors": errors,
+    }
+
+
+__all__ = [
+    "BenchWorld",
+    "PerRowModel",
+    "WorkerProc",
+    "batch_loop",
+    "build_world",
+    "load_topic",
+    "naive_loop",
+    "offered_load",
+    "passthrough_work",
+    "pipeline_work",
+    "worker_backlog",
+]

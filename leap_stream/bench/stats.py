@@ -1,0 +1,95 @@
+"""Pure helpers of the bench: figures, ratios, pacing, candidate widening (unit-tested)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+FINAL_KEYS = (
+    "passthrough_eps",
+    "pipeline_eps",
+    "worker_eps",
+    "naive_eps",
+    "p50_ms_at_1000",
+    "p99_ms_at_1000",
+    "hardware_types",
+    "candidates_per_job",
+    "pipeline_vs_passthrough",
+    "pipeline_vs_naive",
+)
+
+
+def rate(events: int, seconds: float) -> float:
+    """Events per second; 0 when nothing was timed (never a division by zero)."""
+    return events / seconds if seconds > 0 and events > 0 else 0.0
+
+
+def percentile_ms(latencies_s: Sequence[float], q: float) -> float:
+    """q-th percentile (0..100) of latencies given in seconds, in milliseconds; NaN if empty."""
+    if len(latencies_s) == 0:
+        return math.nan
+    return float(np.percentile(np.asarray(latencies_s, np.float64), q) * 1000.0)
+
+
+def ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else math.nan
+
+
+def final_figures(figs: Mapping[str, Any]) -> dict[str, Any]:
+    """The last stdout line: the brief's keys, with the two ratios computed here."""
+    out = {
+        k: figs.get(k)
+        for k in FINAL_KEYS
+        if k not in ("pipeline_vs_passthrough", "pipeline_vs_naive")
+    }
+    out["pipeline_vs_passthrough"] = round(
+        ratio(float(figs["pipeline_eps"]), float(figs["passthrough_eps"])), 3
+    )
+    out["pipeline_vs_naive"] = round(
+        ratio(float(figs["pipeline_eps"]), float(figs["naive_eps"])), 2
+    )
+    for k, v in list(out.items()):
+        if isinstance(v, float) and not math.isfinite(v):
+            out[k] = None  # JSON has no NaN
+        elif isinstance(v, float):
+            out[k] = round(v, 3)
+    return out
+
+
+def due(elapsed_s: float, per_s: float, total: int) -> int:
+    """How many events an open-loop generator at ``per_s`` should have sent after ``elapsed_s``."""
+    if elapsed_s <= 0:
+        return 0
+    return min(total, int(elapsed_s * per_s) + 1)
+
+
+def widen_candidates(
+    submission: Mapping[str, Any], types: Sequence[str], k: int, salt: int = 0
+) -> dict[str, Any]:
+    """The submission with exactly ``k`` candidate types: its default plus others, rotated by salt.
+
+    The bench needs a fixed fan-out (k rows per job) so the figures compare at a known width.
+    """
+    if k > len(types):
+        raise ValueError(f"{k} candidates asked, the catalog has {len(types)} types")
+    default = submission["default_hardware"]
+    others = [t for t in types if t != default]
+    start = salt % len(others)
+    rotated = others[start:] + others[:start]
+    out = dict(submission)
+    out["candidate_hardware"] = [default, *rotated[: k - 1]]
+    return out
+
+
+__all__ = [
+    "FINAL_KEYS",
+    "due",
+    "final_figures",
+    "percentile_ms",
+    "rate",
+    "ratio",
+    "widen_candidates",
+]
