@@ -274,7 +274,9 @@ def pipeline_work(world: BenchWorld) -> tuple[Work, Any]:
         stats["valid"] += res.valid
         stats["dead"] += len(res.dead_letters)
         stats["model"] += sum(r["source"] == "model" for r in res.rankings)
-        rankings = [(str(r["job_id"]).encode(), orjson.dumps(r)) for r in res.rankings]
+        rankings: list[tuple[bytes | None, bytes]] = [
+            (str(r["job_id"]).encode(), orjson.dumps(r)) for r in res.rankings
+        ]
         dead = [(dead_letter_key(d), orjson.dumps(d)) for d in res.dead_letters]
         return rankings, dead
 
@@ -548,7 +550,7 @@ def offered_load(
         for m in msgs:
             if m.error() is not None:
                 continue
-            r = orjson.loads(m.value())
+            r = orjson.loads(m.value() or b"{}")
             with lock:
                 t_sent = sent_at.get(r["job_id"])
             if t_sent is not None:
