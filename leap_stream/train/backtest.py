@@ -32,6 +32,7 @@ from leap_stream.train import pit
 from leap_stream.train.trainer import metrics
 
 PREDICTORS = ("model", "lookup", "oracle")
+ABLATION_KEYS = ("accuracy", "accuracy_ran", "mape", "top1", "savings")
 
 
 @dataclass
@@ -88,7 +89,7 @@ def _night_eval(
     in_truth = np.isfinite(meas)
     n_jobs = len(subs)
 
-    # the job's work: what its default-hardware run processed (samples), a weight per job
+    # the job's work: what its run processed (samples), a weight per job
     comp = completions.set_index(["job_id", "attempt"])
     ck = pd.MultiIndex.from_arrays([subs["job_id"], subs["attempt"]])
     c = comp.reindex(ck)
@@ -99,9 +100,11 @@ def _night_eval(
     )
     default = subs["default_hardware"].to_numpy(object)
     is_default = hw == default[job]
-    meas_default = np.full(n_jobs, np.nan)
-    meas_default[job[is_default & in_truth]] = meas[is_default & in_truth]
-    work = np.nan_to_num(dur * meas_default, nan=0.0)
+    ran_hw = c["hardware_type"].to_numpy(object)
+    is_ran = hw == ran_hw[job]  # where it ran: the default, or the policy's choice
+    meas_ran = np.full(n_jobs, np.nan)
+    meas_ran[job[is_ran & in_truth]] = meas[is_ran & in_truth]
+    work = np.nan_to_num(dur * meas_ran, nan=0.0)
     dev_hours = np.nan_to_num(c["device_hours"].to_numpy(np.float64), nan=0.0)
 
     # cost of running job j on row r's hardware (USD), at the measured rate there
@@ -137,7 +140,7 @@ def _night_eval(
             None if lo is None else lo[in_truth],
             None if hi is None else hi[in_truth],
         )
-        ran = in_truth & is_default  # the hardware the job actually ran on
+        ran = in_truth & is_ran  # the hardware the job actually ran on
         m["accuracy_ran"] = metrics(np.where(usable, p, np.nan)[ran], meas[ran])["accuracy"]
         score = np.where(usable & in_truth, throughput_per_cost(p, cost, nd), -np.inf)
         top = _argmax_per_job(job, score, n_jobs)
@@ -275,7 +278,7 @@ def run_backtest(
             r, _ = _night_eval(
                 day.submissions, day.truth, day.completions, snap, specs, models[v], None
             )
-            result[v] = {k: r["model"][k] for k in ("accuracy", "mape", "top1", "savings")}
+            result[v] = {k: r["model"][k] for k in ABLATION_KEYS}
         per_night.append(result)
         scored_all.append(scored.assign(night=len(per_night)))
         bar.update(1)
@@ -319,7 +322,7 @@ def _summarise(per_night: list[dict[str, Any]], variants: list[str]) -> dict[str
     for v in variants[1:]:
         ablation[v[1:]] = {
             k: round(float(np.nanmean([n[v][k] for n in per_night])) - out["model"][k], 4)
-            for k in ("accuracy", "mape", "top1", "savings")
+            for k in ABLATION_KEYS
         }
     if ablation:
         out["ablation_delta"] = ablation  # variant minus full model, mean over nights
