@@ -21,7 +21,10 @@ def register(parser: argparse.ArgumentParser) -> None:
         "--events", type=int, default=20_000, help="backlog per stage (default 20000)"
     )
     parser.add_argument(
-        "--naive-events", type=int, default=0, help="events of the naive stage (default events/20)"
+        "--naive-events",
+        type=int,
+        default=0,
+        help="events of the naive stage (default events/500: it runs at a few events/s)",
     )
     parser.add_argument("--candidates", type=int, default=20, help="candidate types per job")
     parser.add_argument("--rate", type=float, default=1000.0, help="offered load, submissions/s")
@@ -57,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         figs["hardware_types"] = len(world.types)
         figs["candidates_per_job"] = args.candidates
         n = len(world.submissions)
-        naive_n = args.naive_events or max(200, n // 20)
+        naive_n = args.naive_events or max(30, n // 500)
 
         if "passthrough" in stages:
             src, dst = world.topic("pt-in"), world.topic("pt-out")
