@@ -203,8 +203,10 @@ def flops_per_sample(jobs: pd.DataFrame) -> np.ndarray:
     return np.asarray(np.where(ckpt, 8.0, 6.0) * active * seq)
 
 
-def _categorical(values: np.ndarray | pd.Series, levels: Sequence[str]) -> pd.Categorical:
-    return pd.Categorical(np.asarray(values, dtype=object), categories=list(levels))
+def _categorical(values: np.ndarray | pd.Series, levels: Sequence[str]) -> np.ndarray:
+    """Kept as strings (object): the predictor encodes every categorical the same way."""
+    del levels
+    return np.asarray(values, dtype=object)
 
 
 def _flatten_lineage(

@@ -51,7 +51,7 @@ DEFAULT_PARAMS: dict[str, Any] = {
     "bagging_fraction": 0.8,
     "bagging_freq": 1,
     "lambda_l2": 5.0,
-    "max_bin": 255,
+    "max_bin": 127,
     "cat_smooth": 10.0,
     "max_cat_to_onehot": 8,
     "verbose": -1,
@@ -60,10 +60,11 @@ NUM_ROUNDS = 150
 EARLY_STOP = 40
 
 
-def _threads(rows: int) -> int:
+def _threads(rows: int, predict: bool = False) -> int:
     """OpenMP threads: one for small work (spinning threads cost more than they save on a
-    shared 2-core box), up to two for big training sets."""
-    return 1 if rows < 200_000 else max(1, min(2, os.cpu_count() or 1))
+    shared 2-core box), two for big training sets and serving batches."""
+    big = rows >= (2_000 if predict else 200_000)
+    return max(1, min(2, os.cpu_count() or 1)) if big else 1
 
 
 def holdout_mask(lineage_ids: np.ndarray | pd.Series, fraction: float, seed: int = 0) -> np.ndarray:
@@ -129,11 +130,14 @@ class ThroughputModel:
         """Fit on (job × hardware it ran on) rows; `samples_per_s` is the measured whole-job rate."""
         groups = [g for g in F.GROUPS if g in groups]
         names = F.booster_features(groups)
-        levels = {
-            c: sorted({str(v) for v in frame[c].dropna().unique()})
-            for c in F.OPEN_CATEGORIES
-            if c in names
-        }
+        levels = {c: list(v) for c, v in F.CATEGORIES.items() if c in names}
+        levels.update(
+            {
+                c: sorted({str(v) for v in frame[c].dropna().unique()})
+                for c in F.OPEN_CATEGORIES
+                if c in names
+            }
+        )
         y = np.log(np.asarray(samples_per_s, np.float64)) - frame["log_devices"].to_numpy()
         offset = _offset(frame, groups)
         calib = holdout_mask(lineage_ids, calib_fraction, seed) if len(frame) >= 400 else None
@@ -151,7 +155,14 @@ class ThroughputModel:
         if names:
             X = _matrix(frame, names, levels)
             target = y - offset
-            dtrain = lgb.Dataset(X[train_idx], target[train_idx], free_raw_data=True)
+            cats = [i for i, c in enumerate(names) if c in levels]
+            dtrain = lgb.Dataset(
+                X[train_idx],
+                target[train_idx],
+                feature_name=names,
+                categorical_feature=cats,
+                free_raw_data=True,
+            )
             valid_sets = []
             if calib is not None:
                 valid_sets = [lgb.Dataset(X[calib], target[calib], reference=dtrain)]
@@ -162,7 +173,7 @@ class ThroughputModel:
             best = booster.best_iteration or booster.current_iteration()
             booster = lgb.Booster(model_str=booster.model_to_string(num_iteration=best))
         else:  # every booster group ablated: a constant (the mean), still a valid text model
-            X = pd.DataFrame({"const": np.zeros(len(frame))})
+            X = np.zeros((len(frame), 1))
             names = ["const"]
             booster = lgb.train({**p, "min_data_in_leaf": 1}, lgb.Dataset(X, y), num_boost_round=1)
             best = 1
@@ -186,12 +197,14 @@ class ThroughputModel:
         # (model type × hardware) idiosyncrasy the trees cannot reach: the shrunk mean residual
         # of the training rows, a table in the metadata (text) added to f at prediction time.
         if "config" in groups and "specs" in groups:
-            tf = frame.loc[train_idx]
-            pred_tr = np.asarray(booster.predict(_matrix(tf, names, levels))) + offset[train_idx]
+            tr_rows = np.flatnonzero(train_idx)
+            if len(tr_rows) > PAIR_SAMPLE:  # in-sample residuals: a sample is plenty
+                tr_rows = np.random.default_rng(seed).choice(tr_rows, PAIR_SAMPLE, replace=False)
+            pred_tr = np.asarray(booster.predict(X[tr_rows], num_threads=p["num_threads"]))
             metadata["pair_effects"] = _pair_table(
-                tf["model_type"].to_numpy(object),
-                tf["hardware_type"].to_numpy(object),
-                y[train_idx] - pred_tr,
+                frame["model_type"].to_numpy(object)[tr_rows],
+                frame["hardware_type"].to_numpy(object)[tr_rows],
+                y[tr_rows] - pred_tr - offset[tr_rows],
             )
         model = cls(booster, metadata)
         # conformal calibration on held-out lineages, every applicable anchor per row
@@ -236,8 +249,10 @@ class ThroughputModel:
             _u, first, inverse = np.unique(key, return_index=True, return_inverse=True)
             fo = frame.iloc[rows[first]]
             Xo = _matrix(fo, self.feature_names, self._levels, prefix="o_")
-            X = pd.concat([X, Xo], ignore_index=True)
-        out = np.asarray(self.booster.predict(X, num_threads=_threads(len(X))))  # the one call
+            X = np.vstack([X, Xo])
+        out = np.asarray(
+            self.booster.predict(X, num_threads=_threads(len(X), predict=True))
+        )  # the one call
         blind = out[:n] + _offset(frame, self.groups) + self._pair(frame, "")
         moved = np.full(n, np.nan)
         if len(rows):
@@ -288,18 +303,34 @@ class ThroughputModel:
 
 def _matrix(
     frame: pd.DataFrame, names: list[str], levels: dict[str, list[str]], prefix: str = ""
-) -> pd.DataFrame:
-    """Booster input; with prefix "o_", the same job on its prior hardware."""
+) -> np.ndarray:
+    """Booster input as one float matrix (categoricals as level codes, unseen → NaN); with
+    prefix "o_", the same jobs on their prior hardware. No pandas on the way into LightGBM."""
+    X = np.empty((len(frame), len(names)), np.float64)
     if names == ["const"]:
-        return pd.DataFrame({"const": np.zeros(len(frame))})
-    cols = [prefix + c if prefix and c in F.HW_COLUMNS else c for c in names]
-    X = frame[cols].copy()
-    X.columns = pd.Index(names)
-    for c, lv in levels.items():
-        if c in X:
-            v = X[c].astype(object)
-            X[c] = pd.Categorical(v.where(v.isin(lv)), categories=lv)  # unseen level → NaN
+        X[:] = 0.0
+        return X
+    for i, c in enumerate(names):
+        col = prefix + c if prefix and c in F.HW_COLUMNS else c
+        if c in levels:
+            codes = _level_index(levels[c]).get_indexer(pd.Index(frame[col].to_numpy(object)))
+            X[:, i] = np.where(codes >= 0, codes, np.nan)
+        else:
+            X[:, i] = frame[col].to_numpy(np.float64)
     return X
+
+
+_INDEX_CACHE: dict[tuple[str, ...], pd.Index] = {}
+
+
+def _level_index(levels: list[str]) -> pd.Index:
+    key = tuple(levels)
+    idx = _INDEX_CACHE.get(key)
+    if idx is None:
+        if len(_INDEX_CACHE) > 64:  # models come and go; keep the cache bounded
+            _INDEX_CACHE.clear()
+        idx = _INDEX_CACHE[key] = pd.Index(levels, dtype=object)
+    return idx
 
 
 def _offset(frame: pd.DataFrame, groups: Sequence[str], prefix: str = "") -> np.ndarray:
@@ -312,6 +343,7 @@ def _offset(frame: pd.DataFrame, groups: Sequence[str], prefix: str = "") -> np.
     return np.zeros(len(frame))
 
 
+PAIR_SAMPLE = 300_000
 PAIR_SHRINK = 3.0  # pseudo-rows at zero effect: a pair seen once moves a third of the way
 
 

@@ -141,7 +141,15 @@ def _night_eval(
             None if hi is None else hi[in_truth],
         )
         ran = in_truth & is_ran  # the hardware the job actually ran on
-        m["accuracy_ran"] = metrics(np.where(usable, p, np.nan)[ran], meas[ran])["accuracy"]
+        mr = metrics(
+            np.where(usable, p, np.nan)[ran],
+            meas[ran],
+            None if lo is None else lo[ran],
+            None if hi is None else hi[ran],
+        )
+        m["accuracy_ran"] = mr["accuracy"]
+        if "interval_coverage" in mr:
+            m["interval_coverage_ran"] = mr["interval_coverage"]
         score = np.where(usable & in_truth, throughput_per_cost(p, cost, nd), -np.inf)
         top = _argmax_per_job(job, score, n_jobs)
         covered = top >= 0
@@ -315,9 +323,11 @@ def _summarise(per_night: list[dict[str, Any]], variants: list[str]) -> dict[str
     )
     for name in PREDICTORS:
         out[name] = {k: round(float(np.nanmean([n[name][k] for n in per_night])), 4) for k in keys}
-    out["model"]["interval_coverage_80"] = round(
-        float(np.nanmean([n["model"]["interval_coverage"] for n in per_night])), 4
-    )
+    for k, src in (
+        ("interval_coverage_80", "interval_coverage"),
+        ("interval_coverage_80_ran", "interval_coverage_ran"),
+    ):
+        out["model"][k] = round(float(np.nanmean([n["model"][src] for n in per_night])), 4)
     ablation: dict[str, Any] = {}
     for v in variants[1:]:
         ablation[v[1:]] = {
