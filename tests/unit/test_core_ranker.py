@@ -116,3 +116,27 @@ def test_fallback_chain_and_exclusions(trained: tuple[Any, ThroughputModel, Look
 def test_long_submission_id_still_gives_valid_event_id() -> None:
     eid = ranking_event_id("x" * 128)
     assert len(eid) <= 128 and eid == ranking_event_id("x" * 128)
+
+
+def test_one_booster_call_per_batch(trained: tuple[Any, ThroughputModel, LookupTable]) -> None:
+    d, model, lookup = trained
+    calls: list[int] = []
+    real = model.booster
+
+    class Counting:
+        def predict(self, X: Any, **kw: Any) -> Any:
+            calls.append(len(X))
+            return real.predict(X, **kw)
+
+    model.booster = Counting()  # type: ignore[assignment]
+    try:
+        subs = _subs(d, 50)
+        hist = [{"l4": Measurement(100.0, 1, 1.7e9, 1)}] * 50  # every job has a prior elsewhere
+        out = Ranker(load_catalog(), model, lookup).rank_batch(subs, hist, {}, NOW)
+    finally:
+        model.booster = real
+    assert len(calls) == 1
+    assert all(r["source"] == "model" for r in out)
+    n_cands = sum(len(s["candidate_hardware"]) for s in subs)
+    # candidate rows + one prior-hardware row per job (deduplicated), in that one call
+    assert n_cands < calls[0] <= n_cands + 50
