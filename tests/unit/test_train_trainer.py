@@ -42,18 +42,27 @@ def test_training_rows_respect_known_before() -> None:
 def test_train_publish_promote_then_gate(tmp_path: Path) -> None:
     d = _dataset()
     reg = tmp_path / "registry"
-    first = trainer.train_and_publish(d, reg, holdout_days=2, progress=False)
-    assert first["promoted"] is True
+    early = d[d["submitted_at"] < pd.Timestamp("2026-11-08", tz="UTC")]
+    first = trainer.train_and_publish(early, reg, holdout_days=2, progress=False)
+    assert first["promoted"] is True and first["reason"] == "no current model"
     r = Registry(reg)
     assert r.current_version() == first["version"]
     loaded = r.load_current(ThroughputModel.load)
     assert loaded is not None and loaded[1].version == first["version"]
     assert LookupTable.load(r.versions / first["version"] / trainer.LOOKUP_FILE).tables
-    # the same data again: the candidate is compared with the current on the same rows
+    # two more days: candidate and current are compared on the rows neither trained on
     second = trainer.train_and_publish(d, reg, holdout_days=2, progress=False)
     assert second["current"] is not None and second["candidate"] is not None
+    assert second["current"]["rows"] == second["candidate"]["rows"] == second["gate_rows"]
     assert second["version"] != first["version"]
-    assert isinstance(second["promoted"], bool) and second["reason"]
+    expect, _why = trainer.gate(second["candidate"], second["current"])
+    assert second["promoted"] is expect
+    assert (r.current_version() == second["version"]) is expect
+    # no new data since the current model: nothing fair to compare on, keep the current one
+    if second["promoted"]:
+        third = trainer.train_and_publish(d, reg, holdout_days=2, progress=False)
+        assert third["promoted"] is False and "newer than the current" in third["reason"]
+        assert r.current_version() == second["version"]
 
 
 def test_cli_last_line_is_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
