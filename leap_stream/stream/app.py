@@ -95,7 +95,7 @@ class WorkerDeps:
     submissions: SubmissionProcessor
     completions: CompletionProcessor
     dataset_append: Callable[[list[dict[str, Any]]], object]
-    output: OutputProducer
+    make_output: Callable[[], OutputProducer]  # one producer per agent (see send_all)
     metrics: Metrics
     model_poll: Callable[[], object] | None = None  # runs in a thread; hot reload
     lag_poll: Callable[[], object] | None = None  # runs in a thread; updates the lag gauge
@@ -221,18 +221,32 @@ def build_app(deps: WorkerDeps) -> faust.App:
                     log.error(
                         "stopping while %s fails (%r): exiting without committing it", what, exc
                     )
-                    deps.output.close(5.0)
+                    for out in outputs.values():
+                        out.close(5.0)
                     os._exit(EXIT_UNFINISHED)
                 log.warning("%s failed (%r); retrying in %.1fs", what, exc, delay)
                 await asyncio.sleep(delay)
                 delay = min(deps.retry_cap_s, delay * 2)
 
-    def send_all(rankings: list[dict[str, Any]], dead: list[dict[str, Any]]) -> int:
-        for r in rankings:
-            deps.output.send(cfg.topic_rankings, str(r["job_id"]).encode(), orjson.dumps(r))
-        for dl in dead:
-            deps.output.send(cfg.topic_dead_letter, dead_letter_key(dl), orjson.dumps(dl))
-        return deps.output.flush()
+    # Each agent has its own producer, used only from its own executor thread: a flush then
+    # covers exactly that agent's records and their delivery reports (one shared producer
+    # flushed from two threads mixes them up, and librdkafka callbacks from two threads at
+    # once crashed the process in the broker-outage test).
+    outputs = {sub_pool: deps.make_output(), comp_pool: deps.make_output()}
+
+    def sender(pool: ThreadPoolExecutor) -> Callable[[list[Any], list[Any]], int]:
+        out = outputs[pool]
+
+        def send_all(rankings: list[dict[str, Any]], dead: list[dict[str, Any]]) -> int:
+            for r in rankings:
+                out.send(cfg.topic_rankings, str(r["job_id"]).encode(), orjson.dumps(r))
+            for dl in dead:
+                out.send(cfg.topic_dead_letter, dead_letter_key(dl), orjson.dumps(dl))
+            return out.flush()
+
+        return send_all
+
+    send_submissions, send_completions = sender(sub_pool), sender(comp_pool)
 
     def count_dead(topic: str, dead: list[dict[str, Any]]) -> None:
         for dl in dead:
@@ -254,7 +268,7 @@ def build_app(deps: WorkerDeps) -> faust.App:
             "rank", sub_pool, deps.submissions.process, records, now
         )
         if res.rankings or res.dead_letters:
-            await until_done("produce", sub_pool, send_all, res.rankings, res.dead_letters)
+            await until_done("produce", sub_pool, send_submissions, res.rankings, res.dead_letters)
         sub_gate.track(events)
         if res.flushed_pending:
             sub_gate.done(held)
@@ -332,7 +346,7 @@ def build_app(deps: WorkerDeps) -> faust.App:
         )
         dead = [dl for kind, dl in outcome if kind == "dead" and dl is not None]
         if dead:
-            await until_done("produce", comp_pool, send_all, [], dead)
+            await until_done("produce", comp_pool, send_completions, [], dead)
             count_dead(cfg.topic_completions, dead)
         still: list[tuple[Any, Record, dict[str, Any], float]] = []
         for item, (kind, value) in zip(pending.waiting, outcome, strict=True):
@@ -402,7 +416,7 @@ def build_app(deps: WorkerDeps) -> faust.App:
                 "apply", comp_pool, process_completions, records, now
             )
             if res.dead_letters:
-                await until_done("produce", comp_pool, send_all, [], res.dead_letters)
+                await until_done("produce", comp_pool, send_completions, [], res.dead_letters)
             waiting = {i for i, _c in res.waiting}
             mono = time.monotonic()
             pending.add([e for i, e in enumerate(events) if i not in waiting], res.rows)
@@ -449,7 +463,8 @@ def build_app(deps: WorkerDeps) -> faust.App:
     async def _close(app_: Any, **_kw: Any) -> None:
         async with pending.lock:
             await flush_locked(force=True)
-        await in_thread(aux_pool, deps.output.close)
+        for pool, out in outputs.items():
+            await in_thread(pool, out.close)
 
     return app
 

@@ -52,21 +52,29 @@ def total_lag(rows: Iterable[PartitionLag]) -> int:
 
 
 class LagReader:
-    """Fetches committed offsets and watermarks with one AdminClient (two requests per call)."""
+    """Committed offsets and watermarks through one confluent-kafka Consumer of the group.
+
+    A Consumer, not the AdminClient: librdkafka's admin ListConsumerGroupOffsets crashes the
+    process (SIGSEGV in rd_kafka_cgrp_op with no group handle) when the coordinator answers
+    NOT_COORDINATOR, which is what a broker says right after a restart (librdkafka via
+    confluent-kafka-python #1982, confluent-kafka-javascript #374); our broker-outage test hit
+    it. A consumer carrying the group id has that handle. It never subscribes, so it never
+    joins the group, and it never commits.
+    """
 
     def __init__(self, bootstrap: str, group: str, topics: Iterable[str]) -> None:
-        from confluent_kafka.admin import AdminClient
+        from confluent_kafka import Consumer
 
         self.group = group
         self.topics = list(topics)
-        conf: dict[str, str | int | float | bool] = dict(config.kafka_client_config(bootstrap))
-        self._admin = AdminClient(conf)
+        conf: dict[str, Any] = dict(config.kafka_client_config(bootstrap))
+        conf.update({"group.id": group, "enable.auto.commit": False})
+        self._consumer = Consumer(conf)
 
     def read(self, timeout: float = 10.0) -> list[PartitionLag]:
-        from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
-        from confluent_kafka.admin import OffsetSpec
+        from confluent_kafka import TopicPartition
 
-        meta = self._admin.list_topics(timeout=timeout)
+        meta = self._consumer.list_topics(timeout=timeout)
         tps = [
             TopicPartition(t, p)
             for t in self.topics
@@ -75,31 +83,17 @@ class LagReader:
         ]
         if not tps:
             return []
-        futures = self._admin.list_consumer_group_offsets(
-            [ConsumerGroupTopicPartitions(self.group, tps)], request_timeout=timeout
-        )
         committed: dict[TopicPartitionKey, int | None] = {}
-        for tp in futures[self.group].result(timeout=timeout).topic_partitions:
+        for tp in self._consumer.committed(tps, timeout=timeout):
             committed[(tp.topic, tp.partition)] = tp.offset if tp.offset >= 0 else None
-        lows = self._admin.list_offsets(
-            {tp: OffsetSpec.earliest() for tp in tps}, request_timeout=timeout
-        )
-        highs = self._admin.list_offsets(
-            {tp: OffsetSpec.latest() for tp in tps}, request_timeout=timeout
-        )
         watermarks: dict[TopicPartitionKey, tuple[int, int]] = {}
         for tp in tps:
-            low = _offset_of(lows, tp, timeout)
-            high = _offset_of(highs, tp, timeout)
-            watermarks[(tp.topic, tp.partition)] = (low, high)
+            low, high = self._consumer.get_watermark_offsets(tp, timeout=timeout, cached=False)
+            watermarks[(tp.topic, tp.partition)] = (int(low), int(high))
         return compute_lag(committed, watermarks)
 
-
-def _offset_of(futures: Mapping[Any, Any], tp: Any, timeout: float) -> int:
-    for key, fut in futures.items():
-        if (key.topic, key.partition) == (tp.topic, tp.partition):
-            return int(fut.result(timeout=timeout).offset)
-    raise KeyError(tp)
+    def close(self) -> None:
+        self._consumer.close()
 
 
 def register(parser: argparse.ArgumentParser) -> None:

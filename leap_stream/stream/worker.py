@@ -7,6 +7,7 @@ the batch in hand, flush, commit, exit 0).
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
 import sys
 from typing import Any
@@ -62,7 +63,7 @@ def build_deps(cfg: config.Config, bootstrap: str, redis_url: str) -> Any:
             store, max_bytes=cfg.max_message_bytes, known_hardware=known
         ),
         dataset_append=sink.append,
-        output=OutputProducer(bootstrap),
+        make_output=lambda: OutputProducer(bootstrap),
         metrics=metrics,
         model_poll=holder.poll,
         lag_poll=lag_poll,
@@ -85,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
 
     from leap_stream.stream.app import build_app
 
+    faulthandler.enable()  # a crash in a C extension prints every thread's stack
     cfg = config.Config.from_env()
     level = (args.loglevel or config.get("LEAP_LOG_LEVEL")).lower()
     logging.basicConfig(
