@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "store": ("leap_stream.store.cli", "Redis history rebuild, dataset compaction, models"),
     "train": ("leap_stream.train.trainer", "nightly training with the promotion gate"),
     "backtest": ("leap_stream.train.backtest", "nightly retrains against the simulator's truth"),
+    "demo": ("leap_stream.demo.cli", "the whole service on one machine, with a report"),
     "bench": ("leap_stream.bench.cli", "throughput and latency benchmark against the local services"),
 }
 
