@@ -87,7 +87,7 @@ def test_worker_survives_a_broker_outage(
             _wait_ranked(client, half, proc, 90)
 
         assert stop_services(names=["kafka"], home=home)["kafka"]
-        time.sleep(12)  # the worker's consumer, producer and lag timer all see the outage
+        time.sleep(8)  # the worker's consumer, producer and lag timer all see the outage
         assert proc.poll() is None, log.read_text()[-3000:]
         again = ensure_services(kafka=True, redis=False, home=home)
         assert again.kafka_bootstrap == bootstrap  # same port, same data
