@@ -247,7 +247,14 @@ class ThroughputModel:
             hw_code, _ = pd.factorize(frame["o_hardware_type"].to_numpy(object)[rows])
             key = frame["job"].to_numpy(np.int64)[rows] * (int(hw_code.max()) + 2) + hw_code
             _u, first, inverse = np.unique(key, return_index=True, return_inverse=True)
-            fo = frame.iloc[rows[first]]
+            need = [
+                "o_" + c if c in F.HW_COLUMNS else c
+                for c in [*self.feature_names, "hardware_type", "log_phys_rate"]
+                if c != "const"
+            ]
+            need = list(dict.fromkeys([*need, "model_type"]))
+            pick = rows[first]
+            fo = pd.DataFrame({c: frame[c].to_numpy()[pick] for c in need})
             Xo = _matrix(fo, self.feature_names, self._levels, prefix="o_")
             X = np.vstack([X, Xo])
         out = np.asarray(

@@ -113,7 +113,7 @@ class Ranker:
         model_reason = np.full(n_jobs, "ok" if self.model is not None else "no_model", object)
         if self.model is not None and fits.any():
             try:
-                p50, p10, p90 = self.model.predict(frame.loc[fits])
+                p50, p10, p90 = self.model.predict(frame if fits.all() else frame.loc[fits])
                 pred[fits], low[fits], high[fits] = p50, p10, p90
                 ok = fits & np.isfinite(pred) & (pred > 0)
                 source[ok] = SRC_MODEL
