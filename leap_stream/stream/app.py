@@ -229,9 +229,8 @@ def build_app(deps: WorkerDeps) -> faust.App:
                 delay = min(deps.retry_cap_s, delay * 2)
 
     # Each agent has its own producer, used only from its own executor thread: a flush then
-    # covers exactly that agent's records and their delivery reports (one shared producer
-    # flushed from two threads mixes them up, and librdkafka callbacks from two threads at
-    # once crashed the process in the broker-outage test).
+    # covers exactly that agent's records and their delivery reports (with one producer
+    # flushed from two threads, one agent could ack on the strength of the other's flush).
     outputs = {sub_pool: deps.make_output(), comp_pool: deps.make_output()}
 
     def sender(pool: ThreadPoolExecutor) -> Callable[[list[Any], list[Any]], int]:
