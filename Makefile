@@ -45,8 +45,10 @@ dev-status: venv
 topics: venv
 	eval "$$($(BIN)/leap-stream dev up --env)" && $(BIN)/leap-stream topics create
 
+# One command, fresh machine: venv + install, native Kafka/Redis, a simulated week, the worker,
+# one streamed day, the nightly retrain, report in ./demo-report/. DEMO_ARGS=--fast for a ~30 s run.
 demo: venv
-	$(BIN)/leap-stream demo
+	$(BIN)/leap-stream demo $(DEMO_ARGS)
 
 lint: venv
 	$(BIN)/ruff check leap_stream tests
