@@ -349,6 +349,11 @@ def _pct(x: Any) -> str:
     return "n/a" if not np.isfinite(v) else f"{100 * v:.1f} %"
 
 
+def _signed(x: Any) -> str:
+    v = float(x)
+    return "n/a" if not np.isfinite(v) else f"{100 * v:+.1f} %"
+
+
 def render_text(report: Mapping[str, Any]) -> str:
     """The short report printed at the end of the demo."""
     cov = report["coverage"]
@@ -362,7 +367,8 @@ def render_text(report: Mapping[str, Any]) -> str:
         st = report["stream"]
         lines.append(
             f"streamed      {st.get('submissions', 0)} submissions + {st.get('completions', 0)} "
-            f"completions in {st.get('seconds', 0):.0f} s ({st.get('events_per_s', 0):.0f} ev/s)"
+            f"completions in {st.get('seconds', 0):.0f} s ({st.get('events_per_s', 0):.0f} ev/s; "
+            f"{st.get('completions_held_for_ranking', 0)} completions held until their ranking)"
         )
     lines += [
         f"coverage      {_pct(cov['coverage'])} of {cov['eligible']} eligible submissions "
@@ -383,14 +389,22 @@ def render_text(report: Mapping[str, Any]) -> str:
         f"(${sav['default_cost_usd']:,.0f}): service {_pct(sav['service']['saving'])} "
         f"(moved {sav['service']['moved']}, oracle pick {_pct(sav['service']['oracle_match'])}), "
         f"lookup {_pct(sav['lookup']['saving'])}, oracle {_pct(sav['oracle']['saving'])}",
-        f"              device-hours: service {_pct(sav['service']['device_hours_saving'])}, "
-        f"oracle {_pct(sav['oracle']['device_hours_saving'])}",
+        f"              device-hours vs the default: service "
+        f"{_signed(-sav['service']['device_hours_saving'])}, oracle "
+        f"{_signed(-sav['oracle']['device_hours_saving'])} (cheaper types run longer)",
     ]
     if lat.get("n"):
         lines.append(
             f"latency       submitted → ranking received: p50 {lat['p50_ms']:.0f} ms, "
             f"p99 {lat['p99_ms']:.0f} ms, max {lat['max_ms']:.0f} ms ({lat['n']} rankings)"
         )
+        split = report.get("latency_split_ms") or {}
+        if split.get("until_ranking_produced_p50") is not None:
+            lines.append(
+                f"              of which until the worker produced it: p50 "
+                f"{split['until_ranking_produced_p50']:.0f} ms, p99 "
+                f"{split['until_ranking_produced_p99']:.0f} ms"
+            )
     if "lag_end" in report:
         lines.append(f"lag at end    {report['lag_end']} events")
     if "dead_letters" in report:
