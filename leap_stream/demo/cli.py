@@ -12,7 +12,12 @@ FAST = {"days_history": 3, "per_day": 1500, "rate": 800.0, "morning": 100}
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", type=Path, default=Path("demo-report"), help="report folder")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("demo-report"),
+        help="report folder (default ./demo-report)",
+    )
     parser.add_argument("--days-history", type=int, default=None, help="days of history (7)")
     parser.add_argument("--per-day", type=int, default=None, help="submissions per day (10000)")
     parser.add_argument(
@@ -20,7 +25,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--seed", type=int, default=7, help="simulator seed")
     parser.add_argument(
-        "--fast", action="store_true", help="small run: 3 days × 1500, 800 events/s (~1-2 min)"
+        "--fast", action="store_true", help="small run: 3 days × 1500, 800 events/s (~30 s)"
     )
     parser.add_argument(
         "--services",
