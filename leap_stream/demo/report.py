@@ -310,6 +310,54 @@ def latency(seconds: np.ndarray | list[float]) -> dict[str, float]:
     }
 
 
+def worker_metrics(text: str) -> dict[str, Any]:
+    """The worker's own counters from its /metrics text, to cross-check the demo's figures
+    (rankings by source, dead letters by kind, events in) and show its batch sizes and times."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, Any] = {
+        "rankings_out": {},
+        "dead_letters": {},
+        "events_in": {},
+        "batches": {},
+        "coverage_ratio": None,
+        "duplicates": 0.0,
+        "dataset_rows_written": 0.0,
+    }
+    sums: dict[tuple[str, str], float] = {}
+    for fam in text_string_to_metric_families(text):
+        for smp in fam.samples:
+            lab = smp.labels
+            if smp.name == "leap_rankings_out_total":
+                out["rankings_out"][lab.get("source", "")] = smp.value
+            elif smp.name == "leap_dead_letter_total":
+                out["dead_letters"][lab.get("kind", "")] = (
+                    out["dead_letters"].get(lab.get("kind", ""), 0.0) + smp.value
+                )
+            elif smp.name == "leap_events_in_total":
+                key = f"{lab.get('topic', '')}:{lab.get('outcome', '')}"
+                out["events_in"][key] = smp.value
+            elif smp.name in ("leap_batch_seconds_sum", "leap_batch_seconds_count"):
+                sums[(lab.get("agent", ""), smp.name.rsplit("_", 1)[1])] = smp.value
+            elif smp.name in ("leap_batch_size_sum",):
+                sums[(lab.get("agent", ""), "size")] = smp.value
+            elif smp.name == "leap_coverage_ratio":
+                out["coverage_ratio"] = smp.value
+            elif smp.name == "leap_completions_duplicate_total":
+                out["duplicates"] = smp.value
+            elif smp.name == "leap_dataset_rows_written_total":
+                out["dataset_rows_written"] = smp.value
+    for agent in sorted({a for a, _k in sums}):
+        n = sums.get((agent, "count"), 0.0)
+        if n:
+            out["batches"][agent] = {
+                "batches": int(n),
+                "mean_ms": 1000.0 * sums.get((agent, "sum"), 0.0) / n,
+                "mean_size": sums.get((agent, "size"), 0.0) / n,
+            }
+    return out
+
+
 @dataclass
 class DemoInputs:
     """What the run gathered; `build_report` derives every figure from it."""
@@ -405,6 +453,17 @@ def render_text(report: Mapping[str, Any]) -> str:
                 f"{split['until_ranking_produced_p50']:.0f} ms, p99 "
                 f"{split['until_ranking_produced_p99']:.0f} ms"
             )
+    wm = report.get("worker_metrics") or {}
+    if wm.get("batches"):
+        parts = [
+            f"{a} {b['batches']} × {b['mean_size']:.1f} ev in {b['mean_ms']:.1f} ms"
+            for a, b in wm["batches"].items()
+        ]
+        lines.append("worker        batches: " + "; ".join(parts))
+        lines.append(
+            f"              own counters: rankings {wm.get('rankings_out')}, dead letters "
+            f"{wm.get('dead_letters')}, duplicates {wm.get('duplicates', 0):.0f}"
+        )
     if "lag_end" in report:
         lines.append(f"lag at end    {report['lag_end']} events")
     if "dead_letters" in report:
@@ -439,4 +498,5 @@ __all__ = [
     "rankings_frames",
     "render_text",
     "savings",
+    "worker_metrics",
 ]

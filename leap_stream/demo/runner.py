@@ -554,7 +554,7 @@ def run_demo(opts: DemoOptions) -> tuple[dict[str, Any], dict[str, Path]]:
     from leap_stream.catalog import load_catalog
     from leap_stream.demo import plots
     from leap_stream.demo.html import render_html
-    from leap_stream.demo.report import DemoInputs, build_report, render_text
+    from leap_stream.demo.report import DemoInputs, build_report, render_text, worker_metrics
     from leap_stream.dev.topics import create_topics
     from leap_stream.sim.events import submission_events, timeline
     from leap_stream.store.offline import DatasetSink, completions_from_frame, read_dataset
@@ -799,6 +799,10 @@ def run_demo(opts: DemoOptions) -> tuple[dict[str, Any], dict[str, Path]]:
         except RuntimeError as exc:
             say(str(exc))
         lag_end = watch.lag()
+        try:
+            run["worker_metrics"] = worker_metrics(worker.metrics_text())
+        except OSError as exc:
+            say(f"could not read the worker's /metrics: {exc}")
         dead = count_dead_letters(bootstrap, topics["dead_letter"])
         dead["injected"] = st["poison"]
         run.update(

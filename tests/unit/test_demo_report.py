@@ -192,3 +192,73 @@ def test_text_plots_and_html(inputs: R.DemoInputs, tmp_path: Path) -> None:
     page = render_html(rep, text, images)
     assert page.count("data:image/png;base64,") == 4 and "src='http" not in page
     assert math.isfinite(rep["savings"]["service"]["saving"])
+
+
+def test_worker_metrics_summary_from_prometheus_text() -> None:
+    text = """# TYPE leap_rankings_out_total counter
+leap_rankings_out_total{source="model"} 7.0
+leap_rankings_out_total{source="none"} 1.0
+# TYPE leap_dead_letter_total counter
+leap_dead_letter_total{kind="schema",topic="s"} 2.0
+leap_dead_letter_total{kind="schema",topic="c"} 1.0
+leap_dead_letter_total{kind="not_json",topic="s"} 1.0
+# TYPE leap_batch_seconds histogram
+leap_batch_seconds_bucket{agent="submissions",le="+Inf"} 4.0
+leap_batch_seconds_sum{agent="submissions"} 0.2
+leap_batch_seconds_count{agent="submissions"} 4.0
+# TYPE leap_batch_size histogram
+leap_batch_size_bucket{agent="submissions",le="+Inf"} 4.0
+leap_batch_size_sum{agent="submissions"} 10.0
+leap_batch_size_count{agent="submissions"} 4.0
+# TYPE leap_completions_duplicate_total counter
+leap_completions_duplicate_total 3.0
+"""
+    wm = R.worker_metrics(text)
+    assert wm["rankings_out"] == {"model": 7.0, "none": 1.0}
+    assert wm["dead_letters"] == {"schema": 3.0, "not_json": 1.0}
+    assert wm["batches"]["submissions"] == {"batches": 4, "mean_ms": 50.0, "mean_size": 2.5}
+    assert wm["duplicates"] == 3.0
+    assert "submissions 4 × 2.5 ev in 50.0 ms" in R.render_text(
+        {**_minimal_report(), "worker_metrics": wm}
+    )
+
+
+def _minimal_report() -> dict:
+    rep, _ = R.build_report(
+        R.DemoInputs(
+            submissions=pd.DataFrame(
+                {
+                    "job_id": ["j"],
+                    "attempt": [1],
+                    "candidate_hardware": ["a|b"],
+                    "default_hardware": ["a"],
+                    "has_prior": [False],
+                }
+            ),
+            completions=pd.DataFrame(
+                {
+                    "job_id": ["j"],
+                    "attempt": [1],
+                    "hardware_type": ["a"],
+                    "status": ["succeeded"],
+                    "samples_per_s": [10.0],
+                    "device_hours": [1.0],
+                }
+            ),
+            truth=pd.DataFrame(
+                {
+                    "job_id": ["j", "j"],
+                    "attempt": [1, 1],
+                    "hardware_type": ["a", "b"],
+                    "true_samples_per_s": [10.0, 9.0],
+                }
+            ),
+            rankings=[_ranking("j", "model", [_cand("b", 9.0, 1), _cand("a", 10.0, 2)], False)],
+            lookup=pd.DataFrame(
+                {"job_id": ["j"], "attempt": [1], "hardware_type": ["a"], "lookup": [10.0]}
+            ),
+            latency_s=[0.01],
+            prices=PRICES,
+        )
+    )
+    return rep
