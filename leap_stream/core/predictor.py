@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import zlib
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -304,8 +305,40 @@ class ThroughputModel:
     def load(cls, directory: str | os.PathLike[str]) -> ThroughputModel:
         d = Path(directory)
         metadata = orjson.loads((d / "metadata.json").read_bytes())
-        booster = lgb.Booster(model_file=str(d / "model.txt"))
+        text = (d / "model.txt").read_bytes()
+        check_model_text(text)  # before LightGBM sees it: its parser can crash or hang
+        booster = lgb.Booster(model_str=text.decode("utf-8"))
         return cls(booster, metadata)
+
+
+_TREE_SIZES = re.compile(rb"\ntree_sizes=([0-9 ]+)\n")
+
+
+def check_model_text(text: bytes) -> None:
+    """Refuse a LightGBM text model that is not whole: LightGBM 4 segfaults on a file cut
+    mid-tree and loops forever on some garbage (tests/faults/test_faults_model.py), so a bad
+    file would take the worker down instead of being counted as a failed load.
+
+    Checks the header, that every tree block sits where ``tree_sizes`` says, and the end marker.
+    """
+    if not text.startswith(b"tree\nversion="):
+        raise ValueError("not a LightGBM text model (no 'tree/version=' header)")
+    m = _TREE_SIZES.search(text)
+    if m is None:
+        raise ValueError("LightGBM model without tree_sizes")
+    try:
+        sizes = [int(x) for x in m.group(1).split()]
+    except ValueError as exc:
+        raise ValueError(f"LightGBM model with bad tree_sizes: {exc}") from None
+    pos = text.find(b"\nTree=0\n", m.end() - 1) + 1
+    if pos == 0:
+        raise ValueError("LightGBM model without trees")
+    for i, size in enumerate(sizes):
+        if not text.startswith(b"Tree=%d\n" % i, pos) or size <= 0:
+            raise ValueError(f"LightGBM model truncated or corrupt at tree {i}")
+        pos += size
+    if not text.startswith(b"end of trees", pos):
+        raise ValueError("LightGBM model truncated (no 'end of trees' after the last tree)")
 
 
 def _matrix(
