@@ -67,9 +67,12 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _terminate)
     try:
         report, paths = run_demo(opts)
-    except RuntimeError as exc:
+    except (RuntimeError, TimeoutError) as exc:
         print(f"demo: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("demo: interrupted (worker stopped, the run's topics deleted)", file=sys.stderr)
+        return 130
     print(report["_text"])
     print(
         f"\nreport: {paths['html']}  (also report.json, report.txt and the PNGs in {opts.out.resolve()})"

@@ -64,14 +64,26 @@ def _free_port() -> int:
     return port
 
 
-def wait_for(what: str, cond: Callable[[], bool], timeout: float, every: float = 0.5) -> float:
-    """Seconds it took; raises after `timeout`."""
+class WorkerDied(RuntimeError):
+    pass
+
+
+def wait_for(
+    what: str,
+    cond: Callable[[], bool],
+    timeout: float,
+    every: float = 0.5,
+    guard: Callable[[], None] | None = None,
+) -> float:
+    """Seconds it took; TimeoutError after `timeout`; `guard` raises to stop waiting early."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
+        if guard is not None:
+            guard()
         if cond():
             return time.monotonic() - t0
         time.sleep(every)
-    raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")
+    raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 # ------------------------------------------------------------------ services
@@ -646,9 +658,12 @@ def run_demo(opts: DemoOptions) -> tuple[dict[str, Any], dict[str, Path]]:
             f"worker started (pid {worker.proc.pid if worker.proc else '?'}, log {worker.log_path})"
         )
 
-        def ready() -> bool:
+        def guard() -> None:
             if not worker.alive():
-                raise RuntimeError("worker exited:\n" + worker.log_tail())
+                raise WorkerDied("the worker exited; its log ends with:\n" + worker.log_tail())
+
+        def ready() -> bool:
+            guard()
             return watch.stable() and bool(worker.model_versions())
 
         watch = GroupWatch(bootstrap, group, in_topics)
@@ -687,8 +702,13 @@ def run_demo(opts: DemoOptions) -> tuple[dict[str, Any], dict[str, Path]]:
         t = step("stream", t)
         ids = set(sent_at)
         try:
-            wait_for("every ranking", lambda: collector is not None and collector.has(ids), 120)
-        except RuntimeError as exc:
+            wait_for(
+                "every ranking",
+                lambda: collector is not None and collector.has(ids),
+                120,
+                guard=guard,
+            )
+        except TimeoutError as exc:
             say(str(exc))
         try:
             wait_for(
@@ -696,8 +716,9 @@ def run_demo(opts: DemoOptions) -> tuple[dict[str, Any], dict[str, Path]]:
                 lambda: watch.lag() == 0,
                 120,
                 1.0,
+                guard=guard,
             )
-        except RuntimeError as exc:
+        except TimeoutError as exc:
             say(str(exc))
         expected_rows = len(fleet.history) + len(fleet.stream_comps)
         try:
@@ -706,8 +727,9 @@ def run_demo(opts: DemoOptions) -> tuple[dict[str, Any], dict[str, Path]]:
                 lambda: len(read_dataset(dataset_dir)) >= expected_rows,
                 30,
                 1.0,
+                guard=guard,
             )
-        except RuntimeError as exc:
+        except TimeoutError as exc:
             say(str(exc))
         rankings, arrived, produced = collector.snapshot()
         got = [e for e in sent_at if e in arrived]
@@ -741,7 +763,7 @@ def run_demo(opts: DemoOptions) -> tuple[dict[str, Any], dict[str, Path]]:
                     ),
                     2,
                 )
-            except RuntimeError as exc:
+            except TimeoutError as exc:
                 reload["metrics_error"] = str(exc)
         reload["metrics_versions"] = worker.model_versions()
         morning_ids = set(fleet.morning["submission_event_id"].astype(str))
@@ -768,7 +790,7 @@ def run_demo(opts: DemoOptions) -> tuple[dict[str, Any], dict[str, Path]]:
                     lambda: collector is not None and collector.has(morning_ids),
                     60,
                 )
-            except RuntimeError as exc:
+            except TimeoutError as exc:
                 say(str(exc))
         all_rankings, _, _ = collector.snapshot()
         versions: dict[str, int] = {}
@@ -796,7 +818,7 @@ def run_demo(opts: DemoOptions) -> tuple[dict[str, Any], dict[str, Path]]:
 
         try:
             wait_for("the last commits", lambda: watch.lag() == 0, 30, 1.0)
-        except RuntimeError as exc:
+        except TimeoutError as exc:
             say(str(exc))
         lag_end = watch.lag()
         try:
