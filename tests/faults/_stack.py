@@ -1,0 +1,294 @@
+"""Shared pieces of the fault tests: one worker's world (topics, group, prefix, folders), the
+worker as a subprocess, a producer that remembers where each event landed, and the checks that
+say "nothing lost, nothing doubled" (rankings, dataset, Redis history against a replay)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pandas as pd
+from prometheus_client.parser import text_string_to_metric_families
+
+from leap_stream.core.history import HistoryBook
+from leap_stream.sim.events import (
+    completion_events,
+    completions_in_arrival_order,
+    submission_events,
+)
+from leap_stream.sim.fleet import SimConfig, simulate
+from leap_stream.store.offline import epoch_s, read_dataset
+from leap_stream.store.online import OnlineStore, connect
+
+
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = int(s.getsockname()[1])
+    s.close()
+    return port
+
+
+def wait_for(what: str, cond: Callable[[], bool], timeout: float, every: float = 0.2) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+@dataclass
+class Stack:
+    bootstrap: str
+    redis_url: str
+    prefix: str
+    tmp: Path
+    topics: dict[str, str]
+    group: str
+    extra_env: dict[str, str] = field(default_factory=dict)
+    metrics_port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+    log_path: Path | None = None
+    starts: int = 0
+
+    @property
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LEAP_")}
+        env.update(
+            LEAP_KAFKA_BOOTSTRAP=self.bootstrap,
+            LEAP_REDIS_URL=self.redis_url,
+            LEAP_REDIS_PREFIX=self.prefix,
+            LEAP_TOPIC_SUBMISSIONS=self.topics["sub"],
+            LEAP_TOPIC_COMPLETIONS=self.topics["comp"],
+            LEAP_TOPIC_RANKINGS=self.topics["rank"],
+            LEAP_TOPIC_DEAD_LETTER=self.topics["dlq"],
+            LEAP_CONSUMER_GROUP=self.group,
+            LEAP_HOME=str(self.tmp / "home"),
+            LEAP_DATASET_DIR=str(self.tmp / "dataset"),
+            LEAP_REGISTRY_DIR=str(self.tmp / "registry"),
+            LEAP_METRICS_PORT=str(self.metrics_port),
+            LEAP_DATASET_FLUSH_S="1",
+            LEAP_LAG_INTERVAL_S="1",
+            LEAP_MODEL_POLL_S="1",
+            LEAP_COMMIT_INTERVAL_S="0.5",
+            LEAP_ORPHAN_GRACE_S="60",
+            LEAP_KAFKA_SESSION_TIMEOUT_S="6",
+            LEAP_REDIS_TIMEOUT_S="0.5",
+        )
+        env.update(self.extra_env)
+        return env
+
+    def start(self) -> None:
+        self.starts += 1
+        self.log_path = self.tmp / f"worker-{self.starts}.log"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "leap_stream", "worker", "-l", "info"],
+            env=self.env,
+            cwd=self.tmp,
+            stdout=open(self.log_path, "wb"),  # noqa: SIM115 - closed with the process
+            stderr=subprocess.STDOUT,
+        )
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_tail(self, n: int = 60) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+            raise AssertionError("worker did not stop:\n" + self.log_tail()) from None
+
+    def metrics_text(self) -> str:
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        return str(urllib.request.urlopen(url, timeout=5).read().decode())
+
+    def metric(self, name: str, **labels: str) -> float:
+        """Sum of the samples of one metric (counters: the ``_total`` sample) with these labels."""
+        total = 0.0
+        for fam in text_string_to_metric_families(self.metrics_text()):
+            for s in fam.samples:
+                if s.name not in (name, name + "_total"):
+                    continue
+                if all(s.labels.get(k) == v for k, v in labels.items()):
+                    total += s.value
+        return total
+
+    def metric_labels(self, name: str) -> list[dict[str, str]]:
+        out = []
+        for fam in text_string_to_metric_families(self.metrics_text()):
+            for s in fam.samples:
+                if s.name == name:
+                    out.append(dict(s.labels))
+        return out
+
+
+class Feeder:
+    """A producer that remembers (topic, partition, offset) of tagged events."""
+
+    def __init__(self, bootstrap: str, **extra: Any) -> None:
+        from confluent_kafka import Producer
+
+        conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "linger.ms": 5}
+        conf.update(extra)
+        self.p = Producer(conf)
+        self.placed: dict[Any, tuple[str, int, int]] = {}
+        self.errors: list[str] = []
+
+    def send(self, topic: str, key: str | None, value: bytes | None, tag: Any = None) -> None:
+        def done(err: Any, msg: Any) -> None:
+            if err is not None:
+                self.errors.append(str(err))
+            elif tag is not None:
+                self.placed[tag] = (msg.topic(), msg.partition(), msg.offset())
+
+        while True:
+            try:
+                self.p.produce(
+                    topic, key=None if key is None else key.encode(), value=value, on_delivery=done
+                )
+                break
+            except BufferError:
+                self.p.poll(0.05)
+        self.p.poll(0)
+
+    def flush(self) -> None:
+        assert self.p.flush(60) == 0
+        assert not self.errors, self.errors
+
+
+def read_all(bootstrap: str, topic: str, idle_s: float = 1.5, max_s: float = 60) -> list[Any]:
+    """Every message of a topic (from the beginning) until idle_s without a new one."""
+    from confluent_kafka import Consumer
+
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"faults-reader-{os.urandom(4).hex()}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "fetch.message.max.bytes": 20 * 1024 * 1024,
+        }
+    )
+    c.subscribe([topic])
+    out: list[Any] = []
+    end = time.monotonic() + max_s
+    last = time.monotonic()
+    while time.monotonic() < end and time.monotonic() - last < idle_s:
+        msgs = c.consume(1000, timeout=0.3)
+        for m in msgs:
+            if m.error() is None:
+                out.append(m)
+                last = time.monotonic()
+    c.close()
+    return out
+
+
+def dead_letters(bootstrap: str, topic: str) -> dict[tuple[str, int, int], dict[str, Any]]:
+    """Dead letters by their source (topic, partition, offset); repeats collapse."""
+    out = {}
+    for m in read_all(bootstrap, topic):
+        d = orjson.loads(m.value())
+        s = d["source"]
+        out[(s["topic"], s["partition"], s["offset"])] = d
+    return out
+
+
+@dataclass
+class Fleet:
+    subs: list[dict[str, Any]]
+    comps: list[dict[str, Any]]
+
+    @property
+    def keys(self) -> set[tuple[str, int]]:
+        return {(s["job_id"], s["attempt"]) for s in self.subs}
+
+    @property
+    def events(self) -> int:
+        return len(self.subs) + len(self.comps)
+
+
+def fleet(seed: int, rate: int) -> Fleet:
+    sim = simulate(SimConfig(seed=seed, days=1, rate=rate))
+    subs = submission_events(sim.submissions)
+    subs.sort(key=lambda s: s["submitted_at"])
+    comps = completion_events(completions_in_arrival_order(sim.completions))
+    return Fleet(subs, comps)
+
+
+def feed(
+    feeder: Feeder, stack: Stack, subs: Iterable[dict[str, Any]], comps: Iterable[dict[str, Any]]
+) -> None:
+    for s in subs:
+        feeder.send(stack.topics["sub"], s["job_id"], orjson.dumps(s))
+    for c in comps:
+        feeder.send(stack.topics["comp"], c["job_id"], orjson.dumps(c))
+    feeder.flush()
+
+
+def check_nothing_lost(
+    stack: Stack, fl: Fleet, latest: dict[tuple[str, int], Any]
+) -> dict[str, int]:
+    """Every submission ranked; the dataset has every completion once; Redis history equals a
+    replay of the completions in arrival order (the completions topic has one partition)."""
+    missing_rankings = fl.keys - set(latest)
+    assert not missing_rankings, f"{len(missing_rankings)} submissions never ranked"
+    frame = read_dataset(stack.tmp / "dataset")
+    ids = frame["event_id"].tolist()
+    assert len(ids) == len(set(ids)), "a completion appears twice in the dataset"
+    want = {c["event_id"] for c in fl.comps}
+    lost = want - set(ids)
+    assert not lost, f"{len(lost)} completions missing from the dataset"
+    assert set(ids) == want
+    book = HistoryBook()
+    for c in fl.comps:
+        book.apply(
+            c["lineage_id"],
+            c["model_type"],
+            c["hardware_type"],
+            c["status"],
+            (c.get("throughput") or {}).get("samples_per_s"),
+            c["num_devices"],
+            epoch_s(c["ended_at"]),
+        )
+    store = OnlineStore(connect(stack.redis_url), prefix=stack.prefix)
+    hist, aggs = store.read_batch(book.lineage_ids, book.model_types)
+    assert hist == [book.lineage(x) for x in book.lineage_ids], (
+        "Redis history differs from a replay"
+    )
+    assert aggs == {m: book.aggregates(m) for m in book.model_types}
+    store.r.close()
+    return {"rankings": len(latest), "dataset_rows": len(ids), "lineages": len(book.lineage_ids)}
+
+
+def promote_model(registry_dir: Path, dataset: pd.DataFrame, rounds: int = 30) -> str:
+    from leap_stream.core.lookup import LookupTable
+    from leap_stream.store.registry import Registry
+    from leap_stream.train.trainer import fit, training_rows
+
+    model = fit(training_rows(dataset), num_rounds=rounds)
+    d = model.save(registry_dir.parent / f"build-{model.version}")
+    LookupTable.fit(dataset).save(d / "lookup.json")
+    reg = Registry(registry_dir)
+    version = reg.publish(d)
+    reg.promote(version)
+    return version
