@@ -598,34 +598,39 @@ def run_demo(opts: DemoOptions) -> tuple[dict[str, Any], dict[str, Path]]:
     say(f"topics leap-demo-{rid}.*, group {group}, Redis prefix {prefix}")
     t = step("services_and_topics", t)
 
-    say(
-        f"simulating {opts.days_history} days of history + 2 (seed {opts.seed}, {opts.per_day}/day)"
-    )
-    fleet = simulate_fleet(opts)
-    t = step("simulate", t)
+    try:  # nothing of this run may outlive a failure here either
+        say(
+            f"simulating {opts.days_history} days of history + 2 (seed {opts.seed}, {opts.per_day}/day)"
+        )
+        fleet = simulate_fleet(opts)
+        t = step("simulate", t)
 
-    dataset_dir, registry_dir = state / "dataset", state / "registry"
-    rows: list[dict[str, Any]] = fleet.history.to_dict("records")  # type: ignore[assignment]
-    DatasetSink(dataset_dir).append(rows)
-    store = OnlineStore(connect(redis_url), prefix)
-    applied, measured = store.rebuild_history(completions_from_frame(fleet.history))
-    if len(fleet.pending):
-        store.remember_submissions(submission_events(fleet.pending))
-    say(
-        f"offline store: {len(fleet.history)} history rows; online store: {applied} completions "
-        f"replayed ({measured} measurements), {len(fleet.pending)} running jobs remembered"
-    )
-    t = step("seed_stores", t)
+        dataset_dir, registry_dir = state / "dataset", state / "registry"
+        rows: list[dict[str, Any]] = fleet.history.to_dict("records")  # type: ignore[assignment]
+        DatasetSink(dataset_dir).append(rows)
+        store = OnlineStore(connect(redis_url), prefix)
+        applied, measured = store.rebuild_history(completions_from_frame(fleet.history))
+        if len(fleet.pending):
+            store.remember_submissions(submission_events(fleet.pending))
+        say(
+            f"offline store: {len(fleet.history)} history rows; online store: {applied} completions "
+            f"replayed ({measured} measurements), {len(fleet.pending)} running jobs remembered"
+        )
+        t = step("seed_stores", t)
 
-    say("training the first model")
-    first = train_and_publish(
-        read_dataset(dataset_dir),
-        registry_dir,
-        holdout_days=opts.holdout_days,
-        progress=opts.progress,
-    )
-    say(f"first model {first.get('version')}: {first.get('reason')}")
-    t = step("train_first", t)
+        say("training the first model")
+        first = train_and_publish(
+            read_dataset(dataset_dir),
+            registry_dir,
+            holdout_days=opts.holdout_days,
+            progress=opts.progress,
+        )
+        say(f"first model {first.get('version')}: {first.get('reason')}")
+        t = step("train_first", t)
+    except BaseException:
+        if not opts.keep:
+            cleanup(bootstrap, redis_url, list(topics.values()), prefix)
+        raise
 
     metrics_port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("LEAP_")}
