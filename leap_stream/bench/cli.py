@@ -29,6 +29,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--candidates", type=int, default=20, help="candidate types per job")
     parser.add_argument("--rate", type=float, default=1000.0, help="offered load, submissions/s")
     parser.add_argument("--seconds", type=float, default=20.0, help="duration of the offered load")
+    parser.add_argument(
+        "--workers", type=int, default=1, help="worker processes in the group (worker and load)"
+    )
     parser.add_argument("--batch", type=int, default=500, help="consume(num_messages=…) size")
     parser.add_argument(
         "--only",
@@ -59,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
         )
         figs["hardware_types"] = len(world.types)
         figs["candidates_per_job"] = args.candidates
+        figs["workers"] = args.workers
         n = len(world.submissions)
         naive_n = args.naive_events or max(30, n // 500)
 
@@ -103,11 +107,11 @@ def run(args: argparse.Namespace) -> int:
                 "dlq": world.topic("wk-dlq"),
             }
             H.load_topic(world.bootstrap, topics["sub"], world.submissions, world.lines)
-            worker = H.WorkerProc(world, topics)
+            worker = H.WorkerProc(world, topics, count=args.workers)
             d = H.worker_backlog(world, worker, n)
             detail["worker"] = d
             H.log(
-                f"worker (Faust): {n} events in {d['span_s']}s = {d['eps']:.0f}/s; "
+                f"worker (Faust) x{args.workers}: {n} events in {d['span_s']}s = {d['eps']:.0f}/s; "
                 f"start to first ranking {d['start_to_first_s']}s; sources {d['sources']}"
             )
             if "load" in stages:

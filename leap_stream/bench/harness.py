@@ -365,15 +365,17 @@ def naive_loop(world: BenchWorld, src: str, dst: str, n: int) -> dict[str, Any]:
 
 @dataclass
 class WorkerProc:
+    """``count`` `leap-stream worker` processes in one consumer group (Faust scales by process)."""
+
     world: BenchWorld
     topics: dict[str, str]
+    count: int = 1
     group: str = field(default_factory=lambda: f"bench-worker-{uuid.uuid4().hex[:8]}")
-    metrics_port: int = field(default_factory=free_port)
-    proc: subprocess.Popen[bytes] | None = None
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
-    def env(self) -> dict[str, str]:
+    def env(self, i: int) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("LEAP_")}
-        home = self.world.tmp / "worker-home"
+        home = self.world.tmp / f"worker-home-{i}"
         env.update(
             LEAP_KAFKA_BOOTSTRAP=self.world.bootstrap,
             LEAP_REDIS_URL=self.world.redis_url,
@@ -386,7 +388,7 @@ class WorkerProc:
             LEAP_HOME=str(home),
             LEAP_DATASET_DIR=str(self.world.tmp / "dataset"),
             LEAP_REGISTRY_DIR=str(self.world.registry_dir),
-            LEAP_METRICS_PORT=str(self.metrics_port),
+            LEAP_METRICS_PORT=str(free_port()),
         )
         for k in ("LEAP_BATCH_SIZE", "LEAP_BATCH_WITHIN_S", "LEAP_KAFKA_SECURITY_PROTOCOL"):
             if k in os.environ:
@@ -394,32 +396,40 @@ class WorkerProc:
         return env
 
     def start(self) -> None:
-        logf = open(self.world.tmp / "worker.log", "wb")  # noqa: SIM115 - lives with the process
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "leap_stream", "worker", "-l", "warning"],
-            env=self.env(),
-            cwd=self.world.tmp,
-            stdout=logf,
-            stderr=subprocess.STDOUT,
-        )
+        for i in range(self.count):
+            logf = open(self.world.tmp / f"worker-{i}.log", "wb")  # noqa: SIM115 - lives with it
+            self.procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "leap_stream", "worker", "-l", "warning"],
+                    env=self.env(i),
+                    cwd=self.world.tmp,
+                    stdout=logf,
+                    stderr=subprocess.STDOUT,
+                )
+            )
 
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        return bool(self.procs) and all(p.poll() is None for p in self.procs)
 
     def log_tail(self, n: int = 30) -> str:
-        p = self.world.tmp / "worker.log"
-        return "\n".join(p.read_text(errors="replace").splitlines()[-n:]) if p.exists() else ""
+        out = []
+        for i in range(len(self.procs)):
+            p = self.world.tmp / f"worker-{i}.log"
+            if p.exists():
+                out += [f"--- worker {i}", *p.read_text(errors="replace").splitlines()[-n:]]
+        return "\n".join(out)
 
     def stop(self) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.procs:
             try:
-                self.proc.wait(60)
+                p.wait(60)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+                p.kill()
+                p.wait(10)
+        self.procs = []
 
 
 def read_rankings(

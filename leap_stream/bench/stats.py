@@ -17,6 +17,7 @@ FINAL_KEYS = (
     "p99_ms_at_1000",
     "hardware_types",
     "candidates_per_job",
+    "workers",
     "pipeline_vs_passthrough",
     "pipeline_vs_naive",
 )
