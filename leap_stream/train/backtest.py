@@ -32,6 +32,7 @@ from leap_stream.train import pit
 from leap_stream.train.trainer import metrics
 
 PREDICTORS = ("model", "lookup", "oracle")
+KIND_KEYS = ("self", "transfer", "model")
 ABLATION_KEYS = ("accuracy", "accuracy_ran", "mape", "top1", "savings")
 
 
@@ -168,6 +169,11 @@ def _night_eval(
             else 0.0
         )
         out[name] = m
+    if model is not None:
+        usable_m = (sources["model"] != SRC_NONE) & np.isfinite(preds["model"]) & fits
+        out["by_anchor"] = _anchor_counts(
+            base, subs, model, preds["model"], usable_m, meas, in_truth, is_ran
+        )
     out["submissions"] = n_jobs
     out["rows"] = int(in_truth.sum())
     out["not_fit_excluded_in_truth"] = float(np.mean(~fits[in_truth])) if in_truth.any() else 0.0
@@ -180,6 +186,45 @@ def _night_eval(
         }
     )[in_truth]
     return out, scored
+
+
+def _anchor_counts(
+    base: pd.DataFrame,
+    subs: pd.DataFrame,
+    model: ThroughputModel,
+    pred: np.ndarray,
+    usable: np.ndarray,
+    meas: np.ndarray,
+    in_truth: np.ndarray,
+    is_ran: np.ndarray,
+) -> dict[str, dict[str, list[int]]]:
+    """[rows, hits] of the model per breakdown key, for all candidates and the ran-on ones:
+    where accuracy is lost (anchor kind, device count changed since the prior, family)."""
+    from leap_stream.core.predictor import KINDS, anchor_kind
+
+    kind = np.asarray(KINDS, dtype=object)[anchor_kind(base, model.groups)]
+    ratio = base["self_log_dev_ratio"].to_numpy(np.float64)
+    dev = np.where(
+        kind == "self",
+        np.where(np.abs(ratio) > 1e-9, "self_devices_changed", "self_same_devices"),
+        "",
+    )
+    fam = "family=" + subs["family"].to_numpy(object)[base["job"].to_numpy(np.int64)].astype(str)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        hit = usable & (np.abs(pred / meas - 1.0) <= 0.10)
+    out: dict[str, dict[str, list[int]]] = {}
+    for scope, sel in (("all", in_truth), ("ran", in_truth & is_ran)):
+        d: dict[str, list[int]] = {}
+        for labels in (kind, dev, fam):
+            lab = labels[sel]
+            h = hit[sel]
+            for name in np.unique(lab):
+                if not name:
+                    continue
+                m = lab == name
+                d[str(name)] = [int(m.sum()), int(h[m].sum())]
+        out[scope] = d
+    return out
 
 
 def _argmax_per_job(job: np.ndarray, score: np.ndarray, n_jobs: int) -> np.ndarray:
@@ -223,7 +268,11 @@ def run_backtest(
     train_s = 0.0
 
     def ingest(day: Any) -> pit.Snapshots:
-        """Histories for the day's submissions, then its rows become training material."""
+        """Histories for the day's submissions, then its rows become training material.
+
+        The day's completions go in first: a retry or resume submitted later the same day sees
+        the completions that ended before it (the replay is point in time), as Redis would."""
+        rep.add_completions(day.completions)
         snap = rep.snapshot(day.submissions)
         ds = day.dataset
         measured = pit.measured(ds.assign(_snap=np.arange(len(ds))))
@@ -239,7 +288,6 @@ def run_backtest(
         ended = pit.epoch_s(measured["ended_at"])
         train_parts.append((frame, measured, ended))
         datasets.append(ds)
-        rep.add_completions(day.completions)
         return snap
 
     bar = tqdm(
@@ -333,6 +381,29 @@ def _summarise(per_night: list[dict[str, Any]], variants: list[str]) -> dict[str
         ablation[v[1:]] = {
             k: round(float(np.nanmean([n[v][k] for n in per_night])) - out["model"][k], 4)
             for k in ABLATION_KEYS
+        }
+    by: dict[str, dict[str, list[int]]] = {}
+    for n in per_night:
+        for scope, d in n.get("by_anchor", {}).items():
+            tgt = by.setdefault(scope, {})
+            for k, (rows, hits) in d.items():
+                acc = tgt.setdefault(k, [0, 0])
+                acc[0] += rows
+                acc[1] += hits
+    if by:
+        # pooled over nights: accuracy and share of rows per breakdown key
+        out["by_anchor"] = {
+            scope: {
+                k: {
+                    "accuracy": round(h / r, 4) if r else None,
+                    "rows": r,
+                    "share": round(
+                        r / max(1, sum(v[0] for kk, v in d.items() if kk in KIND_KEYS)), 4
+                    ),
+                }
+                for k, (r, h) in sorted(d.items())
+            }
+            for scope, d in by.items()
         }
     if ablation:
         out["ablation_delta"] = ablation  # variant minus full model, mean over nights
