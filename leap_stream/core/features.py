@@ -209,61 +209,82 @@ def _categorical(values: np.ndarray | pd.Series, levels: Sequence[str]) -> np.nd
     return np.asarray(values, dtype=object)
 
 
+def _unique_objects(items: Sequence[object]) -> tuple[np.ndarray, list[int]]:
+    """Per item, the index of its first occurrence by identity, and those first positions.
+
+    Snapshots share one dict between rows while nothing changed (`pit.replay`, the worker's
+    per-model-type aggregates), so flattening each distinct dict once instead of once per job
+    turns a per-row Python loop into a per-distinct-object one."""
+    seen: dict[int, int] = {}
+    uid = np.empty(len(items), np.int64)
+    firsts: list[int] = []
+    for j, x in enumerate(items):
+        u = seen.get(id(x))
+        if u is None:
+            u = seen[id(x)] = len(firsts)
+            firsts.append(j)
+        uid[j] = u
+    return uid, firsts
+
+
 def _flatten_lineage(
     histories: Sequence[LineageHistory | None], code: dict[str, int]
 ) -> tuple[np.ndarray, ...]:
+    """(owner, hw, samples/s, devices, measured_at, count); owner = distinct history index,
+    plus the per-job owner index (first array)."""
+    uid, firsts = _unique_objects(histories)
     job: list[int] = []
     hw: list[int] = []
-    sps: list[float] = []
-    nd: list[float] = []
-    at: list[float] = []
-    cnt: list[float] = []
-    for j, h in enumerate(histories):
+    vals: list[tuple[float, float, float, float]] = []
+    for u, j in enumerate(firsts):
+        h = histories[j]
         if not h:
             continue
         for t, m in h.items():
             c = code.get(t)
             if c is None:
                 continue  # a type the catalog no longer has: no specs to relate it to
-            job.append(j)
+            job.append(u)
             hw.append(c)
-            sps.append(m.samples_per_s)
-            nd.append(m.num_devices)
-            at.append(m.measured_at)
-            cnt.append(m.count)
+            vals.append((m.samples_per_s, m.num_devices, m.measured_at, m.count))
+    v = np.asarray(vals, np.float64).reshape(-1, 4)
     return (
+        uid,
         np.asarray(job, np.int64),
         np.asarray(hw, np.int64),
-        np.asarray(sps, np.float64),
-        np.asarray(nd, np.float64),
-        np.asarray(at, np.float64),
-        np.asarray(cnt, np.float64),
+        v[:, 0].copy(),
+        v[:, 1].copy(),
+        v[:, 2].copy(),
+        v[:, 3].copy(),
     )
 
 
 def _flatten_aggregates(
     aggregates: Sequence[TypeAggregates | None], code: dict[str, int]
 ) -> tuple[np.ndarray, ...]:
+    """(per-job owner index, owner, hw, ewma, count) over the distinct aggregate dicts."""
+    uid, firsts = _unique_objects(aggregates)
     job: list[int] = []
     hw: list[int] = []
-    ewma: list[float] = []
-    cnt: list[float] = []
-    for j, a in enumerate(aggregates):
+    vals: list[tuple[float, float]] = []
+    for u, j in enumerate(firsts):
+        a = aggregates[j]
         if not a:
             continue
         for t, g in a.items():
             c = code.get(t)
             if c is None:
                 continue
-            job.append(j)
+            job.append(u)
             hw.append(c)
-            ewma.append(g.ewma_log_per_device)
-            cnt.append(g.count)
+            vals.append((g.ewma_log_per_device, g.count))
+    v = np.asarray(vals, np.float64).reshape(-1, 2)
     return (
+        uid,
         np.asarray(job, np.int64),
         np.asarray(hw, np.int64),
-        np.asarray(ewma, np.float64),
-        np.asarray(cnt, np.float64),
+        v[:, 0].copy(),
+        v[:, 1].copy(),
     )
 
 
@@ -406,27 +427,29 @@ def build(
     hw_columns(hw, "")
 
     # --- the lineage's own history
-    row_key = job * k + hw
-    h_job, h_hw, h_sps, h_nd, h_at, h_cnt = _flatten_lineage(histories, code)
+    l_uid, h_job, h_hw, h_sps, h_nd, h_at, h_cnt = _flatten_lineage(histories, code)
+    row_owner = l_uid[job]  # distinct history of the row's job
+    row_key = row_owner * k + hw
     h_key = h_job * k + h_hw
+    n_owners = int(l_uid.max()) + 1 if n_jobs else 0
     h_lpd = _log(h_sps / h_nd) if len(h_sps) else np.empty(0)
     self_lpd = _lookup(row_key, h_key, h_lpd)
     f["self_log_pd"] = self_lpd
     f["self_log_dev_ratio"] = _log(nd_j[job]) - _log(_lookup(row_key, h_key, h_nd))
     f["self_count"] = _lookup(row_key, h_key, h_cnt)
     f["self_age_days"] = (now_j[job] - _lookup(row_key, h_key, h_at)) / DAY_S
-    hist_types = np.bincount(h_job, minlength=n_jobs).astype(np.float64)
-    f["hist_types"] = hist_types[job]
+    hist_types = np.bincount(h_job, minlength=n_owners).astype(np.float64)
+    f["hist_types"] = hist_types[row_owner]
 
     # Most similar *other* type the lineage ran on (spec distance), via (row × entry) pairs.
     other_idx = np.full(n, -1, np.int64)
     if len(h_job) and n:
         order = np.argsort(h_job, kind="stable")
-        h_start = np.searchsorted(h_job[order], np.arange(n_jobs))
-        per_row = hist_types.astype(np.int64)[job]
+        h_start = np.searchsorted(h_job[order], np.arange(n_owners))
+        per_row = hist_types.astype(np.int64)[row_owner]
         pair_row = np.repeat(np.arange(n), per_row)
         offs = np.arange(len(pair_row)) - np.repeat(np.cumsum(per_row) - per_row, per_row)
-        pair_entry = order[h_start[job[pair_row]] + offs]
+        pair_entry = order[h_start[row_owner[pair_row]] + offs]
         ph = h_hw[pair_entry]
         rh = hw[pair_row]
         # same vendor first (software stack and kernels carry over), then FLOP/s and bandwidth
@@ -462,13 +485,15 @@ def build(
     f["other_age_days"] = (now_j[job] - other(h_at)) / DAY_S
 
     # --- model-type aggregates
-    a_job, a_hw, a_ewma, a_cnt = _flatten_aggregates(aggregates, code)
+    a_uid, a_job, a_hw, a_ewma, a_cnt = _flatten_aggregates(aggregates, code)
     a_key = a_job * k + a_hw
-    agg_cand = _lookup(row_key, a_key, a_ewma)
-    agg_prior = _lookup(job * k + other_hw, a_key, a_ewma)
+    a_row = a_uid[job] * k
+    agg_row_key = a_row + hw
+    agg_cand = _lookup(agg_row_key, a_key, a_ewma)
+    agg_prior = _lookup(a_row + other_hw, a_key, a_ewma)
     agg_ratio = agg_cand - agg_prior
     f["agg_cand"] = agg_cand
-    f["agg_cand_count"] = _lookup(row_key, a_key, a_cnt)
+    f["agg_cand_count"] = _lookup(agg_row_key, a_key, a_cnt)
     f["agg_prior"] = agg_prior
     f["agg_ratio"] = agg_ratio
     # The other-hardware prior moved to the candidate by a blend of the FLOP/s and bandwidth
@@ -484,7 +509,7 @@ def build(
     )[other_hw]
     hw_columns(other_hw, "o_")
     f["o_agg_cand"] = agg_prior
-    f["o_agg_cand_count"] = _lookup(job * k + other_hw, a_key, a_cnt)
+    f["o_agg_cand_count"] = _lookup(a_row + other_hw, a_key, a_cnt)
 
     frame = pd.DataFrame(f)
     return frame
