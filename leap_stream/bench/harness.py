@@ -198,11 +198,19 @@ Work = Callable[[list[Any]], tuple[list[tuple[bytes | None, bytes]], list[tuple[
 
 
 def batch_loop(
-    bootstrap: str, src: str, dst: str, dlq: str, n: int, work: Work, batch: int = 500
+    bootstrap: str,
+    src: str,
+    dst: str,
+    dlq: str,
+    n: int,
+    work: Work,
+    batch: int = 500,
+    poll_s: float = 0.5,
 ) -> dict[str, Any]:
     """consume(num_messages=batch) → work → produce → flush (durable) per batch, until n read.
 
-    Timed from the first non-empty batch (the group join is not throughput)."""
+    Timed from the first non-empty batch (the group join is not throughput). ``consume`` waits
+    up to ``poll_s`` for a full batch: keep it short when latency, not throughput, matters."""
     from leap_stream.stream.output import OutputProducer
 
     out = OutputProducer(bootstrap)
@@ -212,7 +220,7 @@ def batch_loop(
     deadline = time.monotonic() + 600
     try:
         while seen < n and time.monotonic() < deadline:
-            msgs = [m for m in c.consume(num_messages=batch, timeout=0.5) if m.error() is None]
+            msgs = [m for m in c.consume(num_messages=batch, timeout=poll_s) if m.error() is None]
             if not msgs:
                 continue
             if t_first is None:
@@ -553,10 +561,14 @@ def offered_load(
     t_start = time.perf_counter()
     th.start()
     lat: list[float] = []
+    sent_order: list[float] = []
+    in_worker: list[float] = []  # submitted_at → the worker's batch clock (ranking latency_ms)
     end = time.monotonic() + seconds + 60
     while len(lat) < total and time.monotonic() < end:
-        msgs = c.consume(num_messages=1000, timeout=0.05)
+        # one message per poll: consume(n, timeout) would stamp early arrivals late
+        m1 = c.poll(0.01)
         now = time.time()
+        msgs = [] if m1 is None else [m1]
         for m in msgs:
             if m.error() is not None:
                 continue
@@ -565,12 +577,20 @@ def offered_load(
                 t_sent = sent_at.get(r["job_id"])
             if t_sent is not None:
                 lat.append(now - t_sent)
+                sent_order.append(t_sent)
+                in_worker.append(float(r.get("latency_ms", 0.0)) / 1000.0)
         if not msgs and not worker.alive():
             raise RuntimeError("the worker died under load:\n" + worker.log_tail())
     th.join(30)
     c.close()
     wall = time.perf_counter() - t_start
+    # p50 per second of sending: shows whether latency is flat or grows (a queue building up)
+    t_base = min(sent_order) if sent_order else 0.0
+    by_second: dict[int, list[float]] = {}
+    for ts, la in zip(sent_order, lat, strict=True):
+        by_second.setdefault(int(ts - t_base), []).append(la)
     return {
+        "p50_ms_by_second": [round(percentile_ms(v, 50), 1) for _k, v in sorted(by_second.items())],
         "offered_per_s": per_s,
         "seconds": seconds,
         "sent": len(sent_at),
@@ -579,6 +599,8 @@ def offered_load(
         "p50_ms": percentile_ms(lat, 50),
         "p90_ms": percentile_ms(lat, 90),
         "p99_ms": percentile_ms(lat, 99),
+        "worker_stamp_p50_ms": percentile_ms(in_worker, 50),
+        "worker_stamp_p99_ms": percentile_ms(in_worker, 99),
         "max_ms": percentile_ms(lat, 100),
         "errors": errors,
     }
