@@ -102,8 +102,15 @@ class ThroughputModel:
         self.groups: list[str] = list(metadata["groups"])
         self._levels: dict[str, list[str]] = {k: list(v) for k, v in metadata["categories"].items()}
         pairs = metadata.get("pair_effects") or {}
-        self._pair_index = pd.Index(list(pairs.keys()))
-        self._pair_value = np.asarray(list(pairs.values()), np.float64)
+        # (model type × hardware) effects as a dense table: two integer look-ups per row
+        split = [k.split("|", 1) for k in pairs]
+        self._pair_mt = pd.Index(sorted({m for m, _ in split}), dtype=object)
+        self._pair_hw = pd.Index(sorted({h for _, h in split}), dtype=object)
+        self._pair_table = np.zeros((len(self._pair_mt) + 1, len(self._pair_hw) + 1))
+        if split:
+            mi = self._pair_mt.get_indexer([m for m, _ in split])
+            hi = self._pair_hw.get_indexer([h for _, h in split])
+            self._pair_table[mi, hi] = np.asarray(list(pairs.values()), np.float64)
         q = metadata["residual_quantiles"]
         self._qlo = np.asarray([q[k][0] for k in KINDS], np.float64)
         self._qhi = np.asarray([q[k][1] for k in KINDS], np.float64)
@@ -240,44 +247,51 @@ class ThroughputModel:
         other = np.isfinite(frame["other_log_pd"].to_numpy(np.float64))
         if "prior" not in self.groups:
             other[:] = False
-        X = _matrix(frame, self.feature_names, self._levels)
         # one prior-hardware row per (job, prior type), shared by the job's candidates
         rows = np.flatnonzero(other)
         inverse = np.zeros(0, np.int64)
+        pick = rows
         if len(rows):
             hw_code, _ = pd.factorize(frame["o_hardware_type"].to_numpy(object)[rows])
             key = frame["job"].to_numpy(np.int64)[rows] * (int(hw_code.max()) + 2) + hw_code
             _u, first, inverse = np.unique(key, return_index=True, return_inverse=True)
-            need = [
-                "o_" + c if c in F.HW_COLUMNS else c
-                for c in [*self.feature_names, "hardware_type", "log_phys_rate"]
-                if c != "const"
-            ]
-            need = list(dict.fromkeys([*need, "model_type"]))
             pick = rows[first]
-            fo = pd.DataFrame({c: frame[c].to_numpy()[pick] for c in need})
-            Xo = _matrix(fo, self.feature_names, self._levels, prefix="o_")
-            X = np.vstack([X, Xo])
+        # candidate rows, then the prior-hardware rows stacked under them (job columns copied,
+        # hardware columns from their "o_" twins): one matrix, one booster call
+        X = _matrix(frame, self.feature_names, self._levels, extra=pick)
         out = np.asarray(
             self.booster.predict(X, num_threads=_threads(len(X), predict=True))
         )  # the one call
-        blind = out[:n] + _offset(frame, self.groups) + self._pair(frame, "")
+        mt = frame["model_type"].to_numpy(object)
+        mt_code = self._pair_mt.get_indexer(mt) if len(self._pair_mt) else None
+        blind = out[:n] + _offset(frame, self.groups) + self._pair(mt_code, frame, "", None)
         moved = np.full(n, np.nan)
         if len(rows):
-            prior_f = out[n:] + _offset(fo, self.groups, prefix="o_") + self._pair(fo, "o_")
+            prior_f = (
+                out[n:]
+                + _offset(frame, self.groups, prefix="o_")[pick]
+                + self._pair(mt_code, frame, "o_", pick)
+            )
             moved[rows] = (
                 frame["other_log_pd"].to_numpy(np.float64)[rows] + blind[rows] - prior_f[inverse]
             )
         return blind, moved
 
-    def _pair(self, frame: pd.DataFrame, prefix: str) -> np.ndarray:
-        if len(self._pair_index) == 0:
-            return np.zeros(len(frame))
-        keys = _pair_keys(
-            frame["model_type"].to_numpy(object), frame[prefix + "hardware_type"].to_numpy(object)
-        )
-        pos = self._pair_index.get_indexer(keys)
-        return np.where(pos >= 0, self._pair_value[np.maximum(pos, 0)], 0.0)
+    def _pair(
+        self,
+        mt_code: np.ndarray | None,
+        frame: pd.DataFrame,
+        prefix: str,
+        pick: np.ndarray | None,
+    ) -> np.ndarray:
+        hw = frame[prefix + "hardware_type"].to_numpy(object)
+        if pick is not None:
+            hw = hw[pick]
+        if mt_code is None:
+            return np.zeros(len(hw))
+        mc = mt_code if pick is None else mt_code[pick]
+        hc = self._pair_hw.get_indexer(hw)
+        return np.asarray(self._pair_table[mc, hc])  # -1 → the zero padding row / column
 
     def predict(self, frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(p50, p10, p90) whole-job samples/s, one booster call for the whole frame."""
@@ -342,21 +356,51 @@ def check_model_text(text: bytes) -> None:
 
 
 def _matrix(
-    frame: pd.DataFrame, names: list[str], levels: dict[str, list[str]], prefix: str = ""
+    frame: pd.DataFrame,
+    names: list[str],
+    levels: dict[str, list[str]],
+    extra: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Booster input as one float matrix (categoricals as level codes, unseen → NaN); with
-    prefix "o_", the same jobs on their prior hardware. No pandas on the way into LightGBM."""
-    X = np.empty((len(frame), len(names)), np.float64)
+    """Booster input as one float matrix (categoricals as level codes, unseen → NaN). With
+    `extra` (row positions), those rows again below, on their prior hardware ("o_" columns).
+    Job-level categoricals are encoded once per job, not per candidate row. No pandas on the
+    way into LightGBM."""
+    n = len(frame)
+    ne = 0 if extra is None else len(extra)
+    X = np.empty((n + ne, len(names)), np.float64)
     if names == ["const"]:
         X[:] = 0.0
         return X
+    job_first: np.ndarray | None = None
+    job_inv: np.ndarray | None = None
     for i, c in enumerate(names):
-        col = prefix + c if prefix and c in F.HW_COLUMNS else c
+        hw_col = c in F.HW_COLUMNS
         if c in levels:
-            codes = _level_index(levels[c]).get_indexer(pd.Index(frame[col].to_numpy(object)))
-            X[:, i] = np.where(codes >= 0, codes, np.nan)
+            idx = _level_index(levels[c])
+            vals = frame[c].to_numpy(object)
+            if hw_col:
+                codes = idx.get_indexer(vals)
+            else:  # job-level: one look-up per job
+                if job_first is None:
+                    job = frame["job"].to_numpy(np.int64)
+                    _u, job_first, job_inv = np.unique(job, return_index=True, return_inverse=True)
+                assert job_inv is not None
+                codes = idx.get_indexer(vals[job_first])[job_inv]
+            col = np.where(codes >= 0, codes, np.nan)
+            X[:n, i] = col
+            if ne:
+                assert extra is not None
+                if hw_col:
+                    oc = idx.get_indexer(frame["o_" + c].to_numpy(object)[extra])
+                    X[n:, i] = np.where(oc >= 0, oc, np.nan)
+                else:
+                    X[n:, i] = col[extra]
         else:
-            X[:, i] = frame[col].to_numpy(np.float64)
+            v = frame[c].to_numpy(np.float64)
+            X[:n, i] = v
+            if ne:
+                assert extra is not None
+                X[n:, i] = frame["o_" + c].to_numpy(np.float64)[extra] if hw_col else v[extra]
     return X
 
 

@@ -21,7 +21,6 @@ from leap_stream.core.lookup import LookupTable
 from leap_stream.core.predictor import INTERVAL_LEVEL, ThroughputModel
 from leap_stream.core.ranking import (
     SCHEMA_VERSION,
-    candidate_entry,
     format_ts,
     parse_ts,
     rank_order,
@@ -182,61 +181,79 @@ class Ranker:
         usable = source != SRC_NONE
         score = np.where(usable, frame["tpc"].to_numpy(np.float64), -np.inf)
         order = rank_order(job, score)
-        hw = frame["hardware_type"].to_numpy(object)[order].tolist()
-        pred = frame["pred"].to_numpy(np.float64)[order].tolist()
-        low = frame["low"].to_numpy(np.float64)[order].tolist()
-        high = frame["high"].to_numpy(np.float64)[order].tolist()
-        cost = frame["cost"].to_numpy(np.float64)[order].tolist()
-        tpc = frame["tpc"].to_numpy(np.float64)[order].tolist()
-        src = source[order].tolist()
-        fit_o = fits[order].tolist()
+        # usable rows first within each job, both parts keeping the ranked order: a job's
+        # candidates and its exclusions are then contiguous runs, built by two comprehensions
+        # (no per-row branching in Python; same output as the row-by-row loop).
+        ok_sorted = usable[order]
+        order = order[np.lexsort((~ok_sorted, job[order]))]
+        ok_o = usable[order]
         job_o = job[order]
-        starts = np.searchsorted(job_o, np.arange(len(submissions) + 1)).tolist()
+        n_sub = len(submissions)
+        starts = np.searchsorted(job_o, np.arange(n_sub + 1))
+        n_ok = np.bincount(job_o[ok_o], minlength=n_sub)
+        ok_start = np.concatenate([[0], np.cumsum(n_ok)]).tolist()
+        bad_start = np.concatenate([[0], np.cumsum(np.diff(starts) - n_ok)]).tolist()
+        rank = (np.arange(len(order)) - starts[job_o] + 1)[ok_o].tolist()
+        o_ok = order[ok_o]
+        # intervals clipped at 0 here (as `ranking.candidate_entry` does)
+        low = np.fmax(frame["low"].to_numpy(np.float64)[o_ok], 0.0).tolist()
+        high = np.fmax(frame["high"].to_numpy(np.float64)[o_ok], 0.0).tolist()
+        nd_rows = jobs["num_devices"].to_numpy(np.int64)[job]
+        is_model = (source[o_ok] == SRC_MODEL).tolist()
+        hw_all = frame["hardware_type"].to_numpy(object)
+        # the dict of `ranking.candidate_entry`, built inline (the hot loop)
+        entries = [
+            {
+                "hardware_type": t,
+                "predicted_throughput": p,
+                "interval": {"low": lo, "high": hi, "level": INTERVAL_LEVEL} if m else None,
+                "cost_per_device_hour": c,
+                "num_devices": nd,
+                "throughput_per_cost": tp,
+                "rank": rk,
+            }
+            for t, p, lo, hi, m, c, nd, tp, rk in zip(
+                hw_all[o_ok].tolist(),
+                frame["pred"].to_numpy(np.float64)[o_ok].tolist(),
+                low,
+                high,
+                is_model,
+                frame["cost"].to_numpy(np.float64)[o_ok].tolist(),
+                nd_rows[o_ok].tolist(),
+                frame["tpc"].to_numpy(np.float64)[o_ok].tolist(),
+                rank,
+                strict=True,
+            )
+        ]
+        o_bad = order[~ok_o]
+        excl = [
+            {"hardware_type": t, "reason": "no_prediction" if f else "does_not_fit"}
+            for t, f in zip(hw_all[o_bad].tolist(), fits[o_bad].tolist(), strict=True)
+        ]
+        has_model = (np.bincount(job[usable & (source == SRC_MODEL)], minlength=n_sub) > 0).tolist()
+        any_fit_j = (np.bincount(job[fits], minlength=n_sub) > 0).tolist()
+        n_rows_j = np.diff(starts).tolist()
         version = self.model.version if self.model is not None else None
         submitted_s = jobs["submitted_at_s"].to_numpy(np.float64).tolist()
         out: list[dict[str, Any]] = []
         for j, s in enumerate(submissions):
-            nd = int(s["training"]["num_devices"])
-            cands: list[dict[str, Any]] = []
-            excluded: list[dict[str, Any]] = []
-            seen: set[str] = set()
-            sources: set[int] = set()
-            any_fit = False
-            for r in range(starts[j], starts[j + 1]):
-                t = hw[r]
-                seen.add(t)
-                if not fit_o[r]:
-                    excluded.append({"hardware_type": t, "reason": "does_not_fit"})
-                    continue
-                any_fit = True
-                if src[r] == SRC_NONE:
-                    excluded.append({"hardware_type": t, "reason": "no_prediction"})
-                    continue
-                sources.add(src[r])
-                is_model = src[r] == SRC_MODEL
-                cands.append(
-                    candidate_entry(
-                        t,
-                        pred[r],
-                        low[r] if is_model else None,
-                        high[r] if is_model else None,
-                        INTERVAL_LEVEL,
-                        cost[r],
-                        nd,
-                        tpc[r],
-                        len(cands) + 1,
-                    )
-                )
-            for t in s["candidate_hardware"]:
-                if t not in seen:
-                    excluded.append({"hardware_type": t, "reason": "unknown_hardware"})
+            cands = entries[ok_start[j] : ok_start[j + 1]]
+            excluded = excl[bad_start[j] : bad_start[j + 1]]
+            cand_hw = s["candidate_hardware"]
+            if len(cand_hw) != n_rows_j[j]:  # some candidates are not in the catalog
+                seen = {hw_all[r] for r in order[starts[j] : starts[j + 1]].tolist()}
+                excluded = excluded + [
+                    {"hardware_type": t, "reason": "unknown_hardware"}
+                    for t in cand_hw
+                    if t not in seen
+                ]
             if cands:
-                source_name = "model" if SRC_MODEL in sources else "lookup"
+                source_name = "model" if has_model[j] else "lookup"
                 reason = "ok" if source_name == "model" else str(model_reason[j])
             else:
                 source_name = "none"
-                reason = "no_candidate_fits" if not any_fit else "lookup_miss"
-                if not seen:
+                reason = "no_candidate_fits" if not any_fit_j[j] else "lookup_miss"
+                if not n_rows_j[j]:
                     reason = "no_known_candidate"
             h = histories[j]
             out.append(
