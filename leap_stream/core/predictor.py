@@ -379,13 +379,13 @@ def _matrix(
             idx = _level_index(levels[c])
             vals = frame[c].to_numpy(object)
             if hw_col:
-                codes = idx.get_indexer(vals)
+                codes = idx.get_indexer(_obj_index(vals))
             else:  # job-level: one look-up per job
                 if job_first is None:
                     job = frame["job"].to_numpy(np.int64)
                     _u, job_first, job_inv = np.unique(job, return_index=True, return_inverse=True)
                 assert job_inv is not None
-                codes = idx.get_indexer(vals[job_first])[job_inv]
+                codes = idx.get_indexer(_obj_index(vals[job_first]))[job_inv]
             col = np.where(codes >= 0, codes, np.nan)
             X[:n, i] = col
             if ne:
@@ -402,6 +402,10 @@ def _matrix(
                 assert extra is not None
                 X[n:, i] = frame["o_" + c].to_numpy(np.float64)[extra] if hw_col else v[extra]
     return X
+
+
+def _obj_index(values: np.ndarray) -> pd.Index:
+    return pd.Index(values, dtype=object, copy=False)
 
 
 _INDEX_CACHE: dict[tuple[str, ...], pd.Index] = {}
