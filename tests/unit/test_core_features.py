@@ -132,3 +132,28 @@ def test_vectorised_build_matches_one_job_at_a_time() -> None:
         part = whole[whole["job"] == i].reset_index(drop=True)
         num = [c for c in F.ALL_FEATURES if pd.api.types.is_float_dtype(one[c])]
         np.testing.assert_allclose(part[num].to_numpy(), one[num].to_numpy(), equal_nan=True)
+
+
+def test_shared_and_copied_history_dicts_give_the_same_frame() -> None:
+    """Distinct dicts are flattened once (identity dedupe); copies must not change anything."""
+    jobs = _jobs(4)
+    h = {
+        "h100-sxm": Measurement(800.0, 4, NOW - 2 * 86400, 3),
+        "mi300x": Measurement(900.0, 8, NOW - 3600, 2),
+    }
+    a = {"h100-sxm": TypeAggregate(3.1, 5, NOW - 100), "l4": TypeAggregate(1.2, 2, NOW - 50)}
+    other = {"l4": Measurement(50.0, 1, NOW - 60, 1)}
+    cands = [["h100-sxm", "l4", "mi300x"]] * 4
+    shared = F.build(jobs, cands, [h, h, other, h], [a, a, a, None], S.SPECS, np.full(4, NOW))
+    copies = F.build(
+        jobs,
+        cands,
+        [dict(h), dict(h), dict(other), dict(h)],
+        [dict(a), dict(a), dict(a), None],
+        S.SPECS,
+        np.full(4, NOW),
+    )
+    pd.testing.assert_frame_equal(shared, copies)
+    assert math.isclose(shared.loc[1, "agg_cand"], 1.2)  # job 0, l4
+    assert np.isnan(shared.loc[9, "agg_cand"])  # job 3 has no aggregates
+    assert shared.loc[6, "hist_types"] == 1 and shared.loc[0, "hist_types"] == 2
