@@ -26,13 +26,18 @@ import pandas as pd
 from leap_stream.core import features as F
 from leap_stream.core.lookup import LookupTable
 from leap_stream.core.predictor import ThroughputModel
-from leap_stream.core.ranker import SRC_NONE, Ranker
+from leap_stream.core.ranker import SRC_LOOKUP, SRC_NONE, Ranker
 from leap_stream.core.ranking import throughput_per_cost
 from leap_stream.train import pit
 from leap_stream.train.trainer import metrics
 
 PREDICTORS = ("model", "lookup", "oracle")
 KIND_KEYS = ("self", "transfer", "model")
+# Nightly training set: the last days' point-in-time rows, subsampled. At the simulator's full
+# rate (30000/day) that is ~25k measured rows a day; older rows add little under drift.
+TRAIN_WINDOW_DAYS = 14
+TRAIN_ROWS = 250_000
+DEFAULT_RATE = 30000
 ABLATION_KEYS = ("accuracy", "accuracy_ran", "mape", "top1", "savings")
 
 
@@ -61,12 +66,11 @@ def _night_eval(
     cands = _candidates(subs)
     cat = _SpecCatalog(specs)
     frames: dict[str, pd.DataFrame] = {}
-    for name, (mdl, lk) in {"model": (model, lookup), "lookup": (None, lookup)}.items():
-        fr, _reason = Ranker(cat, mdl, lk).score_batch(
-            subs, cands, snap.histories, snap.aggregates, snap.now
-        )
-        frames[name] = fr
-    base = frames["model"]
+    base, _reason = Ranker(cat, model, lookup).score_batch(
+        subs, cands, snap.histories, snap.aggregates, snap.now
+    )
+    frames["model"] = base
+    frames["lookup"] = _lookup_only(base, subs, lookup)
     key = pd.DataFrame(
         {
             "job_id": subs["job_id"].to_numpy(object)[base["job"].to_numpy()],
@@ -188,6 +192,25 @@ def _night_eval(
     return out, scored
 
 
+def _lookup_only(
+    base: pd.DataFrame, subs: pd.DataFrame, lookup: LookupTable | None
+) -> pd.DataFrame:
+    """What `Ranker(catalog, None, lookup)` scores, from the rows already built (no second
+    feature build): the lookup on every fitting candidate."""
+    fits = base["fits"].to_numpy(bool)
+    pred = np.full(len(base), np.nan)
+    if lookup is not None and fits.any():
+        job = base["job"].to_numpy(np.int64)[fits]
+        pred[fits], _lv = lookup.predict(
+            subs["model_type"].to_numpy(object)[job],
+            subs["family"].to_numpy(object)[job],
+            base["hardware_type"].to_numpy(object)[fits],
+            subs["num_devices"].to_numpy(np.float64)[job],
+        )
+    ok = np.isfinite(pred) & (pred > 0)
+    return pd.DataFrame({"pred": pred, "source": np.where(ok, SRC_LOOKUP, SRC_NONE)})
+
+
 def _anchor_counts(
     base: pd.DataFrame,
     subs: pd.DataFrame,
@@ -245,10 +268,12 @@ def run_backtest(
     seed: int = 0,
     nights: int = 30,
     warmup_days: int = 14,
-    rate: int = 3000,
+    rate: int = DEFAULT_RATE,
     ablate: list[str] | None = None,
     policy: str = "default",
     progress: bool = True,
+    train_window_days: int = TRAIN_WINDOW_DAYS,
+    train_rows: int = TRAIN_ROWS,
 ) -> tuple[dict[str, Any], list[pd.DataFrame]]:
     from tqdm import tqdm
 
@@ -300,12 +325,19 @@ def run_backtest(
     for _ in range(warmup_days):
         ingest(sim.step_day())
         bar.update(1)
+    rng = np.random.default_rng(seed)
     for _night in range(nights):
         t_n = pd.Timestamp(sim.config.start, tz="UTC").timestamp() + 86400.0 * sim.day_index
-        frame = pd.concat([p[0] for p in train_parts], ignore_index=True)
-        rows = pd.concat([p[1] for p in train_parts], ignore_index=True)
-        ended = np.concatenate([p[2] for p in train_parts])
+        # sliding window: the point-in-time rows of the last days (cached per day, never rebuilt)
+        parts = train_parts[-train_window_days:] if train_window_days > 0 else train_parts
+        frame = pd.concat([p[0] for p in parts], ignore_index=True)
+        rows = pd.concat([p[1] for p in parts], ignore_index=True)
+        ended = np.concatenate([p[2] for p in parts])
         known = ended < t_n  # measurements that had arrived by the nightly run
+        if train_rows > 0 and known.sum() > train_rows:
+            keep = rng.choice(np.flatnonzero(known), train_rows, replace=False)
+            known = np.zeros(len(known), bool)
+            known[keep] = True
         all_ds = pd.concat(datasets, ignore_index=True)
         lookup = LookupTable.fit(all_ds[(pit.epoch_s(all_ds["ended_at"]) < t_n)])
         models: dict[str, ThroughputModel] = {}
@@ -349,6 +381,8 @@ def run_backtest(
         warmup_days=warmup_days,
         rate_per_day=rate,
         policy=policy,
+        train_window_days=train_window_days,
+        train_rows_cap=train_rows,
         train_s=round(train_s, 1),
         wall_s=round(time.perf_counter() - t_start, 1),
         per_night=per_night,
@@ -487,7 +521,22 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nights", type=int, default=30)
     parser.add_argument("--warmup-days", type=int, default=14)
     parser.add_argument(
-        "--rate", type=int, default=3000, help="submissions per simulated day (subsampled)"
+        "--rate",
+        type=int,
+        default=DEFAULT_RATE,
+        help="submissions per simulated day (the simulator's own default is 30000)",
+    )
+    parser.add_argument(
+        "--train-window-days",
+        type=int,
+        default=TRAIN_WINDOW_DAYS,
+        help="nightly training on the last N days of rows (0: everything)",
+    )
+    parser.add_argument(
+        "--train-rows",
+        type=int,
+        default=TRAIN_ROWS,
+        help="subsample the nightly training rows to at most this many (0: all)",
     )
     parser.add_argument("--ablate", default="", help="feature groups to drop, e.g. prior,specs")
     parser.add_argument("--policy", choices=("default", "ranked"), default="default")
@@ -512,6 +561,8 @@ def run(args: argparse.Namespace) -> int:
         ablate=ablate,
         policy=args.policy,
         progress=not args.no_progress,
+        train_window_days=args.train_window_days,
+        train_rows=args.train_rows,
     )
     if args.plots:
         summary["plots"] = [str(p) for p in plots(summary, scored, args.plots)]
