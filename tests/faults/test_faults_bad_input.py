@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import glob
+import json
 import signal
 import time
 from pathlib import Path
@@ -235,7 +236,7 @@ def test_bad_input_lands_in_the_dlq_and_the_worker_survives(stack: Stack) -> Non
                 node[a[-1]] = b
             else:
                 node.pop(a[-1], None)
-            payload = orjson.dumps(s)
+            payload = json.dumps(s).encode()  # stdlib: integers beyond 64 bits too
             valid_subs[s["event_id"]] = (s["job_id"], s.get("attempt"))
         feeder.send(t["sub"], None, payload, tag=("gen", n))
 
