@@ -172,13 +172,22 @@ class SubmissionProcessor:
         self.pending_remember: list[dict[str, Any]] = []
 
     def process(self, records: Sequence[Record], now: datetime) -> SubmissionBatchResult:
+        # Coverage first (lead's decision): unknown candidates do not reject a submission, the
+        # ranker lists them in `excluded` (unknown_hardware); only an unknown default_hardware
+        # (so no known candidate: the default is one of them) is dead-lettered.
         good, dead = decode_records(
-            records,
-            SUBMISSION_SCHEMA,
-            now,
-            max_bytes=self.max_bytes,
-            known_hardware=self.known_hardware,
+            records, SUBMISSION_SCHEMA, now, max_bytes=self.max_bytes, known_hardware=None
         )
+        known = self.known_hardware
+        if known is not None:
+            kept = []
+            for rec, ev in good:
+                if ev["default_hardware"] in known:
+                    kept.append((rec, ev))
+                    continue
+                message = f"default_hardware {ev['default_hardware']!r} is not in the catalog"
+                dead.append(_dead_letter(rec, "unknown_hardware", message, now, SUBMISSION_SCHEMA))
+            good = kept
         out = SubmissionBatchResult(dead_letters=dead, valid=len(good))
         if not good:
             return out

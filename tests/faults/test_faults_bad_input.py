@@ -162,6 +162,9 @@ def test_bad_input_lands_in_the_dlq_and_the_worker_survives(stack: Stack) -> Non
     dup_sub = _sub("dup")
     # a duplicate completion event_id: history and dataset take it once
     dup_comp = _comp("dup")
+    # an unknown candidate among known ones: ranked over the known ones, the unknown excluded
+    partial = _sub("partial", candidate_hardware=[*SUB["candidate_hardware"], "quantum-9000"])
+    feeder.send(t["sub"], partial["job_id"], orjson.dumps(partial))
     # a completion before its submission: it waits for the join, then gets its dataset row
     early = _comp("early")
     early_sub = _sub("early")
@@ -248,6 +251,7 @@ def test_bad_input_lands_in_the_dlq_and_the_worker_survives(stack: Stack) -> Non
     feeder.flush()
 
     want = {(dup_sub["job_id"], 1), (early_sub["job_id"], 1), (last["job_id"], 1)}
+    want.add((partial["job_id"], 1))
 
     def done() -> bool:
         assert stack.alive(), stack.log_tail()
@@ -283,6 +287,12 @@ def test_bad_input_lands_in_the_dlq_and_the_worker_survives(stack: Stack) -> Non
     assert gen_dead + gen_ranked == len(generated) == counter[0]
     assert gen_ranked > 0 and gen_dead > 0  # both outcomes were exercised
 
+    r_partial = latest[(partial["job_id"], 1)]
+    considered = {c["hardware_type"] for c in r_partial["candidates"]} | {
+        e["hardware_type"] for e in r_partial["excluded"] if e["reason"] != "unknown_hardware"
+    }
+    assert considered == set(SUB["candidate_hardware"])  # (no model here: no_prediction)
+    assert {"hardware_type": "quantum-9000", "reason": "unknown_hardware"} in r_partial["excluded"]
     # the duplicates and the early completion
     dups = [r for r in (rankings.all or []) if r["job_id"] == dup_sub["job_id"]]
     assert len(dups) == 2 and dups[0]["event_id"] == dups[1]["event_id"]
