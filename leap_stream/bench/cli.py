@@ -71,7 +71,10 @@ def run(args: argparse.Namespace) -> int:
             H.load_topic(world.bootstrap, src, world.submissions, world.lines)
             d = H.batch_loop(world.bootstrap, src, dst, dst, n, H.passthrough_work, args.batch)
             detail["passthrough"] = d
-            H.log(f"passthrough: {d['events']} events in {d['seconds']}s = {d['eps']:.0f}/s")
+            H.log(
+                f"passthrough: {d['events']} events in {d['seconds']}s = {d['eps']:.0f}/s "
+                f"({d['eps_per_cpu_s']:.0f} per CPU-second)"
+            )
         if "pipeline" in stages:
             src, dst, dlq = world.topic("pl-in"), world.topic("pl-out"), world.topic("pl-dlq")
             H.load_topic(world.bootstrap, src, world.submissions, world.lines)
@@ -97,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
             detail["pipeline"] = d
             H.log(
                 f"pipeline: {d['events']} events in {d['seconds']}s = {d['eps']:.0f}/s "
-                f"({d['batches']} batches, {st['model']} ranked by the model, {st['dead']} dead)"
+                f"({d['eps_per_cpu_s']:.0f} per CPU-second; {d['batches']} batches, {st['model']} ranked by the model, {st['dead']} dead)"
             )
         if "worker" in stages or "load" in stages:
             topics = {
@@ -111,7 +114,8 @@ def run(args: argparse.Namespace) -> int:
             d = H.worker_backlog(world, worker, n)
             detail["worker"] = d
             H.log(
-                f"worker (Faust) x{args.workers}: {n} events in {d['span_s']}s = {d['eps']:.0f}/s; "
+                f"worker (Faust) x{args.workers}: {n} events in {d['span_s']}s = {d['eps']:.0f}/s "
+                f"({d['eps_per_cpu_s']:.0f} per worker CPU-second); "
                 f"start to first ranking {d['start_to_first_s']}s; sources {d['sources']}"
             )
             if "load" in stages:

@@ -217,6 +217,7 @@ def batch_loop(
     c = consumer(bootstrap, [src])
     seen = batches = produced = 0
     t_first: float | None = None
+    cpu0 = time.process_time()
     deadline = time.monotonic() + 600
     try:
         while seen < n and time.monotonic() < deadline:
@@ -225,6 +226,7 @@ def batch_loop(
                 continue
             if t_first is None:
                 t_first = time.perf_counter()
+                cpu0 = time.process_time()
             seen += len(msgs)
             batches += 1
             outs, dead = work(msgs)
@@ -234,6 +236,7 @@ def batch_loop(
                 out.send(dlq, key, value)
             produced += out.flush()
         elapsed = time.perf_counter() - (t_first or time.perf_counter())
+        cpu = time.process_time() - cpu0
     finally:
         c.close()
         out.close()
@@ -243,6 +246,10 @@ def batch_loop(
         "events": seen,
         "seconds": round(elapsed, 3),
         "eps": rate(seen, elapsed),
+        # CPU seconds of this process (all threads): events per CPU-second does not depend on
+        # what else the shared machine runs, unlike events per wall-second
+        "cpu_s": round(cpu, 3),
+        "eps_per_cpu_s": rate(seen, cpu),
         "batches": batches,
         "produced": produced,
     }
@@ -419,6 +426,18 @@ class WorkerProc:
     def alive(self) -> bool:
         return bool(self.procs) and all(p.poll() is None for p in self.procs)
 
+    def cpu_s(self) -> float:
+        """utime + stime of the worker processes so far (Linux /proc; 0 elsewhere)."""
+        total = 0.0
+        tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        for p in self.procs:
+            try:
+                fields = Path(f"/proc/{p.pid}/stat").read_text().rsplit(")", 1)[1].split()
+                total += (int(fields[11]) + int(fields[12])) / tick
+            except (OSError, IndexError, ValueError):
+                return 0.0
+        return total
+
     def log_tail(self, n: int = 30) -> str:
         out = []
         for i in range(len(self.procs)):
@@ -471,19 +490,24 @@ def worker_backlog(world: BenchWorld, worker: WorkerProc, n: int) -> dict[str, A
     worker.start()
     stamps: list[float] = []
     t_first = 0.0
+    cpu_first = 0.0
     sources: dict[str, int] = {}
     try:
         for _recv, r in read_rankings(world.bootstrap, worker.topics["rank"], n, worker.alive):
             if not stamps:
                 t_first = time.monotonic()
+                cpu_first = worker.cpu_s()
             stamps.append(parse_ts(r["produced_at"]))
             sources[r["source"]] = sources.get(r["source"], 0) + 1
     except RuntimeError as exc:
         raise RuntimeError(f"{exc}; worker log:\n{worker.log_tail()}") from None
     span = max(stamps) - min(stamps)
+    cpu = worker.cpu_s() - cpu_first
     return {
         "events": n,
         "eps": rate(n - 1, span),
+        "cpu_s": round(cpu, 2),
+        "eps_per_cpu_s": rate(n - 1, cpu),
         "span_s": round(span, 3),
         "start_to_first_s": round(t_first - t0, 2),
         "wall_s": round(time.monotonic() - t0, 2),
