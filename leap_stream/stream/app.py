@@ -393,6 +393,13 @@ def build_app(deps: WorkerDeps) -> faust.App:
             if (app.should_stop or app.rebalancing) and held and not sub_busy.locked():
                 held.clear()
                 drop_unacked(sub_gate.forget(), "submission")
+            elif held and not sub_busy.locked():
+                # Redis is back but no submission batch came to write what it missed
+                async with sub_busy:
+                    flushed: bool = await in_thread(sub_pool, deps.submissions.flush_pending)
+                    if flushed and held:
+                        sub_gate.done(held)
+                        held.clear()
             try:
                 async with pending.lock:
                     await flush_locked(force=app.should_stop or app.rebalancing)

@@ -234,6 +234,27 @@ class SubmissionProcessor:
                     )
         return out
 
+    def flush_pending(self) -> bool:
+        """Write the submissions kept while Redis was down; True when none is left.
+
+        The agent calls it between batches: when no submission follows an outage, nothing else
+        would write them, their held acks would never be released and their completions would
+        end as orphans (tests/faults/test_faults_services.py).
+        """
+        if not self.pending_remember:
+            return True
+        if not self.backoff.ready():
+            return False
+        try:
+            self.store.remember_submissions(self.pending_remember)
+        except Exception as exc:
+            delay = self.backoff.failed()
+            log.warning("online store still unavailable (%r); retrying in %.1fs", exc, delay)
+            return False
+        self.pending_remember = []
+        self.backoff.succeeded()
+        return True
+
     def _keep_for_later(self, subs: list[dict[str, Any]]) -> None:
         self.pending_remember.extend(subs)
         overflow = len(self.pending_remember) - self.MAX_PENDING_REMEMBER
