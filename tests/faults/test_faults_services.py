@@ -110,17 +110,6 @@ def _interesting(stack: Stack) -> str:
     return "\n".join(line for line in stack.metrics_text().splitlines() if line.startswith(keep))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "stream bugs found here (reported to the stream owner): after a Redis outage (1) the "
-        "submissions' committed offsets stop advancing on some partitions although every "
-        "submission is ranked and acked (lag never 0; a restart redoes them), also with no "
-        "completions at all; (2) submissions ranked during the outage stay in "
-        "SubmissionProcessor.pending_remember until the next submission batch, so when none "
-        "follows their completions become orphan_completion dead letters and miss the dataset"
-    ),
-)
 def test_redis_killed_and_restarted_mid_run(stack: Stack, own_redis: OwnRedis) -> None:
     stack.redis_url = own_redis.url
     fl = fleet(seed=41, rate=4000)
