@@ -78,6 +78,9 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "log_bytes_per_sample",
         "log_mem_per_device_gib",
         "mem_ratio",
+        "log_accum",
+        "pp_bubble",
+        "log_micro_flops",
         "precision",
         "family",
         "framework",
@@ -97,6 +100,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "log_t_memory",
         "log_t_comm",
         "log_phys_rate",
+        "log_ideal_micro_s",
     ),
     # Per (model_type × hardware) EWMA aggregates of the candidate.
     "agg": ("agg_cand", "agg_cand_count"),
@@ -134,6 +138,7 @@ HW_COLUMNS = (
     "log_t_memory",
     "log_t_comm",
     "log_phys_rate",
+    "log_ideal_micro_s",
     "mem_ratio",
     "agg_cand",
     "agg_cand_count",
@@ -397,6 +402,13 @@ def build(
     f["log_flops_per_sample"] = _log(fps_j)[job]
     f["log_bytes_per_sample"] = _log(bps_j)[job]
     f["log_mem_per_device_gib"] = _log(mem_j)[job]
+    # gradient accumulation steps and the pipeline bubble they amortise; FLOPs of one
+    # micro-batch per device (small kernels cannot fill a big chip)
+    accum_j = np.maximum(1.0, gbs_j / (mbs_j * dp_j))
+    micro_flops_j = mbs_j * fps_j / (tp_j * pp_j)
+    f["log_accum"] = _log(accum_j)[job]
+    f["pp_bubble"] = ((pp_j - 1.0) / accum_j)[job]
+    f["log_micro_flops"] = _log(micro_flops_j)[job]
     # unknown specs: not excluded here (the ranker reports unknown_hardware)
     f["fits"] = ~(min_memory_per_device_gib(jobs)[job] > mem_t[hw] * FIT_HEADROOM)
     for col in ("precision", "family", "framework", "optimizer"):
@@ -423,6 +435,7 @@ def build(
         f[prefix + "log_t_memory"] = _log(t_m)
         f[prefix + "log_t_comm"] = _log(t_dp + t_tp + 1e-12)
         f[prefix + "log_phys_rate"] = -_log(t)
+        f[prefix + "log_ideal_micro_s"] = _log(micro_flops_j[job] / (flops_t[codes] * 1e12))
 
     hw_columns(hw, "")
 
