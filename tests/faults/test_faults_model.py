@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import signal
+import time
 from typing import Any
 
 import orjson
@@ -18,11 +19,13 @@ pytestmark = pytest.mark.faults
 
 
 def _serving(stack: Stack) -> set[str]:
-    try:
-        labels = stack.metric_labels("leap_model_info")
-    except OSError:  # /metrics not up yet
-        return set()
-    return {lab["version"] for lab in labels if "version" in lab}
+    for _ in range(5):
+        try:
+            labels = stack.metric_labels("leap_model_info")
+            return {lab["version"] for lab in labels if "version" in lab}
+        except OSError:  # /metrics not up yet, or slow on the busy box
+            time.sleep(0.5)
+    return set()
 
 
 def _rank_some(
