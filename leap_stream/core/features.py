@@ -524,7 +524,16 @@ def build(
     f["o_agg_cand"] = agg_prior
     f["o_agg_cand_count"] = _lookup(a_row + other_hw, a_key, a_cnt)
 
-    frame = pd.DataFrame(f)
+    # string columns stay numpy object arrays: pandas 3 would otherwise convert each to an
+    # Arrow string column here and the predictor back to object, twice per batch
+    n_rows = pd.RangeIndex(n)
+    cols = {
+        c: pd.Series(v, index=n_rows, dtype=object, copy=False)
+        if isinstance(v, np.ndarray) and v.dtype == object
+        else v
+        for c, v in f.items()
+    }
+    frame = pd.DataFrame(cols, index=n_rows, copy=False)
     return frame
 
 

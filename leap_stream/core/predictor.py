@@ -241,12 +241,23 @@ class ThroughputModel:
         return cls(booster, metadata)
 
     # --- serving
-    def _log_pd_parts(self, frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-        """(f(job, candidate), prior moved to the candidate) in log per-device samples/s."""
+    def _log_pd_parts(
+        self, frame: pd.DataFrame, skip_self: bool = False
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(f(job, candidate), prior moved to the candidate) in log per-device samples/s.
+
+        `skip_self`: rows anchored on the lineage's own prior need neither (NaN there), so
+        the booster does not score them (serving; calibration wants every estimate)."""
         n = len(frame)
         other = np.isfinite(frame["other_log_pd"].to_numpy(np.float64))
+        base: np.ndarray | None = None
         if "prior" not in self.groups:
             other[:] = False
+        elif skip_self:
+            self_rows = np.isfinite(frame["self_log_pd"].to_numpy(np.float64))
+            if self_rows.any():
+                other &= ~self_rows
+                base = np.flatnonzero(~self_rows)
         # one prior-hardware row per (job, prior type), shared by the job's candidates
         rows = np.flatnonzero(other)
         inverse = np.zeros(0, np.int64)
@@ -258,17 +269,23 @@ class ThroughputModel:
             pick = rows[first]
         # candidate rows, then the prior-hardware rows stacked under them (job columns copied,
         # hardware columns from their "o_" twins): one matrix, one booster call
-        X = _matrix(frame, self.feature_names, self._levels, extra=pick)
-        out = np.asarray(
-            self.booster.predict(X, num_threads=_threads(len(X), predict=True))
-        )  # the one call
+        X = _matrix(frame, self.feature_names, self._levels, extra=pick, base=base)
+        out = (
+            np.asarray(self.booster.predict(X, num_threads=_threads(len(X), predict=True)))
+            if len(X)
+            else np.empty(0)
+        )  # the one call (none when every row is anchored on its own prior)
+        nb = n if base is None else len(base)
         mt = frame["model_type"].to_numpy(object)
         mt_code = self._pair_mt.get_indexer(mt) if len(self._pair_mt) else None
-        blind = out[:n] + _offset(frame, self.groups) + self._pair(mt_code, frame, "", None)
+        blind_all = out[:nb] if base is None else np.full(n, np.nan)
+        if base is not None:
+            blind_all[base] = out[:nb]
+        blind = blind_all + _offset(frame, self.groups) + self._pair(mt_code, frame, "", None)
         moved = np.full(n, np.nan)
         if len(rows):
             prior_f = (
-                out[n:]
+                out[nb:]
                 + _offset(frame, self.groups, prefix="o_")[pick]
                 + self._pair(mt_code, frame, "o_", pick)
             )
@@ -298,7 +315,7 @@ class ThroughputModel:
         if len(frame) == 0:
             e = np.empty(0)
             return e, e, e
-        blind, moved = self._log_pd_parts(frame)
+        blind, moved = self._log_pd_parts(frame, skip_self=True)
         kind = anchor_kind(frame, self.groups)
         log_pd = np.choose(kind, [frame["self_log_pd"].to_numpy(np.float64), moved, blind])
         log_total = log_pd + frame["log_devices"].to_numpy(np.float64)
@@ -360,12 +377,13 @@ def _matrix(
     names: list[str],
     levels: dict[str, list[str]],
     extra: np.ndarray | None = None,
+    base: np.ndarray | None = None,
 ) -> np.ndarray:
     """Booster input as one float matrix (categoricals as level codes, unseen → NaN). With
     `extra` (row positions), those rows again below, on their prior hardware ("o_" columns).
     Job-level categoricals are encoded once per job, not per candidate row. No pandas on the
-    way into LightGBM."""
-    n = len(frame)
+    way into LightGBM. `base`: only these rows of the frame on top (all when None)."""
+    n = len(frame) if base is None else len(base)
     ne = 0 if extra is None else len(extra)
     X = np.empty((n + ne, len(names)), np.float64)
     if names == ["const"]:
@@ -387,7 +405,7 @@ def _matrix(
                 assert job_inv is not None
                 codes = idx.get_indexer(_obj_index(vals[job_first]))[job_inv]
             col = np.where(codes >= 0, codes, np.nan)
-            X[:n, i] = col
+            X[:n, i] = col if base is None else col[base]
             if ne:
                 assert extra is not None
                 if hw_col:
@@ -397,7 +415,7 @@ def _matrix(
                     X[n:, i] = col[extra]
         else:
             v = frame[c].to_numpy(np.float64)
-            X[:n, i] = v
+            X[:n, i] = v if base is None else v[base]
             if ne:
                 assert extra is not None
                 X[n:, i] = frame["o_" + c].to_numpy(np.float64)[extra] if hw_col else v[extra]

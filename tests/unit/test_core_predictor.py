@@ -76,3 +76,37 @@ def test_unseen_categories_predict_finite(data: tuple[pd.DataFrame, pd.DataFrame
     p, lo, hi = model.predict(odd)
     assert np.isfinite(p).all() and (p > 0).all()
     assert (lo <= p).all() and (p <= hi).all()
+
+
+def test_self_rows_skip_the_booster_and_keep_their_estimates(
+    data: tuple[pd.DataFrame, pd.DataFrame], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Serving scores only the rows that need the booster; the answers are the same as
+    scoring every row (the calibration path) and a batch of self rows makes no call at all."""
+    m, fr = data
+    y = m["samples_per_s"].to_numpy()
+    model = ThroughputModel.fit(fr, y, m["lineage_id"], num_rounds=30)
+    is_self = np.isfinite(fr["self_log_pd"].to_numpy())
+    assert 0.05 < is_self.mean() < 0.95
+    full_blind, full_moved = model._log_pd_parts(fr)
+    blind, moved = model._log_pd_parts(fr, skip_self=True)
+    np.testing.assert_allclose(blind[~is_self], full_blind[~is_self])
+    other_only = ~is_self & np.isfinite(full_moved)
+    np.testing.assert_allclose(moved[other_only], full_moved[other_only])
+    assert np.isnan(blind[is_self]).all()
+    calls: list[int] = []
+    real = model.booster.predict
+
+    def counting(X: np.ndarray, **kw: object) -> np.ndarray:
+        calls.append(len(X))
+        return np.asarray(real(X, **kw))
+
+    monkeypatch.setattr(model.booster, "predict", counting)
+    p50, _lo, _hi = model.predict(fr[is_self])
+    assert calls == []
+    np.testing.assert_allclose(
+        p50, np.exp(fr["self_log_pd"].to_numpy()[is_self] + fr["log_devices"].to_numpy()[is_self])
+    )
+    model.predict(fr)
+    # one call: the non-self candidate rows plus one prior-hardware row per (job, type)
+    assert len(calls) == 1 and int((~is_self).sum()) <= calls[0] <= 2 * int((~is_self).sum())
