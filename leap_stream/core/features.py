@@ -269,27 +269,20 @@ def _flatten_aggregates(
 ) -> tuple[np.ndarray, ...]:
     """(per-job owner index, owner, hw, ewma, count) over the distinct aggregate dicts."""
     uid, firsts = _unique_objects(aggregates)
-    job: list[int] = []
-    hw: list[int] = []
-    vals: list[tuple[float, float]] = []
-    for u, j in enumerate(firsts):
-        a = aggregates[j]
-        if not a:
-            continue
-        for t, g in a.items():
-            c = code.get(t)
-            if c is None:
-                continue
-            job.append(u)
-            hw.append(c)
-            vals.append((g.ewma_log_per_device, g.count))
-    v = np.asarray(vals, np.float64).reshape(-1, 2)
+    ents = [
+        (u, code.get(t, -1), g.ewma_log_per_device, g.count)
+        for u, j in enumerate(firsts)
+        if (a := aggregates[j])
+        for t, g in a.items()
+    ]
+    v = np.asarray(ents, np.float64).reshape(-1, 4)
+    v = v[v[:, 1] >= 0]  # a type the catalog no longer has
     return (
         uid,
-        np.asarray(job, np.int64),
-        np.asarray(hw, np.int64),
-        v[:, 0].copy(),
-        v[:, 1].copy(),
+        v[:, 0].astype(np.int64),
+        v[:, 1].astype(np.int64),
+        v[:, 2].copy(),
+        v[:, 3].copy(),
     )
 
 

@@ -112,8 +112,10 @@ class Ranker:
         model_reason = np.full(n_jobs, "ok" if self.model is not None else "no_model", object)
         if self.model is not None and fits.any():
             try:
-                p50, p10, p90 = self.model.predict(frame if fits.all() else frame.loc[fits])
-                pred[fits], low[fits], high[fits] = p50, p10, p90
+                # every row scored (no copy of the frame for the ~1 % that do not fit), kept
+                # where the job fits
+                p50, p10, p90 = self.model.predict(frame)
+                pred[fits], low[fits], high[fits] = p50[fits], p10[fits], p90[fits]
                 ok = fits & np.isfinite(pred) & (pred > 0)
                 source[ok] = SRC_MODEL
             except Exception:  # a bad model must not take the worker down: fall back
