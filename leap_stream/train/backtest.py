@@ -36,7 +36,7 @@ KIND_KEYS = ("self", "transfer", "model")
 # Nightly training set: the last days' point-in-time rows, subsampled. At the simulator's full
 # rate (30000/day) that is ~25k measured rows a day; older rows add little under drift.
 TRAIN_WINDOW_DAYS = 14
-TRAIN_ROWS = 250_000
+TRAIN_ROWS = 150_000
 DEFAULT_RATE = 30000
 ABLATION_KEYS = ("accuracy", "accuracy_ran", "mape", "top1", "savings")
 
