@@ -118,7 +118,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("LEAP_DEV_READY_TIMEOUT_S", "90", "How long `dev up` waits for a service to answer."),
     # --- Worker
     Setting("LEAP_BATCH_SIZE", "500", "Most events taken per batch."),
-    Setting("LEAP_BATCH_WITHIN_S", "0.005", "Longest wait to fill a batch (seconds)."),
+    Setting(
+        "LEAP_BATCH_WITHIN_S",
+        "0",
+        "Longest wait to fill a batch (seconds); 0: events go to the batcher as they arrive.",
+    ),
     Setting(
         "LEAP_METRICS_PORT", "9108", "Port of the Prometheus /metrics endpoint; 0 disables it."
     ),

@@ -389,7 +389,9 @@ class WorkerProc:
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     def env(self, i: int) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("LEAP_")}
+        # tuning settings (LEAP_BATCH_*, LEAP_GIL_SWITCH_S, …) pass through; where the worker
+        # reads and writes is the bench's own (set below)
+        env = dict(os.environ)
         home = self.world.tmp / f"worker-home-{i}"
         env.update(
             LEAP_KAFKA_BOOTSTRAP=self.world.bootstrap,
@@ -405,9 +407,6 @@ class WorkerProc:
             LEAP_REGISTRY_DIR=str(self.world.registry_dir),
             LEAP_METRICS_PORT=str(free_port()),
         )
-        for k in ("LEAP_BATCH_SIZE", "LEAP_BATCH_WITHIN_S", "LEAP_KAFKA_SECURITY_PROTOCOL"):
-            if k in os.environ:
-                env[k] = os.environ[k]
         return env
 
     def start(self) -> None:

@@ -321,8 +321,14 @@ def build_app(deps: WorkerDeps) -> faust.App:
         batcher = Batcher(cfg.batch_size, 4 * cfg.batch_size)
         task = asyncio.ensure_future(run_batches(name, batcher, handle))
         try:
-            async for events in stream.noack_take(cfg.batch_size, within=cfg.batch_within_s):
-                await batcher.feed(events)
+            if cfg.batch_within_s > 0:
+                async for events in stream.noack_take(cfg.batch_size, within=cfg.batch_within_s):
+                    await batcher.feed(events)
+            else:
+                # each event goes to the Batcher as Faust delivers it: noack_take polls its
+                # buffer every `within` (a timer wake-up per period, up to `within` of delay)
+                async for event in stream.noack().events():
+                    await batcher.feed([event])
         finally:
             task.cancel()
 
