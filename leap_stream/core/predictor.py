@@ -403,7 +403,13 @@ def _matrix(
                     job = frame["job"].to_numpy(np.int64)
                     _u, job_first, job_inv = np.unique(job, return_index=True, return_inverse=True)
                 assert job_inv is not None
-                codes = idx.get_indexer(_obj_index(vals[job_first]))[job_inv]
+                per_job = vals[job_first][job_inv]
+                # "job" numbers one build; a frame concatenated from several builds repeats
+                # them, so the shortcut holds only when every row agrees with its job's value
+                if np.array_equal(per_job, vals):
+                    codes = idx.get_indexer(_obj_index(vals[job_first]))[job_inv]
+                else:
+                    codes = idx.get_indexer(_obj_index(vals))
             col = np.where(codes >= 0, codes, np.nan)
             X[:n, i] = col if base is None else col[base]
             if ne:

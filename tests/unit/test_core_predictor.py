@@ -110,3 +110,36 @@ def test_self_rows_skip_the_booster_and_keep_their_estimates(
     model.predict(fr)
     # one call: the non-self candidate rows plus one prior-hardware row per (job, type)
     assert len(calls) == 1 and int((~is_self).sum()) <= calls[0] <= 2 * int((~is_self).sum())
+
+
+def test_matrix_encodes_categoricals_per_row_on_concatenated_frames() -> None:
+    """Frames from several builds repeat the `job` numbers (the backtest concatenates a day's
+    rows per night): categorical codes must still follow each row, not its job number."""
+    from leap_stream.core.predictor import _matrix
+
+    d = S.dataset(400, seed=5)
+    m = pit.measured(d)
+    a, b = m.iloc[:100].reset_index(drop=True), m.iloc[100:200].reset_index(drop=True)
+    parts = [
+        F.build(
+            x,
+            [[h] for h in x["hardware_type"]],
+            [None] * len(x),
+            [None] * len(x),
+            S.SPECS,
+            np.full(len(x), 1.8e9),
+        )
+        for x in (a, b)
+    ]
+    cat = pd.concat(parts, ignore_index=True)
+    assert (cat["job"].to_numpy()[:100] == cat["job"].to_numpy()[100:]).all()
+    names = ["family", "model_type", "log_params"]
+    levels = {
+        "family": list(F.CATEGORIES["family"]),
+        "model_type": sorted(set(cat["model_type"])),
+    }
+    X = _matrix(cat, names, levels)
+    for i, c in enumerate(names[:2]):
+        want = [levels[c].index(v) for v in cat[c]]
+        np.testing.assert_array_equal(X[:, i], want)
+    assert (cat["model_type"].to_numpy()[:100] != cat["model_type"].to_numpy()[100:]).any()
