@@ -163,11 +163,24 @@ class Batcher:
         return batch
 
 
+class LeanApp(faust.App):
+    """A Faust app without its built-in Monitor sensor.
+
+    The Monitor keeps Faust's own per-message statistics (for its web view, which is off);
+    it runs several hooks per message on the event loop, on the same GIL as the batch thread.
+    The worker's metrics are its own (stream/metrics.py)."""
+
+    def on_init_dependencies(self) -> Any:
+        services = super().on_init_dependencies()
+        self.sensors.remove(self.monitor)
+        return services
+
+
 def build_app(deps: WorkerDeps) -> faust.App:
     cfg = deps.cfg
     datadir = cfg.home / "faust" / cfg.consumer_group
     datadir.mkdir(parents=True, exist_ok=True)
-    app = faust.App(
+    app = LeanApp(
         cfg.consumer_group,
         broker=faust_broker_url(deps.bootstrap),
         broker_credentials=faust_credentials(),
