@@ -124,6 +124,16 @@ SETTINGS: tuple[Setting, ...] = (
         "Longest wait to fill a batch (seconds); 0: events go to the batcher as they arrive.",
     ),
     Setting(
+        "LEAP_FETCH_MIN_BYTES",
+        "65536",
+        "Worker consumer fetch_min_bytes: the broker answers a fetch once this much is there.",
+    ),
+    Setting(
+        "LEAP_FETCH_MAX_WAIT_MS",
+        "5",
+        "Worker consumer fetch_max_wait_ms: longest a fetch waits for LEAP_FETCH_MIN_BYTES.",
+    ),
+    Setting(
         "LEAP_METRICS_PORT", "9108", "Port of the Prometheus /metrics endpoint; 0 disables it."
     ),
     Setting(
