@@ -235,3 +235,36 @@ def test_faust_credentials_follow_the_kafka_settings(monkeypatch: pytest.MonkeyP
     assert cred.protocol.value == "SASL_SSL"
     monkeypatch.setenv("LEAP_KAFKA_SECURITY_PROTOCOL", "SSL")
     assert isinstance(faust_credentials(), faust.SSLCredentials)
+
+
+def test_consumer_fetch_settings_reach_the_aiokafka_consumer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from types import SimpleNamespace
+
+    from faust.transport.drivers import aiokafka as driver
+
+    from leap_stream.stream.app import tune_consumer_fetch
+
+    cls = driver.AIOKafkaConsumerThread
+    made = SimpleNamespace(_fetch_min_bytes=1, _fetch_max_wait_ms=1500)
+
+    def original(self: object, transport: object) -> SimpleNamespace:
+        return made
+
+    monkeypatch.setattr(cls, "_create_worker_consumer", original)
+    monkeypatch.delattr(cls, "_leap_original_create", raising=False)
+    tune_consumer_fetch(4096, 9)
+    tune_consumer_fetch(65536, 5)  # a second app in the same process: wraps the original once
+    assert cls._leap_original_create is original  # type: ignore[attr-defined]
+    consumer = cls._create_worker_consumer(object(), object())  # type: ignore[arg-type]
+    assert consumer is made
+    assert (made._fetch_min_bytes, made._fetch_max_wait_ms) == (65536, 5)
+
+
+def test_lean_app_has_no_faust_monitor_sensor() -> None:
+    from leap_stream.stream.app import LeanApp
+
+    app = LeanApp("leap-test-lean", broker="kafka://127.0.0.1:1", autodiscover=False)
+    app.on_init_dependencies()
+    assert app.monitor not in set(app.sensors)
