@@ -14,6 +14,7 @@ Targets (docs/model.md): fit < 120 s on 1M rows, rank ≥ 50k candidate rows/s.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -38,6 +39,7 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=500, help="submissions per rank_batch")
     ap.add_argument("--batches", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--repeats", type=int, default=3, help="passes over the scoring batches")
     args = ap.parse_args()
 
     from leap_stream.catalog import load_catalog
@@ -80,43 +82,56 @@ def main() -> int:
     events = submission_events(last)
     now = datetime.now(UTC)
     agg_by_type = {m: snap.book.aggregates(m) for m in last["model_type"].unique()}
-    rows = 0
-    pred_s = rank_s = 0.0
+    from leap_stream.core.ranker import jobs_frame
+
+    batches = []
     for b in range(args.batches):
         sl = slice(b * args.batch, (b + 1) * args.batch)
         subs = events[sl]
-        hist = snap.histories[sl]
-        t0 = time.perf_counter()
-        out = ranker.rank_batch(subs, hist, agg_by_type, now)
-        rank_s += time.perf_counter() - t0
-        rows += sum(len(s["candidate_hardware"]) for s in subs)
-        assert len(out) == len(subs)
-        # the booster call alone, on the same frame
-        from leap_stream.core.ranker import jobs_frame
-
         jobs = jobs_frame(subs)
         frame, _ = ranker.score_batch(
             jobs,
             [s["candidate_hardware"] for s in subs],
-            hist,
+            snap.histories[sl],
             [agg_by_type.get(m) for m in jobs["model_type"]],
             jobs["submitted_at_s"].to_numpy(),
         )
-        t0 = time.perf_counter()
-        model.predict(frame)
-        pred_s += time.perf_counter() - t0
+        batches.append((subs, snap.histories[sl], frame))
+    rows = sum(len(s["candidate_hardware"]) for subs, _h, _f in batches for s in subs)
+    # passes over the same batches: the box is shared, so the best pass is the figure and the
+    # median is printed next to it
+    rank_pass: list[float] = []
+    pred_pass: list[float] = []
+    for _ in range(args.repeats):
+        rank_s = pred_s = 0.0
+        for subs, hist, frame in batches:
+            t0 = time.perf_counter()
+            out = ranker.rank_batch(subs, hist, agg_by_type, now)
+            rank_s += time.perf_counter() - t0
+            assert len(out) == len(subs)
+            t0 = time.perf_counter()
+            model.predict(frame)  # the model alone, on the same frame
+            pred_s += time.perf_counter() - t0
+        rank_pass.append(rank_s)
+        pred_pass.append(pred_s)
+    rank_s, pred_s = min(rank_pass), min(pred_pass)
+    figures["load_avg_1m"] = round(os.getloadavg()[0], 2)
     figures["rank"] = {
         "batch_submissions": args.batch,
         "candidate_rows": rows,
         "rows_per_s": round(rows / rank_s),
         "submissions_per_s": round(args.batch * args.batches / rank_s),
         "ms_per_batch": round(1000 * rank_s / args.batches, 2),
+        "rows_per_s_median_pass": round(rows / float(np.median(rank_pass))),
+        "passes": args.repeats,
     }
     figures["predict"] = {"rows_per_s": round(rows / pred_s)}
     print(
         f"rank_batch: {figures['rank']['rows_per_s']} candidate rows/s, "
         f"{figures['rank']['submissions_per_s']} submissions/s, "
-        f"{figures['rank']['ms_per_batch']} ms per batch of {args.batch}; "
+        f"{figures['rank']['ms_per_batch']} ms per batch of {args.batch} (best of "
+        f"{args.repeats} passes, median {figures['rank']['rows_per_s_median_pass']} rows/s, "
+        f"load {figures['load_avg_1m']}); "
         f"model.predict alone {figures['predict']['rows_per_s']} rows/s"
     )
     print(orjson.dumps(figures).decode())
