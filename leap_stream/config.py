@@ -159,6 +159,11 @@ SETTINGS: tuple[Setting, ...] = (
         "10",
         "Consumer-group session timeout of the worker: how soon a dead worker's partitions move.",
     ),
+    Setting(
+        "LEAP_PRODUCE_TIMEOUT_S",
+        "20",
+        "Worker output: delivery timeout per record; a failed batch is redone on a fresh producer.",
+    ),
     Setting("LEAP_LOG_LEVEL", "INFO", "Log level."),
 )
 

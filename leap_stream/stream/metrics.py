@@ -82,6 +82,9 @@ class Metrics:
         self.dataset_rows_written = Counter(
             "leap_dataset_rows_written", "Rows made durable in the dataset.", registry=r
         )
+        self.producer_resets = Counter(
+            "leap_producer_resets", "Output producers replaced after a failed flush.", registry=r
+        )
         self._valid_submissions = 0
         self._covered = 0
         self._model_version: str | None = None

@@ -63,7 +63,7 @@ def build_deps(cfg: config.Config, bootstrap: str, redis_url: str) -> Any:
             store, max_bytes=cfg.max_message_bytes, known_hardware=known
         ),
         dataset_append=sink.append,
-        make_output=lambda: OutputProducer(bootstrap),
+        make_output=lambda: OutputProducer(bootstrap, on_reset=metrics.producer_resets.inc),
         metrics=metrics,
         model_poll=holder.poll,
         lag_poll=lag_poll,

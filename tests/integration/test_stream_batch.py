@@ -28,7 +28,7 @@ from leap_stream.store.online import OnlineStore, OnlineStoreUnavailable, connec
 from leap_stream.stream.batch import CompletionProcessor, Record, SubmissionProcessor
 from leap_stream.stream.client import RankingsClient
 from leap_stream.stream.lag import LagReader, total_lag
-from leap_stream.stream.output import OutputProducer
+from leap_stream.stream.output import DeliveryError, OutputProducer
 
 pytestmark = pytest.mark.services
 
@@ -278,3 +278,54 @@ def test_completion_before_its_submission_waits_for_the_join(
     dead = outcome[-1][1]
     assert dead is not None and dead["error"]["kind"] == "orphan_completion"
     assert dead["source"]["offset"] == len(comps)
+
+
+def test_output_producer_failed_flush_replaces_the_producer(
+    kafka_bootstrap: str, topic_factory: Any
+) -> None:
+    """A failed flush raises (nothing may be acked), discards the producer with what it held,
+    and the redo goes through a fresh one: each record of the redo lands, none of the failure's."""
+    from confluent_kafka import Consumer
+
+    topic = topic_factory("output-reset", partitions=2)
+    resets: list[int] = []
+    out = OutputProducer(kafka_bootstrap, timeout_s=2.0, on_reset=lambda: resets.append(1))
+    first = out._producer
+    # auto-create is off: the records wait for a topic that never appears and time out
+    out.send(f"test.missing.{time.time_ns()}", b"k", b"lost")
+    with pytest.raises(DeliveryError):
+        out.flush()
+    assert out.resets == 1 and resets == [1]
+    assert out._producer is not first
+    for i in range(20):
+        out.send(topic, f"job-{i}".encode(), b"redo-%d" % i)
+    assert out.flush() == 20
+    assert out.resets == 1
+    c = Consumer(
+        {
+            "bootstrap.servers": kafka_bootstrap,
+            "group.id": f"reset-{time.time_ns()}",
+            "auto.offset.reset": "earliest",
+        }
+    )
+    c.subscribe([topic])
+    got: list[bytes] = []
+    end = time.monotonic() + 30
+    while len(got) < 20 and time.monotonic() < end:
+        got += [m.value() or b"" for m in c.consume(100, timeout=0.5) if m.error() is None]
+    c.close()
+    assert sorted(got) == sorted(b"redo-%d" % i for i in range(20))
+    out.close(5)
+
+
+def test_output_producer_unreachable_broker_fails_within_timeout() -> None:
+    """No broker at all: the flush gives up (delivery.timeout.ms) and replaces the producer."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = OutputProducer(f"127.0.0.1:{port}", timeout_s=1.5)
+    out.send("t", None, b"x")
+    with pytest.raises(DeliveryError):
+        out.flush()
+    assert out.resets == 1
+    out.close(0)
