@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from leap_stream.contracts.vocab import FAMILIES, FRAMEWORKS, OPTIMIZERS, PRECISIONS, VENDORS
 from leap_stream.core.history import LineageHistory, TypeAggregates
 
 # Columns of a job frame (the dataset's column names; `ranker.jobs_frame` builds it from events).
@@ -41,21 +42,11 @@ JOB_COLUMNS = (
 )
 
 CATEGORIES: dict[str, tuple[str, ...]] = {
-    "precision": ("fp32", "tf32", "fp16", "bf16", "fp8"),
-    "family": (
-        "dense_llm",
-        "moe_llm",
-        "encoder",
-        "vision_cnn",
-        "vision_vit",
-        "diffusion",
-        "recsys",
-        "speech",
-        "gnn",
-    ),
-    "framework": ("pytorch", "jax", "tensorflow"),
-    "optimizer": ("adamw", "adam", "sgd", "adafactor", "lamb", "lion", "adagrad"),
-    "vendor": ("nvidia", "amd", "google", "aws", "intel"),
+    "precision": PRECISIONS,
+    "family": FAMILIES,
+    "framework": FRAMEWORKS,
+    "optimizer": OPTIMIZERS,
+    "vendor": VENDORS,
 }
 # Categoricals whose levels come from the training data (stored in the model's metadata).
 OPEN_CATEGORIES = ("model_type", "hardware_type")

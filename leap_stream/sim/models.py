@@ -14,20 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-FAMILIES: tuple[str, ...] = (
-    "dense_llm",
-    "moe_llm",
-    "encoder",
-    "vision_cnn",
-    "vision_vit",
-    "diffusion",
-    "recsys",
-    "speech",
-    "gnn",
-)
-FRAMEWORKS: tuple[str, ...] = ("pytorch", "jax", "tensorflow")
-PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16", "fp8")
-OPTIMIZERS: tuple[str, ...] = ("adamw", "adam", "sgd", "adafactor", "lamb", "lion", "adagrad")
+from leap_stream.contracts.vocab import FAMILIES, FRAMEWORKS, OPTIMIZERS, PRECISIONS
+
 # Families whose samples are sequences of tokens: tokens_per_s is reported for them.
 TOKEN_FAMILIES = frozenset({"dense_llm", "moe_llm", "encoder"})
 # Families that shard optimizer states over data-parallel ranks (ZeRO-1 / FSDP) when n > 1.
