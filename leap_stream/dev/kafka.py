@@ -7,6 +7,7 @@ log4j-slf4j2-impl and the broker would then log nothing at all.
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
 import shlex
@@ -197,6 +198,17 @@ def java_command(
     ]
 
 
+def new_cluster_id() -> str:
+    """16 random bytes in URL-safe base64 without padding, as Kafka's `Uuid.randomUuid()`.
+
+    Like Kafka, never one that starts with "-": the command-line tools would read it as an option.
+    """
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cid.startswith("-"):
+            return cid
+
+
 def format_storage(lib: Path, run_dir: Path, props_file: Path, log4j_file: Path) -> bool:
     """Format the KRaft metadata directory once; returns True when it formatted now."""
     data_dir = run_dir / "data"
@@ -204,11 +216,7 @@ def format_storage(lib: Path, run_dir: Path, props_file: Path, log4j_file: Path)
         return False
     cluster_file = run_dir / "cluster.id"
     if not cluster_file.exists():
-        # Kafka's cluster ids are 16 random bytes in URL-safe base64 without padding
-        import base64
-
-        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-        cluster_file.write_text(cid + "\n")
+        cluster_file.write_text(new_cluster_id() + "\n")
     cid = cluster_file.read_text().strip()
     cmd = java_command(
         lib,
@@ -216,8 +224,7 @@ def format_storage(lib: Path, run_dir: Path, props_file: Path, log4j_file: Path)
         "-Xmx256m",
         "kafka.tools.StorageTool",
         "format",
-        "-t",
-        cid,
+        f"--cluster-id={cid}",  # one token: an id may not be mistaken for an option
         "-c",
         str(props_file),
         "--ignore-formatted",

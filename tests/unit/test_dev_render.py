@@ -111,3 +111,42 @@ def test_tail_file_shows_only_this_start(tmp_path: Path) -> None:
     assert kafka.tail_file(log, since=offset) == "new 1\nnew 2"
     assert kafka.tail_file(log, lines=1) == "new 2"
     assert kafka.tail_file(tmp_path / "missing.log") == "(no log yet)"
+
+
+def test_cluster_ids_never_start_with_a_dash(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A leading '-' made StorageTool's argparse read the id as an option (seen in a CI run)."""
+    import base64
+    import uuid
+
+    from leap_stream.dev import kafka
+
+    # the first draw encodes to an id starting with '-', the second does not
+    dash = uuid.UUID(bytes=base64.urlsafe_b64decode("-" + "A" * 21 + "=="))
+    plain = uuid.UUID(int=1)
+    draws = iter([dash, plain])
+    monkeypatch.setattr(kafka.uuid, "uuid4", lambda: next(draws))
+    cid = kafka.new_cluster_id()
+    assert not cid.startswith("-")
+    assert len(base64.urlsafe_b64decode(cid + "==")) == 16
+
+
+def test_format_passes_the_cluster_id_as_one_token(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from leap_stream.dev import kafka
+
+    seen: list[list[str]] = []
+
+    class Done:
+        returncode = 0
+        stdout = ""
+        stderr = ""
+
+    def fake_run(cmd: list[str], **_kw: object) -> Done:
+        seen.append(cmd)
+        return Done()
+
+    monkeypatch.setattr(kafka.subprocess, "run", fake_run)
+    (tmp_path / "cluster.id").write_text("-leadingDashIdAAAAAAAAA\n")
+    assert kafka.format_storage(tmp_path, tmp_path, tmp_path / "p", tmp_path / "l")
+    assert "--cluster-id=-leadingDashIdAAAAAAAAA" in seen[0]
