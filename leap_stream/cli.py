@@ -26,7 +26,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("leap_stream.train.trainer", "nightly training with the promotion gate"),
     "backtest": ("leap_stream.train.backtest", "nightly retrains against the simulator's truth"),
     "demo": ("leap_stream.demo.cli", "the whole service on one machine, with a report"),
-    "bench": ("leap_stream.bench.cli", "throughput and latency benchmark against the local services"),
+    "bench": (
+        "leap_stream.bench.cli",
+        "throughput and latency benchmark against the local services",
+    ),
 }
 
 
