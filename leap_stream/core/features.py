@@ -116,24 +116,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
 BOOSTER_GROUPS = ("config", "specs", "agg")
 # Hardware-dependent booster inputs, and their copies for the lineage's prior hardware
 # ("o_" + name): the predictor evaluates the booster on both to move the prior across types.
-HW_COLUMNS = (
-    "hardware_type",
-    "vendor",
-    "log_peak_tflops",
-    "log_mem_bw",
-    "log_device_mem",
-    "log_interconnect",
-    "log_cost",
-    "log_roofline",
-    "log_t_compute",
-    "log_t_memory",
-    "log_t_comm",
-    "log_phys_rate",
-    "log_ideal_micro_s",
-    "mem_ratio",
-    "agg_cand",
-    "agg_cand_count",
-)
+HW_COLUMNS: tuple[str, ...] = (*GROUPS["specs"], "mem_ratio", *GROUPS["agg"])
 ALL_FEATURES: tuple[str, ...] = tuple(f for g in GROUPS.values() for f in g)
 
 # Bytes per parameter for weights + gradients + optimizer state (mixed precision keeps fp32 master
