@@ -12,12 +12,17 @@ target is the same quantity (see `predictor.py`).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
 from leap_stream.contracts.vocab import FAMILIES, FRAMEWORKS, OPTIMIZERS, PRECISIONS, VENDORS
+from leap_stream.core.columns import Columns, map_values
 from leap_stream.core.history import LineageHistory, TypeAggregates
+
+# A job frame: a DataFrame (training, backtest) or `Columns` (serving), read column by column.
+Jobs = pd.DataFrame | Columns
 
 # Columns of a job frame (the dataset's column names; `ranker.jobs_frame` builds it from events).
 JOB_COLUMNS = (
@@ -137,52 +142,69 @@ def _log(x: np.ndarray) -> np.ndarray:
         return np.log(np.asarray(x, dtype=np.float64))
 
 
-def memory_per_device_gib(jobs: pd.DataFrame) -> np.ndarray:
+def _f64(jobs: Jobs, col: str) -> np.ndarray:
+    return np.asarray(jobs[col], np.float64)
+
+
+def _elem_bytes(jobs: Jobs) -> np.ndarray:
+    return map_values(np.asarray(jobs["precision"], object), _ELEM_BYTES, 2.0)
+
+
+def _opt_bytes(jobs: Jobs) -> np.ndarray:
+    return map_values(np.asarray(jobs["optimizer"], object), _OPT_STATE_BYTES, _OPT_STATE_DEFAULT)
+
+
+def _active_params(jobs: Jobs) -> np.ndarray:
+    active, params = _f64(jobs, "active_parameters"), _f64(jobs, "parameters")
+    return np.where(np.isnan(active), params, active)
+
+
+def memory_per_device_gib(jobs: Jobs, elem: np.ndarray | None = None) -> np.ndarray:
     """Estimated peak memory per device: sharded model state plus micro-batch activations."""
-    params = jobs["parameters"].to_numpy(np.float64)
-    elem = jobs["precision"].map(_ELEM_BYTES).fillna(2.0).to_numpy(np.float64)
-    opt = jobs["optimizer"].map(_OPT_STATE_BYTES).fillna(_OPT_STATE_DEFAULT).to_numpy(np.float64)
-    tp = jobs["tensor_parallel"].to_numpy(np.float64)
-    pp = jobs["pipeline_parallel"].to_numpy(np.float64)
+    params = _f64(jobs, "parameters")
+    elem = _elem_bytes(jobs) if elem is None else elem
+    opt = _opt_bytes(jobs)
+    tp = _f64(jobs, "tensor_parallel")
+    pp = _f64(jobs, "pipeline_parallel")
     state = params * (2.0 * elem + opt) / (tp * pp)
-    seq = jobs["sequence_length"].to_numpy(np.float64)
-    hidden = jobs["hidden_size"].to_numpy(np.float64)
-    layers = jobs["layers"].to_numpy(np.float64)
-    mbs = jobs["micro_batch_size"].to_numpy(np.float64)
-    ckpt = jobs["activation_checkpointing"].to_numpy(bool)
+    seq = _f64(jobs, "sequence_length")
+    hidden = _f64(jobs, "hidden_size")
+    layers = _f64(jobs, "layers")
+    mbs = _f64(jobs, "micro_batch_size")
+    ckpt = np.asarray(jobs["activation_checkpointing"], bool)
     per_layer = np.where(ckpt, 2.0, 16.0)  # elements per (token × hidden) kept per layer
     acts = mbs * seq * hidden * (layers / pp) * per_layer * elem / tp
     return np.asarray((state + acts) / 2**30)
 
 
-def min_memory_per_device_gib(jobs: pd.DataFrame) -> np.ndarray:
+def min_memory_per_device_gib(jobs: Jobs, elem: np.ndarray | None = None) -> np.ndarray:
     """A lower bound: model state fully sharded over every device (ZeRO-3 / FSDP, row-sharded
     embeddings) plus recomputed activations. A candidate is excluded only when even this does
     not fit, because the submission does not say how the job shards its state."""
-    params = jobs["parameters"].to_numpy(np.float64)
-    elem = jobs["precision"].map(_ELEM_BYTES).fillna(2.0).to_numpy(np.float64)
-    opt = jobs["optimizer"].map(_OPT_STATE_BYTES).fillna(_OPT_STATE_DEFAULT).to_numpy(np.float64)
-    nd = jobs["num_devices"].to_numpy(np.float64)
+    params = _f64(jobs, "parameters")
+    elem = _elem_bytes(jobs) if elem is None else elem
+    opt = _opt_bytes(jobs)
+    nd = _f64(jobs, "num_devices")
     state = params * (2.0 * elem + opt) / nd
-    seq = jobs["sequence_length"].to_numpy(np.float64)
-    hidden = jobs["hidden_size"].to_numpy(np.float64)
-    layers = jobs["layers"].to_numpy(np.float64)
-    mbs = jobs["micro_batch_size"].to_numpy(np.float64)
-    tp = jobs["tensor_parallel"].to_numpy(np.float64)
-    pp = jobs["pipeline_parallel"].to_numpy(np.float64)
+    seq = _f64(jobs, "sequence_length")
+    hidden = _f64(jobs, "hidden_size")
+    layers = _f64(jobs, "layers")
+    mbs = _f64(jobs, "micro_batch_size")
+    tp = _f64(jobs, "tensor_parallel")
+    pp = _f64(jobs, "pipeline_parallel")
     acts = mbs * seq * hidden * (layers / pp) * 2.0 * elem / tp
     return np.asarray((state + acts) / 2**30)
 
 
-def flops_per_sample(jobs: pd.DataFrame) -> np.ndarray:
+def flops_per_sample(jobs: Jobs) -> np.ndarray:
     """Training FLOPs per sample: 6·active params per token (8 with recomputation)."""
-    active = jobs["active_parameters"].fillna(jobs["parameters"]).to_numpy(np.float64)
-    seq = jobs["sequence_length"].to_numpy(np.float64)
-    ckpt = jobs["activation_checkpointing"].to_numpy(bool)
+    active = _active_params(jobs)
+    seq = _f64(jobs, "sequence_length")
+    ckpt = np.asarray(jobs["activation_checkpointing"], bool)
     return np.asarray(np.where(ckpt, 8.0, 6.0) * active * seq)
 
 
-def _categorical(values: np.ndarray | pd.Series, levels: Sequence[str]) -> np.ndarray:
+def _categorical(values: np.ndarray, levels: Sequence[str]) -> np.ndarray:
     """Kept as strings (object): the predictor encodes every categorical the same way."""
     del levels
     return np.asarray(values, dtype=object)
@@ -274,14 +296,64 @@ def _lookup(keys: np.ndarray, table_keys: np.ndarray, values: np.ndarray) -> np.
     return out
 
 
+@dataclass(frozen=True)
+class SpecArrays:
+    """The catalog's spec columns as arrays indexed by hardware code (one extra NaN / None
+    slot at the end for an unknown type). Built once per catalog by the ranker, not per batch."""
+
+    types: tuple[str, ...]
+    code: dict[str, int]
+    names: np.ndarray  # object, + None
+    vendor: np.ndarray  # object, + None
+    flops: np.ndarray
+    bw: np.ndarray
+    mem: np.ndarray
+    ic: np.ndarray
+    cost: np.ndarray
+
+    @classmethod
+    def of(cls, specs: pd.DataFrame | SpecArrays) -> SpecArrays:
+        if isinstance(specs, SpecArrays):
+            return specs
+        types = tuple(str(t) for t in specs.index)
+
+        def col(name: str) -> np.ndarray:
+            return np.append(specs[name].to_numpy(np.float64), np.nan)
+
+        none = np.asarray([None], dtype=object)
+        return cls(
+            types=types,
+            code={t: i for i, t in enumerate(types)},
+            names=np.append(np.asarray(types, dtype=object), none),
+            vendor=np.append(specs["vendor"].to_numpy(object), none),
+            flops=col("peak_bf16_tflops"),
+            bw=col("memory_bandwidth_gbps"),
+            mem=col("device_memory_gib"),
+            ic=col("interconnect_gbps"),
+            cost=col("cost_per_device_hour"),
+        )
+
+
 def build(
-    jobs: pd.DataFrame,
+    jobs: Jobs,
     candidates: Sequence[Sequence[str]],
     histories: Sequence[LineageHistory | None],
     aggregates: Sequence[TypeAggregates | None],
-    specs: pd.DataFrame,
+    specs: pd.DataFrame | SpecArrays,
     now: np.ndarray,
 ) -> pd.DataFrame:
+    """`build_columns` as a DataFrame (training and the backtest)."""
+    return build_columns(jobs, candidates, histories, aggregates, specs, now).to_pandas()
+
+
+def build_columns(
+    jobs: Jobs,
+    candidates: Sequence[Sequence[str]],
+    histories: Sequence[LineageHistory | None],
+    aggregates: Sequence[TypeAggregates | None],
+    specs: pd.DataFrame | SpecArrays,
+    now: np.ndarray,
+) -> Columns:
     """One row per (job, candidate): columns `job` (row of `jobs`), `hardware_type`, `known`
     (the candidate is in `specs`), `fits` (a lower bound of memory fits the device),
     `ALL_FEATURES`, `other_hw` inputs as ``"o_" + name`` for `HW_COLUMNS`.
@@ -292,53 +364,41 @@ def build(
     n_jobs = len(jobs)
     lens = np.fromiter((len(c) for c in candidates), np.int64, count=n_jobs)
     job = np.repeat(np.arange(n_jobs, dtype=np.int64), lens)
-    hw_names = np.asarray([t for c in candidates for t in c], dtype=object)
+    hw_names = np.asarray([t for c in candidates for t in c], dtype=object).reshape(-1)
     n = len(job)
 
-    types = list(specs.index)
-    code = {t: i for i, t in enumerate(types)}
+    sa = SpecArrays.of(specs)
+    types, code = sa.types, sa.code
     k = len(types) + 1  # last code: unknown
     hw = np.fromiter((code.get(t, k - 1) for t in hw_names), np.int64, count=n)
     known = hw < k - 1
 
-    def spec(col: str) -> np.ndarray:
-        v = np.append(specs[col].to_numpy(np.float64), np.nan)
-        return v
-
-    flops_t, bw_t, mem_t, ic_t, cost_t = (
-        spec("peak_bf16_tflops"),
-        spec("memory_bandwidth_gbps"),
-        spec("device_memory_gib"),
-        spec("interconnect_gbps"),
-        spec("cost_per_device_hour"),
-    )
+    flops_t, bw_t, mem_t, ic_t, cost_t = sa.flops, sa.bw, sa.mem, sa.ic, sa.cost
     log_flops_t, log_bw_t = _log(flops_t), _log(bw_t)
-    vendor_t = np.append(specs["vendor"].to_numpy(object), np.asarray([None], dtype=object))
+    vendor_t = sa.vendor
 
     # --- job-level config, broadcast to rows
-    nd_j = jobs["num_devices"].to_numpy(np.float64)
+    nd_j = _f64(jobs, "num_devices")
     fps_j = flops_per_sample(jobs)
-    mem_j = memory_per_device_gib(jobs)
-    elem_j = jobs["precision"].map(_ELEM_BYTES).fillna(2.0).to_numpy(np.float64)
+    elem_j = _elem_bytes(jobs)
+    mem_j = memory_per_device_gib(jobs, elem_j)
     bps_j = (
-        jobs["sequence_length"].to_numpy(np.float64)
-        * jobs["hidden_size"].to_numpy(np.float64)
-        * jobs["layers"].to_numpy(np.float64)
-        * elem_j
+        _f64(jobs, "sequence_length") * _f64(jobs, "hidden_size") * _f64(jobs, "layers") * elem_j
     )
     now_j = np.asarray(now, np.float64)
     # physics inputs per job (per sample, per device): see hw_columns
-    gbs_j = jobs["global_batch_size"].to_numpy(np.float64)
-    dp_j = jobs["data_parallel"].to_numpy(np.float64)
-    tp_j = jobs["tensor_parallel"].to_numpy(np.float64)
-    pp_j = jobs["pipeline_parallel"].to_numpy(np.float64)
-    mbs_j = jobs["micro_batch_size"].to_numpy(np.float64)
-    seq_j = jobs["sequence_length"].to_numpy(np.float64)
-    hid_j = jobs["hidden_size"].to_numpy(np.float64)
-    lay_j = jobs["layers"].to_numpy(np.float64)
-    act_j = jobs["active_parameters"].fillna(jobs["parameters"]).to_numpy(np.float64)
-    par_j = jobs["parameters"].to_numpy(np.float64)
-    prec_peak = jobs["precision"].map(_PREC_PEAK).fillna(1.0).to_numpy(np.float64)
+    gbs_j = _f64(jobs, "global_batch_size")
+    dp_j = _f64(jobs, "data_parallel")
+    tp_j = _f64(jobs, "tensor_parallel")
+    pp_j = _f64(jobs, "pipeline_parallel")
+    mbs_j = _f64(jobs, "micro_batch_size")
+    seq_j = _f64(jobs, "sequence_length")
+    hid_j = _f64(jobs, "hidden_size")
+    lay_j = _f64(jobs, "layers")
+    act_j = _active_params(jobs)
+    par_j = _f64(jobs, "parameters")
+    prec_j = np.asarray(jobs["precision"], object)
+    prec_peak = map_values(prec_j, _PREC_PEAK, 1.0)
     traffic_j = 16.0 * seq_j * hid_j * lay_j * elem_j + 6.0 * act_j * elem_j / mbs_j
     samples_per_dev_step = gbs_j / nd_j
     grad_j = (
@@ -362,10 +422,9 @@ def build(
         ("log_tp", "tensor_parallel"),
         ("log_pp", "pipeline_parallel"),
     ):
-        f[name] = _log(jobs[col].to_numpy(np.float64))[job]
-    active = jobs["active_parameters"].fillna(jobs["parameters"]).to_numpy(np.float64)
-    f["log_active_params"] = _log(active)[job]
-    f["act_ckpt"] = jobs["activation_checkpointing"].to_numpy(np.float64)[job]
+        f[name] = _log(_f64(jobs, col))[job]
+    f["log_active_params"] = _log(act_j)[job]
+    f["act_ckpt"] = np.asarray(jobs["activation_checkpointing"], np.float64)[job]
     f["log_flops_per_sample"] = _log(fps_j)[job]
     f["log_bytes_per_sample"] = _log(bps_j)[job]
     f["log_mem_per_device_gib"] = _log(mem_j)[job]
@@ -377,10 +436,10 @@ def build(
     f["pp_bubble"] = ((pp_j - 1.0) / accum_j)[job]
     f["log_micro_flops"] = _log(micro_flops_j)[job]
     # unknown specs: not excluded here (the ranker reports unknown_hardware)
-    f["fits"] = ~(min_memory_per_device_gib(jobs)[job] > mem_t[hw] * FIT_HEADROOM)
+    f["fits"] = ~(min_memory_per_device_gib(jobs, elem_j)[job] > mem_t[hw] * FIT_HEADROOM)
     for col in ("precision", "family", "framework", "optimizer"):
-        f[col] = _categorical(jobs[col].to_numpy(object)[job], CATEGORIES[col])
-    f["model_type"] = jobs["model_type"].to_numpy(object)[job]  # levels set by the model
+        f[col] = _categorical(np.asarray(jobs[col], object)[job], CATEGORIES[col])
+    f["model_type"] = np.asarray(jobs["model_type"], object)[job]  # levels set by the model
 
     def hw_columns(codes: np.ndarray, prefix: str) -> None:
         f[prefix + "vendor"] = _categorical(vendor_t[codes], CATEGORIES["vendor"])
@@ -484,24 +543,12 @@ def build(
     est = other_lpd + spec_ratio
     f["est_transfer"] = est
     # the prior hardware's side of the booster inputs (NaN / unknown without a prior)
-    f["o_hardware_type"] = np.append(
-        np.asarray(types, dtype=object), np.asarray([None], dtype=object)
-    )[other_hw]
+    f["o_hardware_type"] = sa.names[other_hw]
     hw_columns(other_hw, "o_")
     f["o_agg_cand"] = agg_prior
     f["o_agg_cand_count"] = _lookup(a_row + other_hw, a_key, a_cnt)
 
-    # string columns stay numpy object arrays: pandas 3 would otherwise convert each to an
-    # Arrow string column here and the predictor back to object, twice per batch
-    n_rows = pd.RangeIndex(n)
-    cols = {
-        c: pd.Series(v, index=n_rows, dtype=object, copy=False)
-        if isinstance(v, np.ndarray) and v.dtype == object
-        else v
-        for c, v in f.items()
-    }
-    frame = pd.DataFrame(cols, index=n_rows, copy=False)
-    return frame
+    return Columns(f, n)
 
 
 def booster_features(groups: Sequence[str]) -> list[str]:

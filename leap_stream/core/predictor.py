@@ -37,6 +37,10 @@ import orjson
 import pandas as pd
 
 from leap_stream.core import features as F
+from leap_stream.core.columns import Columns, codes_of
+
+# A feature frame: `features.build` (DataFrame, training) or `features.build_columns` (serving).
+Frame = pd.DataFrame | Columns
 
 INTERVAL_LEVEL = 0.8
 _QLO, _QHI = (1 - INTERVAL_LEVEL) / 2, 1 - (1 - INTERVAL_LEVEL) / 2
@@ -84,13 +88,17 @@ KIND_SELF, KIND_TRANSFER, KIND_MODEL = 0, 1, 2
 N_KINDS = len(KINDS)
 
 
-def anchor_kind(frame: pd.DataFrame, groups: Sequence[str]) -> np.ndarray:
+def _f64(frame: Frame, col: str) -> np.ndarray:
+    return np.asarray(frame[col], np.float64)
+
+
+def anchor_kind(frame: Frame, groups: Sequence[str]) -> np.ndarray:
     """Which estimate a row gets (see the module docstring); `prior` ablated → always model."""
     kind = np.full(len(frame), KIND_MODEL, np.int64)
     if "prior" not in groups:
         return kind
-    kind[np.isfinite(frame["other_log_pd"].to_numpy(np.float64))] = KIND_TRANSFER
-    kind[np.isfinite(frame["self_log_pd"].to_numpy(np.float64))] = KIND_SELF
+    kind[np.isfinite(_f64(frame, "other_log_pd"))] = KIND_TRANSFER
+    kind[np.isfinite(_f64(frame, "self_log_pd"))] = KIND_SELF
     return kind
 
 
@@ -104,13 +112,14 @@ class ThroughputModel:
         pairs = metadata.get("pair_effects") or {}
         # (model type × hardware) effects as a dense table: two integer look-ups per row
         split = [k.split("|", 1) for k in pairs]
-        self._pair_mt = pd.Index(sorted({m for m, _ in split}), dtype=object)
-        self._pair_hw = pd.Index(sorted({h for _, h in split}), dtype=object)
+        self._pair_mt = {m: i for i, m in enumerate(sorted({m for m, _ in split}))}
+        self._pair_hw = {h: i for i, h in enumerate(sorted({h for _, h in split}))}
         self._pair_table = np.zeros((len(self._pair_mt) + 1, len(self._pair_hw) + 1))
         if split:
-            mi = self._pair_mt.get_indexer([m for m, _ in split])
-            hi = self._pair_hw.get_indexer([h for _, h in split])
+            mi = [self._pair_mt[m] for m, _ in split]
+            hi = [self._pair_hw[h] for _, h in split]
             self._pair_table[mi, hi] = np.asarray(list(pairs.values()), np.float64)
+        self._luts = {c: {v: i for i, v in enumerate(lv)} for c, lv in self._levels.items()}
         q = metadata["residual_quantiles"]
         self._qlo = np.asarray([q[k][0] for k in KINDS], np.float64)
         self._qhi = np.asarray([q[k][1] for k in KINDS], np.float64)
@@ -241,20 +250,19 @@ class ThroughputModel:
         return cls(booster, metadata)
 
     # --- serving
-    def _log_pd_parts(
-        self, frame: pd.DataFrame, skip_self: bool = False
-    ) -> tuple[np.ndarray, np.ndarray]:
+    def _log_pd_parts(self, frame: Frame, skip_self: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """(f(job, candidate), prior moved to the candidate) in log per-device samples/s.
 
         `skip_self`: rows anchored on the lineage's own prior need neither (NaN there), so
         the booster does not score them (serving; calibration wants every estimate)."""
         n = len(frame)
-        other = np.isfinite(frame["other_log_pd"].to_numpy(np.float64))
+        other_lpd = _f64(frame, "other_log_pd")
+        other = np.isfinite(other_lpd)
         base: np.ndarray | None = None
         if "prior" not in self.groups:
             other[:] = False
         elif skip_self:
-            self_rows = np.isfinite(frame["self_log_pd"].to_numpy(np.float64))
+            self_rows = np.isfinite(_f64(frame, "self_log_pd"))
             if self_rows.any():
                 other &= ~self_rows
                 base = np.flatnonzero(~self_rows)
@@ -262,63 +270,54 @@ class ThroughputModel:
         rows = np.flatnonzero(other)
         inverse = np.zeros(0, np.int64)
         pick = rows
+        o_hw = np.asarray(frame["o_hardware_type"], object)
         if len(rows):
-            hw_code, _ = pd.factorize(frame["o_hardware_type"].to_numpy(object)[rows])
-            key = frame["job"].to_numpy(np.int64)[rows] * (int(hw_code.max()) + 2) + hw_code
+            seen = o_hw[rows]
+            hw_code = codes_of(seen, {t: i for i, t in enumerate(dict.fromkeys(seen.tolist()))})
+            key = np.asarray(frame["job"], np.int64)[rows] * (int(hw_code.max()) + 2) + hw_code
             _u, first, inverse = np.unique(key, return_index=True, return_inverse=True)
             pick = rows[first]
         # candidate rows, then the prior-hardware rows stacked under them (job columns copied,
         # hardware columns from their "o_" twins): one matrix, one booster call
-        X = _matrix(frame, self.feature_names, self._levels, extra=pick, base=base)
+        X = _matrix(frame, self.feature_names, self._levels, extra=pick, base=base, luts=self._luts)
         out = (
             np.asarray(self.booster.predict(X, num_threads=_threads(len(X), predict=True)))
             if len(X)
             else np.empty(0)
         )  # the one call (none when every row is anchored on its own prior)
         nb = n if base is None else len(base)
-        mt = frame["model_type"].to_numpy(object)
-        mt_code = self._pair_mt.get_indexer(mt) if len(self._pair_mt) else None
+        mt = np.asarray(frame["model_type"], object)
+        mt_code = codes_of(mt, self._pair_mt) if self._pair_mt else None
         blind_all = out[:nb] if base is None else np.full(n, np.nan)
         if base is not None:
             blind_all[base] = out[:nb]
-        blind = blind_all + _offset(frame, self.groups) + self._pair(mt_code, frame, "", None)
+        hw = np.asarray(frame["hardware_type"], object)
+        blind = blind_all + _offset(frame, self.groups) + self._pair(mt_code, hw)
         moved = np.full(n, np.nan)
         if len(rows):
             prior_f = (
                 out[nb:]
                 + _offset(frame, self.groups, prefix="o_")[pick]
-                + self._pair(mt_code, frame, "o_", pick)
+                + self._pair(None if mt_code is None else mt_code[pick], o_hw[pick])
             )
-            moved[rows] = (
-                frame["other_log_pd"].to_numpy(np.float64)[rows] + blind[rows] - prior_f[inverse]
-            )
+            moved[rows] = other_lpd[rows] + blind[rows] - prior_f[inverse]
         return blind, moved
 
-    def _pair(
-        self,
-        mt_code: np.ndarray | None,
-        frame: pd.DataFrame,
-        prefix: str,
-        pick: np.ndarray | None,
-    ) -> np.ndarray:
-        hw = frame[prefix + "hardware_type"].to_numpy(object)
-        if pick is not None:
-            hw = hw[pick]
+    def _pair(self, mt_code: np.ndarray | None, hw: np.ndarray) -> np.ndarray:
         if mt_code is None:
             return np.zeros(len(hw))
-        mc = mt_code if pick is None else mt_code[pick]
-        hc = self._pair_hw.get_indexer(hw)
-        return np.asarray(self._pair_table[mc, hc])  # -1 → the zero padding row / column
+        hc = codes_of(hw, self._pair_hw)
+        return np.asarray(self._pair_table[mt_code, hc])  # -1 → the zero padding row / column
 
-    def predict(self, frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def predict(self, frame: Frame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(p50, p10, p90) whole-job samples/s, one booster call for the whole frame."""
         if len(frame) == 0:
             e = np.empty(0)
             return e, e, e
         blind, moved = self._log_pd_parts(frame, skip_self=True)
         kind = anchor_kind(frame, self.groups)
-        log_pd = np.choose(kind, [frame["self_log_pd"].to_numpy(np.float64), moved, blind])
-        log_total = log_pd + frame["log_devices"].to_numpy(np.float64)
+        log_pd = np.choose(kind, [_f64(frame, "self_log_pd"), moved, blind])
+        log_total = log_pd + _f64(frame, "log_devices")
         p50 = np.exp(log_total)
         return p50, np.exp(log_total + self._qlo[kind]), np.exp(log_total + self._qhi[kind])
 
@@ -373,16 +372,18 @@ def check_model_text(text: bytes) -> None:
 
 
 def _matrix(
-    frame: pd.DataFrame,
+    frame: Frame,
     names: list[str],
     levels: dict[str, list[str]],
     extra: np.ndarray | None = None,
     base: np.ndarray | None = None,
+    luts: dict[str, dict[str, int]] | None = None,
 ) -> np.ndarray:
     """Booster input as one float matrix (categoricals as level codes, unseen → NaN). With
     `extra` (row positions), those rows again below, on their prior hardware ("o_" columns).
     Job-level categoricals are encoded once per job, not per candidate row. No pandas on the
-    way into LightGBM. `base`: only these rows of the frame on top (all when None)."""
+    way into LightGBM. `base`: only these rows of the frame on top (all when None). `luts`:
+    level → code dicts of `levels` (the model keeps them; built here when not given)."""
     n = len(frame) if base is None else len(base)
     ne = 0 if extra is None else len(extra)
     X = np.empty((n + ne, len(names)), np.float64)
@@ -394,63 +395,46 @@ def _matrix(
     for i, c in enumerate(names):
         hw_col = c in F.HW_COLUMNS
         if c in levels:
-            idx = _level_index(levels[c])
-            vals = frame[c].to_numpy(object)
+            lut = luts[c] if luts is not None else {v: j for j, v in enumerate(levels[c])}
+            vals = np.asarray(frame[c], object)
             if hw_col:
-                codes = idx.get_indexer(_obj_index(vals))
+                codes = codes_of(vals, lut)
             else:  # job-level: one look-up per job
                 if job_first is None:
-                    job = frame["job"].to_numpy(np.int64)
+                    job = np.asarray(frame["job"], np.int64)
                     _u, job_first, job_inv = np.unique(job, return_index=True, return_inverse=True)
                 assert job_inv is not None
                 per_job = vals[job_first][job_inv]
                 # "job" numbers one build; a frame concatenated from several builds repeats
                 # them, so the shortcut holds only when every row agrees with its job's value
                 if np.array_equal(per_job, vals):
-                    codes = idx.get_indexer(_obj_index(vals[job_first]))[job_inv]
+                    codes = codes_of(vals[job_first], lut)[job_inv]
                 else:
-                    codes = idx.get_indexer(_obj_index(vals))
+                    codes = codes_of(vals, lut)
             col = np.where(codes >= 0, codes, np.nan)
             X[:n, i] = col if base is None else col[base]
             if ne:
                 assert extra is not None
                 if hw_col:
-                    oc = idx.get_indexer(frame["o_" + c].to_numpy(object)[extra])
+                    oc = codes_of(np.asarray(frame["o_" + c], object)[extra], lut)
                     X[n:, i] = np.where(oc >= 0, oc, np.nan)
                 else:
                     X[n:, i] = col[extra]
         else:
-            v = frame[c].to_numpy(np.float64)
+            v = _f64(frame, c)
             X[:n, i] = v if base is None else v[base]
             if ne:
                 assert extra is not None
-                X[n:, i] = frame["o_" + c].to_numpy(np.float64)[extra] if hw_col else v[extra]
+                X[n:, i] = _f64(frame, "o_" + c)[extra] if hw_col else v[extra]
     return X
 
 
-def _obj_index(values: np.ndarray) -> pd.Index:
-    return pd.Index(values, dtype=object, copy=False)
-
-
-_INDEX_CACHE: dict[tuple[str, ...], pd.Index] = {}
-
-
-def _level_index(levels: list[str]) -> pd.Index:
-    key = tuple(levels)
-    idx = _INDEX_CACHE.get(key)
-    if idx is None:
-        if len(_INDEX_CACHE) > 64:  # models come and go; keep the cache bounded
-            _INDEX_CACHE.clear()
-        idx = _INDEX_CACHE[key] = pd.Index(levels, dtype=object)
-    return idx
-
-
-def _offset(frame: pd.DataFrame, groups: Sequence[str], prefix: str = "") -> np.ndarray:
+def _offset(frame: Frame, groups: Sequence[str], prefix: str = "") -> np.ndarray:
     """The physics rate (compute / memory / all-reduce times, `features.hw_columns`) the booster
     corrects: trees then learn an efficiency in a narrow range, not a rate spanning ten orders
     of magnitude, and the hardware ratio starts from physics where data is thin."""
     if "specs" in groups and "config" in groups:
-        r = frame[prefix + "log_phys_rate"].to_numpy(np.float64)
+        r = _f64(frame, prefix + "log_phys_rate")
         return np.asarray(np.where(np.isfinite(r), r, 0.0))
     return np.zeros(len(frame))
 

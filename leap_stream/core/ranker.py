@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from leap_stream.core import features as F
+from leap_stream.core.columns import Columns, codes_of
 from leap_stream.core.history import LineageHistory, TypeAggregates
 from leap_stream.core.lookup import LookupTable
 from leap_stream.core.predictor import INTERVAL_LEVEL, ThroughputModel
@@ -40,6 +41,11 @@ class Catalog(Protocol):
 
 
 def jobs_frame(submissions: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """`job_columns` as a DataFrame."""
+    return job_columns(submissions).to_pandas()
+
+
+def job_columns(submissions: Sequence[Mapping[str, Any]]) -> Columns:
     """Flatten validated job-submitted events into the dataset's column names."""
     models = [s["model"] for s in submissions]
     training = [s["training"] for s in submissions]
@@ -72,7 +78,15 @@ def jobs_frame(submissions: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
         "activation_checkpointing",
     ):
         cols[c] = [t[c] for t in training]
-    return pd.DataFrame(cols)
+    out = Columns(n=len(submissions))
+    for c, v in cols.items():
+        out[c] = np.asarray(v, dtype=object if c in _STRING_COLUMNS else None)
+    return out
+
+
+_STRING_COLUMNS = frozenset(
+    ("lineage_id", "family", "model_type", "precision", "optimizer", "framework")
+)
 
 
 class Ranker:
@@ -83,13 +97,14 @@ class Ranker:
         lookup: LookupTable | None = None,
     ) -> None:
         self.specs = catalog.spec_matrix()
+        self._spec_arrays = F.SpecArrays.of(self.specs)
         self.model = model
         self.lookup = lookup
         self._known = set(self.specs.index)
 
     def score_batch(
         self,
-        jobs: pd.DataFrame,
+        jobs: pd.DataFrame | Columns,
         candidates: Sequence[Sequence[str]],
         histories: Sequence[LineageHistory | None],
         aggregates: Sequence[TypeAggregates | None],
@@ -100,15 +115,28 @@ class Ranker:
         Row columns added: `pred`, `low`, `high` (NaN when no prediction), `source` (0 model,
         1 lookup, 2 none), `cost`, `tpc`.
         """
-        known_cands = [[t for t in c if t in self._known] for c in candidates]
+        frame, reason = self.score_columns(jobs, candidates, histories, aggregates, now)
+        return frame.to_pandas(), reason
+
+    def score_columns(
+        self,
+        jobs: pd.DataFrame | Columns,
+        candidates: Sequence[Sequence[str]],
+        histories: Sequence[LineageHistory | None],
+        aggregates: Sequence[TypeAggregates | None],
+        now: np.ndarray,
+    ) -> tuple[Columns, np.ndarray]:
+        """`score_batch` without pandas (the serving path)."""
+        known = self._known
+        known_cands = [[t for t in c if t in known] for c in candidates]
         hist = [h or {} for h in histories]
-        frame = F.build(jobs, known_cands, hist, aggregates, self.specs, now)
+        frame = F.build_columns(jobs, known_cands, hist, aggregates, self._spec_arrays, now)
         n, n_jobs = len(frame), len(jobs)
         pred = np.full(n, np.nan)
         low = np.full(n, np.nan)
         high = np.full(n, np.nan)
         source = np.full(n, SRC_NONE, np.int64)
-        fits = frame["fits"].to_numpy(bool)
+        fits = np.asarray(frame["fits"], bool)
         model_reason = np.full(n_jobs, "ok" if self.model is not None else "no_model", object)
         if self.model is not None and fits.any():
             try:
@@ -122,7 +150,8 @@ class Ranker:
                 log.exception("model prediction failed; falling back to the lookup table")
                 model_reason[:] = "model_error"
                 pred[:] = np.nan
-        job = frame["job"].to_numpy(np.int64)
+        job = np.asarray(frame["job"], np.int64)
+        hw_names = np.asarray(frame["hardware_type"], object)
         # A job whose fitting candidates did not all get a model prediction uses the lookup.
         all_model = np.ones(n_jobs, bool)
         np.logical_and.at(all_model, job[fits], source[fits] == SRC_MODEL)
@@ -134,19 +163,17 @@ class Ranker:
         source[rows_lk] = SRC_NONE
         pred[rows_lk] = low[rows_lk] = high[rows_lk] = np.nan
         if self.lookup is not None and rows_lk.any():
-            sub = jobs.iloc[job[rows_lk]]
+            sub = job[rows_lk]
             lk, _lv = self.lookup.predict(
-                sub["model_type"].to_numpy(object),
-                sub["family"].to_numpy(object),
-                frame["hardware_type"].to_numpy(object)[rows_lk],
-                sub["num_devices"].to_numpy(np.float64),
+                np.asarray(jobs["model_type"], object)[sub],
+                np.asarray(jobs["family"], object)[sub],
+                hw_names[rows_lk],
+                np.asarray(jobs["num_devices"], np.float64)[sub],
             )
             pred[rows_lk] = lk
             source[rows_lk] = np.where(np.isfinite(lk) & (lk > 0), SRC_LOOKUP, SRC_NONE)
-        nd = jobs["num_devices"].to_numpy(np.float64)[job]
-        cost = (
-            self.specs["cost_per_device_hour"].reindex(frame["hardware_type"]).to_numpy(np.float64)
-        )
+        nd = np.asarray(jobs["num_devices"], np.float64)[job]
+        cost = self._spec_arrays.cost[codes_of(hw_names, self._spec_arrays.code)]  # -1: NaN
         frame["pred"] = pred
         frame["low"] = low
         frame["high"] = high
@@ -165,23 +192,22 @@ class Ranker:
         """One hardware-ranking dict per submission (see docs/design.md, Core API)."""
         if not submissions:
             return []
-        jobs = jobs_frame(submissions)
-        mts = jobs["model_type"].tolist()
-        aggs = [aggregates.get(m) for m in mts]
-        frame, model_reason = self.score_batch(
+        jobs = job_columns(submissions)
+        aggs = [aggregates.get(m) for m in jobs["model_type"].tolist()]
+        frame, model_reason = self.score_columns(
             jobs,
             [s["candidate_hardware"] for s in submissions],
             histories,
             aggs,
-            jobs["submitted_at_s"].to_numpy(),
+            jobs["submitted_at_s"],
         )
         produced = format_ts(now)
         now_s = now.timestamp()
-        job = frame["job"].to_numpy(np.int64)
-        source = frame["source"].to_numpy(np.int64)
-        fits = frame["fits"].to_numpy(bool)
+        job = np.asarray(frame["job"], np.int64)
+        source = np.asarray(frame["source"], np.int64)
+        fits = np.asarray(frame["fits"], bool)
         usable = source != SRC_NONE
-        score = np.where(usable, frame["tpc"].to_numpy(np.float64), -np.inf)
+        score = np.where(usable, np.asarray(frame["tpc"], np.float64), -np.inf)
         order = rank_order(job, score)
         # usable rows first within each job, both parts keeping the ranked order: a job's
         # candidates and its exclusions are then contiguous runs, built by two comprehensions
@@ -198,11 +224,11 @@ class Ranker:
         rank = (np.arange(len(order)) - starts[job_o] + 1)[ok_o].tolist()
         o_ok = order[ok_o]
         # intervals clipped at 0 here (as `ranking.candidate_entry` does)
-        low = np.fmax(frame["low"].to_numpy(np.float64)[o_ok], 0.0).tolist()
-        high = np.fmax(frame["high"].to_numpy(np.float64)[o_ok], 0.0).tolist()
-        nd_rows = jobs["num_devices"].to_numpy(np.int64)[job]
+        low = np.fmax(np.asarray(frame["low"], np.float64)[o_ok], 0.0).tolist()
+        high = np.fmax(np.asarray(frame["high"], np.float64)[o_ok], 0.0).tolist()
+        nd_rows = np.asarray(jobs["num_devices"], np.int64)[job]
         is_model = (source[o_ok] == SRC_MODEL).tolist()
-        hw_all = frame["hardware_type"].to_numpy(object)
+        hw_all = np.asarray(frame["hardware_type"], object)
         # the dict of `ranking.candidate_entry`, built inline (the hot loop)
         entries = [
             {
@@ -216,13 +242,13 @@ class Ranker:
             }
             for t, p, lo, hi, m, c, nd, tp, rk in zip(
                 hw_all[o_ok].tolist(),
-                frame["pred"].to_numpy(np.float64)[o_ok].tolist(),
+                np.asarray(frame["pred"], np.float64)[o_ok].tolist(),
                 low,
                 high,
                 is_model,
-                frame["cost"].to_numpy(np.float64)[o_ok].tolist(),
+                np.asarray(frame["cost"], np.float64)[o_ok].tolist(),
                 nd_rows[o_ok].tolist(),
-                frame["tpc"].to_numpy(np.float64)[o_ok].tolist(),
+                np.asarray(frame["tpc"], np.float64)[o_ok].tolist(),
                 rank,
                 strict=True,
             )
@@ -236,7 +262,7 @@ class Ranker:
         any_fit_j = (np.bincount(job[fits], minlength=n_sub) > 0).tolist()
         n_rows_j = np.diff(starts).tolist()
         version = self.model.version if self.model is not None else None
-        submitted_s = jobs["submitted_at_s"].to_numpy(np.float64).tolist()
+        submitted_s = np.asarray(jobs["submitted_at_s"], np.float64).tolist()
         out: list[dict[str, Any]] = []
         for j, s in enumerate(submissions):
             cands = entries[ok_start[j] : ok_start[j + 1]]

@@ -1,0 +1,105 @@
+"""`Columns`: a frame as named numpy arrays of one length, for the serving path.
+
+A pandas DataFrame costs milliseconds per batch to build and to index (Series objects, index
+alignment, block consolidation): at one event per batch that was ~14 ms, most of a ranking's
+latency, against ~0.1 ms for the LightGBM call itself (docs/benchmarks.md). The core builds and
+reads `Columns`; training and the backtest keep DataFrames (`to_pandas`, `Columns.of`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+
+class Columns:
+    """Equal-length 1-d numpy arrays by name; ``len()`` is the number of rows."""
+
+    __slots__ = ("_data", "_n")
+
+    def __init__(self, data: Mapping[str, Any] | None = None, n: int | None = None) -> None:
+        self._data: dict[str, np.ndarray] = {}
+        self._n = n
+        for name, values in (data or {}).items():
+            self[name] = values
+        if self._n is None:
+            self._n = 0
+
+    @classmethod
+    def of(cls, frame: pd.DataFrame | Columns) -> Columns:
+        """The columns of a DataFrame as numpy arrays (no copy where pandas has none to make)."""
+        if isinstance(frame, Columns):
+            return frame
+        return cls({str(c): frame[c].to_numpy() for c in frame.columns}, len(frame))
+
+    def __len__(self) -> int:
+        return self._n or 0
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self._data[name]
+
+    def __setitem__(self, name: str, values: Any) -> None:
+        arr = np.asarray(values)
+        if arr.ndim != 1:
+            raise ValueError(f"column {name!r} is not one-dimensional")
+        if self._n is None:
+            self._n = len(arr)
+        elif len(arr) != self._n:
+            raise ValueError(f"column {name!r} has {len(arr)} rows, the frame {self._n}")
+        self._data[name] = arr
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._data
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    @property
+    def columns(self) -> list[str]:
+        return list(self._data)
+
+    def take(self, rows: np.ndarray) -> Columns:
+        """The rows at these positions (or where a boolean mask is true)."""
+        rows = np.asarray(rows)
+        n = int(rows.sum()) if rows.dtype == bool else len(rows)
+        return Columns({k: v[rows] for k, v in self._data.items()}, n)
+
+    def to_pandas(self) -> pd.DataFrame:
+        """String columns stay numpy object arrays: pandas 3 would otherwise convert each to an
+        Arrow string column, and the predictor back to object."""
+        index = pd.RangeIndex(len(self))
+        cols = {
+            c: pd.Series(v, index=index, dtype=object, copy=False) if v.dtype == object else v
+            for c, v in self._data.items()
+        }
+        return pd.DataFrame(cols, index=index, copy=False)
+
+
+def codes_of(values: np.ndarray, lut: Mapping[Any, int]) -> np.ndarray:
+    """Integer code per value through a dict (-1 when absent): on the small arrays of a serving
+    batch a Python look-up beats building a pandas Index; large arrays go through pandas."""
+    n = len(values)
+    if n > 20_000:
+        index = pd.Index(list(lut), dtype=object)
+        pos = index.get_indexer(pd.Index(values, dtype=object, copy=False))
+        codes = np.asarray(list(lut.values()), np.int64)
+        return np.where(pos >= 0, codes[pos], -1)
+    get = lut.get
+    return np.fromiter((get(v, -1) for v in values), np.int64, count=n)
+
+
+def map_values(values: np.ndarray, table: Mapping[Any, float], default: float) -> np.ndarray:
+    """``table[v]`` per value as float64, ``default`` when absent (``Series.map().fillna()``)."""
+    n = len(values)
+    if n > 20_000:
+        return np.asarray(
+            pd.Series(values, dtype=object, copy=False).map(table).fillna(default), np.float64
+        )
+    get = table.get
+    return np.fromiter((get(v, default) for v in values), np.float64, count=n)
+
+
+__all__ = ["Columns", "codes_of", "map_values"]
