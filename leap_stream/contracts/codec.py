@@ -3,7 +3,10 @@
 A worker must neither crash on bad input nor lose it, so every failure is a value
 (``DecodeError``) whose ``kind`` is the dead-letter ``error.kind``. The checks run cheapest
 first: size, UTF-8, JSON, nesting and integer range, schema (compiled fastjsonschema), then the
-semantic rules a JSON Schema cannot say (cross-field arithmetic, the hardware catalog).
+semantic rules a JSON Schema cannot say (cross-field arithmetic, the hardware catalog). In front
+of that, a schema's fast path (``fastpath``, derived from the same schema) may say "certainly
+valid" and skip the compiled validator; anything else takes the full route, so the answer,
+including the error kind, message and path, is the one the compiled validator gives.
 
 Things orjson does that we had to check for ourselves (see tests/unit/test_contracts_codec.py):
 it rejects NaN/Infinity literals, invalid UTF-8, lone surrogate escapes and nesting deeper than
@@ -34,7 +37,7 @@ from leap_stream.contracts.events import (
     JobCompleted,
     JobSubmitted,
 )
-from leap_stream.contracts.schemas import load_schema, validator
+from leap_stream.contracts.schemas import SCHEMA_NAMES, fast_validator, load_schema, validator
 
 MAX_DEPTH: Final = 32
 DLQ_PAYLOAD_LIMIT: Final = 64 * 1024  # bytes of the original payload kept in a dead letter
@@ -172,7 +175,11 @@ def _type_name(obj: Any) -> str:
 
 
 def _decode(
-    raw: Any, schema: str, max_bytes: int, known_hardware: Container[str] | None
+    raw: Any,
+    schema: str,
+    max_bytes: int,
+    known_hardware: Container[str] | None,
+    fast: bool = True,
 ) -> Decoded:
     if raw is None:
         return _err("not_json", "no payload (null message value)", None, schema)
@@ -199,6 +206,13 @@ def _decode(
         obj = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         return _err("not_json", str(exc) if size else "empty message", None, schema)
+    if fast and (check := _fast_check(schema)) is not None and check(obj):
+        # Certainly valid (see fastpath): an object no deeper than MAX_DEPTH whose integer fields
+        # hold ints, so the nesting check, the object check and the normalisation are moot. The
+        # int64 check is not: it reads the bytes, and a duplicate key hides a literal from obj.
+        if _LONG_RUN in raw.translate(_DIGITS_TO_ZERO) and (lit := _oversized_int(raw)) is not None:
+            return _err("not_json", f"integer {lit[:40]} does not fit in 64 bits", None, schema)
+        return _semantic(obj, schema, known_hardware)
     if raw.count(b"{") + raw.count(b"[") > MAX_DEPTH and _too_deep(obj):
         return _err("not_json", f"nested deeper than {MAX_DEPTH} levels", None, schema)
     if _LONG_RUN in raw.translate(_DIGITS_TO_ZERO) and (literal := _oversized_int(raw)) is not None:
@@ -206,6 +220,32 @@ def _decode(
     if type(obj) is not dict:
         return _err("not_object", f"top level is {_type_name(obj)}, expected object", None, schema)
     return _validate(obj, schema, known_hardware)
+
+
+_FAST: dict[str, Callable[[Any], bool] | None] = {}
+
+
+def _fast_check(schema: str) -> Callable[[Any], bool] | None:
+    """The schema's fast path, if it has one whose accepted values fit within ``MAX_DEPTH``."""
+    try:
+        return _FAST[schema]
+    except KeyError:
+        pass
+    if schema not in SCHEMA_NAMES:
+        return None  # _validate reports the unknown name
+    fast = fast_validator(schema)
+    check = _FAST[schema] = None if fast is None or fast.depth > MAX_DEPTH else fast.check
+    return check
+
+
+def _decode_plain(
+    raw: bytes | None, schema: str, *, max_bytes: int, known_hardware: Container[str] | None = None
+) -> Decoded:
+    """``decode`` without the fast path: the reference the tests and the benchmark compare with."""
+    try:
+        return _decode(raw, schema, max_bytes, known_hardware, fast=False)
+    except Exception as exc:
+        return _err("internal", f"{type(exc).__name__}: {exc}", None, schema)
 
 
 @overload
@@ -290,7 +330,9 @@ def validate_event(
 ) -> DecodeError | None:
     """Schema and semantic checks of an event built in memory (e.g. a ranking before encode).
 
-    Like ``decode`` it turns integer-valued floats in integer fields into ints, in place.
+    Like ``decode`` it turns integer-valued floats in integer fields into ints, in place. Always
+    the compiled validator: the fast path is proven sound for JSON values (what orjson returns),
+    not for any object built in memory.
     """
     try:
         result = _validate(event, schema, known_hardware)
@@ -313,6 +355,10 @@ def _validate(event: Any, schema: str, known_hardware: Container[str] | None) ->
             message = f"{message} (got {_short(exc.value)})"
         return _err("schema", message, exc.name, schema)
     _normalise_integers(event, _integer_plan(schema))
+    return _semantic(event, schema, known_hardware)
+
+
+def _semantic(event: Any, schema: str, known_hardware: Container[str] | None) -> Decoded:
     check = _SEMANTIC.get(schema)
     if check is not None and (problem := check(event, known_hardware)) is not None:
         kind, message, path = problem

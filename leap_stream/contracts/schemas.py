@@ -26,6 +26,8 @@ from typing import Any, Final
 import fastjsonschema
 import orjson
 
+from leap_stream.contracts.fastpath import FastCheck, compile_fast
+
 SCHEMA_NAMES: Final = (
     "job-submitted",
     "job-completed",
@@ -93,6 +95,10 @@ def inline_defs(node: Any, defs: dict[str, Any], _seen: tuple[str, ...] = ()) ->
     return {k: inline_defs(v, defs, _seen) for k, v in node.items()}
 
 
+# The custom formats given to fastjsonschema, and to the fast path (which must use the same ones).
+FORMATS: Final[dict[str, Callable[[str], bool]]] = {"date-time": is_rfc3339}
+
+
 @functools.cache
 def validator(name: str) -> Callable[[Any], Any]:
     """The compiled validator of ``name``; raises ``fastjsonschema.JsonSchemaValueException``.
@@ -104,20 +110,33 @@ def validator(name: str) -> Callable[[Any], Any]:
     doc = load_schema(name)
     compiled: Callable[[Any], Any] = fastjsonschema.compile(
         copy.deepcopy(inline_defs(doc, doc.get("$defs", {}))),
-        formats={"date-time": is_rfc3339},
+        formats=FORMATS,
         use_default=False,
     )
     return compiled
+
+
+@functools.cache
+def fast_validator(name: str) -> FastCheck | None:
+    """The fast "certainly valid" check of ``name`` (see ``fastpath``), None if it has none.
+
+    Derived from the same document as ``validator`` when first asked for, never hand-written.
+    """
+    doc = load_schema(name)
+    return compile_fast(inline_defs(doc, doc.get("$defs", {})), FORMATS)
 
 
 def warm_up() -> None:
     """Compile every schema now (about 50 ms each) so the first batch does not pay for it."""
     for name in SCHEMA_NAMES:
         validator(name)
+        fast_validator(name)
 
 
 __all__ = [
+    "FORMATS",
     "SCHEMA_NAMES",
+    "fast_validator",
     "inline_defs",
     "is_rfc3339",
     "load_schema",
