@@ -137,6 +137,12 @@ SETTINGS: tuple[Setting, ...] = (
         "LEAP_METRICS_PORT", "9108", "Port of the Prometheus /metrics endpoint; 0 disables it."
     ),
     Setting(
+        "LEAP_COMPILED_TREES",
+        "0",
+        "1: score with the model's trees compiled to machine code (lleaves, the `compiled` "
+        "extra), checked bit-identical to LightGBM; LightGBM serves while they compile.",
+    ),
+    Setting(
         "LEAP_MODEL_POLL_S",
         "5",
         "How often the worker checks the registry for a new current model.",

@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 
+from leap_stream import config
 from leap_stream.bench.stats import final_figures
 
 
@@ -63,6 +64,8 @@ def run(args: argparse.Namespace) -> int:
         figs["hardware_types"] = len(world.types)
         figs["candidates_per_job"] = args.candidates
         figs["workers"] = args.workers
+        compiled = config.get("LEAP_COMPILED_TREES") == "1"
+        figs["compiled_trees"] = compiled
         n = len(world.submissions)
         naive_n = args.naive_events or max(30, n // 500)
 
@@ -109,8 +112,11 @@ def run(args: argparse.Namespace) -> int:
                 "rank": world.topic("wk-rank"),
                 "dlq": world.topic("wk-dlq"),
             }
-            H.load_topic(world.bootstrap, topics["sub"], world.submissions, world.lines)
             worker = H.WorkerProc(world, topics, count=args.workers)
+            if compiled:  # the backlog waits until the workers serve compiled trees
+                worker.start()
+                H.log(f"workers serving compiled trees after {worker.wait_compiled():.1f}s")
+            H.load_topic(world.bootstrap, topics["sub"], world.submissions, world.lines)
             d = H.worker_backlog(world, worker, n)
             detail["worker"] = d
             H.log(

@@ -270,10 +270,13 @@ def pipeline_work(world: BenchWorld) -> tuple[Work, Any]:
     from leap_stream.stream.models import RankerHolder
 
     catalog = load_catalog()
-    holder = RankerHolder(catalog, Registry(world.registry_dir), Metrics())
+    compiled = config.get("LEAP_COMPILED_TREES") == "1"
+    holder = RankerHolder(catalog, Registry(world.registry_dir), Metrics(), compile_trees=compiled)
     holder.poll()
     if holder.version is None:
         raise RuntimeError("the bench model did not load")
+    if compiled and not holder.wait_compiled(300):
+        raise RuntimeError("LEAP_COMPILED_TREES=1 but the trees did not compile (see the log)")
     store = OnlineStore(connect(world.redis_url), prefix=world.prefix)
     proc = SubmissionProcessor(
         store,
@@ -388,6 +391,8 @@ class WorkerProc:
     group: str = field(default_factory=lambda: f"bench-worker-{uuid.uuid4().hex[:8]}")
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
+    ports: list[int] = field(default_factory=list)
+
     def env(self, i: int) -> dict[str, str]:
         # tuning settings (LEAP_BATCH_*, LEAP_GIL_SWITCH_S, …) pass through; where the worker
         # reads and writes is the bench's own (set below)
@@ -407,9 +412,34 @@ class WorkerProc:
             LEAP_REGISTRY_DIR=str(self.world.registry_dir),
             LEAP_METRICS_PORT=str(free_port()),
         )
+        self.ports.append(int(env["LEAP_METRICS_PORT"]))
         return env
 
+    def wait_compiled(self, timeout: float = 180.0) -> float:
+        """Seconds until every worker serves compiled trees (`leap_model_compiled 1`)."""
+        import urllib.request
+
+        t0 = time.monotonic()
+        pending = set(self.ports)
+        while pending:
+            if time.monotonic() - t0 > timeout or not self.alive():
+                raise RuntimeError(
+                    f"compiled trees not serving after {timeout:.0f}s:\n" + self.log_tail()
+                )
+            for port in list(pending):
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                        if b"\nleap_model_compiled 1.0" in r.read():
+                            pending.discard(port)
+                except OSError:
+                    pass
+            time.sleep(0.2)
+        return time.monotonic() - t0
+
     def start(self) -> None:
+        if self.procs:
+            return
+        self.ports = []
         for i in range(self.count):
             logf = open(self.world.tmp / f"worker-{i}.log", "wb")  # noqa: SIM115 - lives with it
             self.procs.append(

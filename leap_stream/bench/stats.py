@@ -18,6 +18,7 @@ FINAL_KEYS = (
     "hardware_types",
     "candidates_per_job",
     "workers",
+    "compiled_trees",
     "pipeline_vs_passthrough",
     "pipeline_vs_naive",
 )

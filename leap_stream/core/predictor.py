@@ -42,6 +42,8 @@ from leap_stream.core.columns import Columns, codes_of
 # A feature frame: `features.build` (DataFrame, training) or `features.build_columns` (serving).
 Frame = pd.DataFrame | Columns
 
+Scorer = Callable[[np.ndarray], np.ndarray]
+
 INTERVAL_LEVEL = 0.8
 _QLO, _QHI = (1 - INTERVAL_LEVEL) / 2, 1 - (1 - INTERVAL_LEVEL) / 2
 MIN_BUCKET_ROWS = 30
@@ -103,9 +105,19 @@ def anchor_kind(frame: Frame, groups: Sequence[str]) -> np.ndarray:
 
 
 class ThroughputModel:
-    def __init__(self, booster: lgb.Booster, metadata: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        booster: lgb.Booster,
+        metadata: dict[str, Any],
+        scorer: Scorer | None = None,
+        scorer_kind: str = "lightgbm",
+    ) -> None:
         self.booster = booster
         self.metadata = metadata
+        # the trees' raw output for a float matrix: LightGBM's predict, or the same trees
+        # compiled (stream/compiled.py, checked equal to LightGBM's before it serves)
+        self.score: Scorer = scorer or self.score_lightgbm
+        self.scorer_kind = scorer_kind
         self.feature_names: list[str] = list(metadata["features"])
         self.groups: list[str] = list(metadata["groups"])
         self._levels: dict[str, list[str]] = {k: list(v) for k, v in metadata["categories"].items()}
@@ -127,6 +139,14 @@ class ThroughputModel:
     @property
     def version(self) -> str:
         return str(self.metadata["version"])
+
+    def with_scorer(self, scorer: Scorer, kind: str) -> ThroughputModel:
+        """The same model (booster, metadata, intervals) scoring its trees with `scorer`."""
+        return type(self)(self.booster, self.metadata, scorer, kind)
+
+    def score_lightgbm(self, X: np.ndarray) -> np.ndarray:
+        """LightGBM's own predict, whatever `score` is (the reference a scorer is checked on)."""
+        return np.asarray(self.booster.predict(X, num_threads=_threads(len(X), predict=True)))
 
     # --- training
     @classmethod
@@ -280,11 +300,8 @@ class ThroughputModel:
         # candidate rows, then the prior-hardware rows stacked under them (job columns copied,
         # hardware columns from their "o_" twins): one matrix, one booster call
         X = _matrix(frame, self.feature_names, self._levels, extra=pick, base=base, luts=self._luts)
-        out = (
-            np.asarray(self.booster.predict(X, num_threads=_threads(len(X), predict=True)))
-            if len(X)
-            else np.empty(0)
-        )  # the one call (none when every row is anchored on its own prior)
+        # the one call (none when every row is anchored on its own prior)
+        out = self.score(X) if len(X) else np.empty(0)
         nb = n if base is None else len(base)
         mt = np.asarray(frame["model_type"], object)
         mt_code = codes_of(mt, self._pair_mt) if self._pair_mt else None

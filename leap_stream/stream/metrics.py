@@ -62,6 +62,16 @@ class Metrics:
         self.model_load_failures = Counter(
             "leap_model_load_failures", "Model loads that failed (old model kept).", registry=r
         )
+        self.model_compiled = Gauge(
+            "leap_model_compiled",
+            "1 while the serving model scores with its compiled trees (LEAP_COMPILED_TREES).",
+            registry=r,
+        )
+        self.model_compile_failures = Counter(
+            "leap_model_compile_failures",
+            "Models whose trees did not compile or did not match LightGBM (LightGBM serves).",
+            registry=r,
+        )
         self.redis_errors = Counter(
             "leap_redis_errors", "Redis operations that failed.", ["op"], registry=r
         )

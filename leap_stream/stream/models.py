@@ -7,11 +7,17 @@ old model and counts `leap_model_load_failures_total`.
 
 Fallback chain when there is no model: the lookup table saved beside the model
 (``lookup.json``), else one fitted from the dataset at start-up, else ``source=none``.
+
+With ``compile_trees`` (``LEAP_COMPILED_TREES=1``) each new model first serves with LightGBM's
+predict while a daemon thread compiles its trees (`stream/compiled.py`, seconds); the compiled
+ranker replaces it only if that model is still the current one. A failed compile is counted
+(`leap_model_compile_failures_total`) and LightGBM keeps serving.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -55,9 +61,13 @@ class RankerHolder:
         registry: Registry | None,
         metrics: Metrics,
         fallback_lookup: LookupTable | None = None,
+        compile_trees: bool = False,
     ) -> None:
         self.catalog = catalog
         self.metrics = metrics
+        self.compile_trees = compile_trees
+        self.compiling: threading.Thread | None = None
+        self._swap = threading.Lock()  # a compile finishing must not replace a newer model
         self.fallback_lookup = fallback_lookup
         self._current = CurrentModel(registry, load_model_dir) if registry is not None else None
         self.ranker = Ranker(catalog, model=None, lookup=fallback_lookup)
@@ -79,11 +89,45 @@ class RankerHolder:
             return False
         if changed and self._current.model is not None:
             model, lookup = self._current.model
-            self.ranker = Ranker(self.catalog, model=model, lookup=lookup or self.fallback_lookup)
-            self.version = self._current.version
+            with self._swap:
+                self.ranker = Ranker(self.catalog, model, lookup or self.fallback_lookup)
+                self.version = self._current.version
+                self.metrics.model_compiled.set(0)
             log.info("serving model %s", self.version)
+            if self.compile_trees:
+                self.compiling = threading.Thread(
+                    target=self._compile,
+                    args=(self.version, model, lookup),
+                    name="leap-compile",
+                    daemon=True,
+                )
+                self.compiling.start()
         self._refresh_age()
         return changed
+
+    def _compile(self, version: str | None, model: ThroughputModel, lookup: Any) -> None:
+        from leap_stream.stream.compiled import compiled_model
+
+        t0 = time.perf_counter()
+        try:
+            fast = compiled_model(model)
+        except Exception as exc:
+            self.metrics.model_compile_failures.inc()
+            log.error("model %s: compiled trees not used, LightGBM serves: %s", version, exc)
+            return
+        with self._swap:
+            if self.version != version:  # a newer model arrived meanwhile: its own thread runs
+                return
+            self.ranker = Ranker(self.catalog, model=fast, lookup=lookup or self.fallback_lookup)
+            self.metrics.model_compiled.set(1)
+        log.info("model %s: compiled trees serving (%.1fs)", version, time.perf_counter() - t0)
+
+    def wait_compiled(self, timeout: float | None = None) -> bool:
+        """Block until the current compile attempt ended; True when compiled trees serve."""
+        if self.compiling is not None:
+            self.compiling.join(timeout)
+        model = self.ranker.model
+        return model is not None and model.scorer_kind != "lightgbm"
 
     def _refresh_age(self) -> None:
         trained_at = None

@@ -43,7 +43,11 @@ def build_deps(cfg: config.Config, bootstrap: str, redis_url: str) -> Any:
     known = set(catalog.types)
     store = OnlineStore(connect(redis_url), prefix=cfg.redis_prefix)
     holder = RankerHolder(
-        catalog, Registry(cfg.registry_dir), metrics, lookup_from_dataset(cfg.dataset_dir)
+        catalog,
+        Registry(cfg.registry_dir),
+        metrics,
+        lookup_from_dataset(cfg.dataset_dir),
+        compile_trees=config.get("LEAP_COMPILED_TREES") == "1",
     )
     holder.poll()  # serve the current model from the first batch on
     sink = DatasetSink(cfg.dataset_dir)

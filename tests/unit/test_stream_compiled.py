@@ -1,0 +1,120 @@
+"""Compiled trees (LEAP_COMPILED_TREES): identical to LightGBM or not used at all."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from prometheus_client import generate_latest
+
+from leap_stream.catalog import load_catalog
+from leap_stream.core.predictor import ThroughputModel
+from leap_stream.sim.events import submission_events
+from leap_stream.sim.fleet import SimConfig, SimResult, simulate
+from leap_stream.store.registry import Registry
+from leap_stream.stream import compiled as C
+from leap_stream.stream.metrics import Metrics
+from leap_stream.stream.models import RankerHolder
+from leap_stream.train.trainer import TrainingRows, fit, training_rows
+
+pytest.importorskip("lleaves")  # the `compiled` extra is in the dev extras (Python < 3.13)
+
+NOW = datetime(2026, 11, 2, tzinfo=UTC)
+
+
+@cache
+def _sim() -> SimResult:
+    return simulate(SimConfig(seed=4, days=1, rate=1500))
+
+
+@cache
+def _rows() -> TrainingRows:
+    return training_rows(_sim().dataset)
+
+
+@cache
+def _model() -> ThroughputModel:
+    return fit(_rows(), num_rounds=12)
+
+
+def test_compiled_trees_give_lightgbm_output_bit_for_bit() -> None:
+    model = _model()
+    fast = C.compiled_model(model)
+    assert fast.scorer_kind == C.KIND and model.scorer_kind == "lightgbm"
+    frame = _rows().frame
+    for want, got in zip(model.predict(frame), fast.predict(frame), strict=True):
+        assert np.array_equal(want, got, equal_nan=True)
+
+
+def test_probe_rows_take_both_sides_of_every_numeric_split() -> None:
+    model = _model()
+    X = C.probe_matrix(model)
+    stack = [t["tree_structure"] for t in model.booster.dump_model()["tree_info"]]
+    checked = 0
+    while stack:
+        node = stack.pop()
+        if "split_feature" not in node:
+            continue
+        stack += [node["left_child"], node["right_child"]]
+        if node["decision_type"] != "<=":
+            continue
+        col = X[:, int(node["split_feature"])]
+        assert (col <= node["threshold"]).any() and (col > node["threshold"]).any()
+        checked += 1
+    assert checked > 50
+
+
+def test_trees_that_disagree_with_lightgbm_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    import lleaves
+
+    original = lleaves.Model.predict
+
+    def off_by_a_little(self: Any, data: np.ndarray, n_jobs: int | None = None) -> np.ndarray:
+        return np.asarray(original(self, data, n_jobs=n_jobs)) + 1e-12
+
+    monkeypatch.setattr(lleaves.Model, "predict", off_by_a_little)
+    with pytest.raises(C.CompileError, match="differ from LightGBM"):
+        C.compile_scorer(_model())
+
+
+def _holder(tmp_path: Path, compile_trees: bool) -> tuple[RankerHolder, Metrics]:
+    reg = Registry(tmp_path / "registry")
+    d = _model().save(tmp_path / "build")
+    reg.promote(reg.publish(d))
+    m = Metrics()
+    return RankerHolder(load_catalog(), reg, m, compile_trees=compile_trees), m
+
+
+def _rank(holder: RankerHolder) -> list[dict[str, Any]]:
+    subs = submission_events(_sim().submissions)[:40]
+    return holder.get().rank_batch(subs, [None] * len(subs), {}, NOW)
+
+
+def test_holder_swaps_in_compiled_trees_with_the_same_rankings(tmp_path: Path) -> None:
+    plain, _ = _holder(tmp_path / "a", compile_trees=False)
+    holder, m = _holder(tmp_path / "b", compile_trees=True)
+    assert plain.poll() and holder.poll()
+    assert holder.wait_compiled(60) is True
+    assert plain.wait_compiled(0) is False
+    assert "leap_model_compiled 1.0" in generate_latest(m.registry).decode()
+    assert _rank(holder) == _rank(plain)
+
+
+def test_holder_keeps_lightgbm_when_compiling_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(model: ThroughputModel) -> ThroughputModel:
+        raise C.CompileError("no LLVM today")
+
+    monkeypatch.setattr(C, "compiled_model", broken)
+    holder, m = _holder(tmp_path, compile_trees=True)
+    assert holder.poll()
+    assert holder.wait_compiled(60) is False
+    text = generate_latest(m.registry).decode()
+    assert "leap_model_compile_failures_total 1.0" in text
+    assert "leap_model_compiled 0.0" in text
+    assert {r["source"] for r in _rank(holder)} == {"model"}
