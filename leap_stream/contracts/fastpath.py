@@ -27,12 +27,16 @@ integer field (so there is nothing to normalise) and is at most ``FastCheck.dept
 deep (so the nesting check cannot fail).
 
 Memo: arrays of strings (``candidate_hardware``) repeat heavily across events (a fleet has a few
-eligibility sets), and checking 20 items is the largest single cost. The tuple of a list that
-passed its sub-schema is remembered, and a later list with an equal tuple skips the item checks.
-That is exact: the array's sub-schema depends on nothing but the list, the lookup happens only
-for a ``list`` (a string ``"a10"`` also makes the tuple ``("a", "1", "0")``), and a tuple equal to
-a tuple of strings holds equal strings (no number, bool or None equals a str). Only "valid" is
-remembered, at most ``memo_size`` tuples per array (cleared when full).
+eligibility sets), and checking 20 items was the largest single cost. The tuple of a list that
+passed its sub-schema is remembered, and a later list with an equal tuple skips the item checks;
+items that passed are remembered too, so a new combination of known ids is cheap as well. That
+is exact: an array's or an item's sub-schema depends on nothing but that value, the lookup
+happens only for a ``list`` (a string ``"a10"`` also makes the tuple ``("a", "1", "0")``), and a
+value equal to a string, or a tuple equal to a tuple of strings, holds equal strings (no number,
+bool or None equals a str; a list or dict is unhashable, which means "not sure"). Only "valid"
+is remembered, at most ``memo_size`` entries per memo, cleared when full. Measured with
+valgrind (instructions per decode of a 20-candidate event): lists and items 108k with 4
+eligibility sets, 120k with a new list per event; items alone 117k either way.
 """
 
 from __future__ import annotations
@@ -145,7 +149,7 @@ class _Generator:
                     conds.append(f"{v} {op} {self.number(schema[key])}")
         elif kind == "array" and self.is_string_array(schema):
             memo, func = self.memoised_array(schema)
-            conds.append(f"(tuple({v}) in {memo} or {func}({v}))")
+            conds.append(f"((t := tuple({v})) in {memo} or {func}({v}, t))")
             out.append(f"{pad}if not ({' and '.join(conds)}): return False")
             return 1
         out.append(f"{pad}if not ({' and '.join(conds)}): return False")
@@ -249,7 +253,7 @@ class _Generator:
         if type(schema.get("uniqueItems", False)) is not bool:
             raise Unsupported(f"uniqueItems {schema['uniqueItems']!r}")
         func, lists, items = self.name("_array"), self.name("_lists"), self.name("_items")
-        lines = [f"def {func}(a):"]
+        lines = [f"def {func}(a, t):"]
         if conds := self.array_bounds(schema, "a"):
             lines.append(f"    if not ({' and '.join(conds)}): return False")
         lines += ["    for x in a:", f"        if x not in {items}:"]
@@ -261,7 +265,7 @@ class _Generator:
             lines.append("    if len(set(a)) != len(a): return False")
         lines += [
             f"    if len({lists}) >= {self.memo_size}: {lists}.clear()",
-            f"    {lists}.add(tuple(a))",
+            f"    {lists}.add(t)",
             "    return True",
         ]
         self.helpers.append("\n".join(lines))
@@ -276,7 +280,7 @@ def compile_fast(
     schema: dict[str, Any],
     formats: Mapping[str, Callable[[str], bool]],
     *,
-    memo_size: int = 1024,
+    memo_size: int = 256,
 ) -> FastCheck | None:
     """The fast check of ``schema`` (refs already inlined), or None if it uses other keywords.
 

@@ -382,3 +382,23 @@ def test_compiler_small_schemas(schema: dict[str, Any], value: Any, expected: bo
     assert fast.check(value) is expected
     if expected:
         fastjsonschema.compile(schema)(value)
+
+
+class _Catalog:
+    """A Container that is not a set: the catalog check must not depend on the type."""
+
+    def __init__(self, ids: list[str]) -> None:
+        self.ids = ids
+
+    def __contains__(self, item: object) -> bool:
+        return item in self.ids
+
+
+@pytest.mark.parametrize("make", [frozenset, set, list, tuple, _Catalog])
+def test_unknown_hardware_is_the_same_for_any_container(make: Any) -> None:
+    known = make(HARDWARE[1:])
+    raw = _submitted([*HARDWARE[1:4], HARDWARE[0], "zz-unknown"])
+    fast, _ = _both(raw, known=known)
+    assert isinstance(fast, DecodeError) and fast.kind == "unknown_hardware"
+    assert fast.path == "data.candidate_hardware[3]" and repr(HARDWARE[0]) in fast.message
+    assert isinstance(_both(_submitted(HARDWARE[1:4]), known=known)[0], Ok)
