@@ -143,6 +143,13 @@ SETTINGS: tuple[Setting, ...] = (
         "extra), checked bit-identical to LightGBM; LightGBM serves while they compile.",
     ),
     Setting(
+        "LEAP_GC_FREEZE",
+        "1",
+        "1: the worker moves everything allocated at start-up (libraries, model, catalog) out of "
+        "the garbage collector's reach (gc.freeze), so full collections scan only what it made "
+        "since (p99 at 700/s ~290 -> ~260 ms).",
+    ),
+    Setting(
         "LEAP_MODEL_POLL_S",
         "5",
         "How often the worker checks the registry for a new current model.",

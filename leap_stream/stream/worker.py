@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import gc
 import logging
 import sys
 from typing import Any
@@ -116,6 +117,9 @@ def run(args: argparse.Namespace) -> int:
     deps.metrics.serve(port)
     app = build_app(deps)
     worker = faust.Worker(app, loglevel=level, redirect_stdouts=False)
+    if config.get("LEAP_GC_FREEZE") == "1":
+        gc.collect()
+        gc.freeze()
     worker.execute_from_commandline()  # raises SystemExit with Faust's exit status
     return 0
 
