@@ -8,10 +8,10 @@ which then gives the verdict and, for a rejected event, the exact error. So the 
 only ever make decode faster, never change its answer, provided it is never more lenient than
 the compiled validator.
 
-Why it is never more lenient: ``compile_fast`` turns a schema into Python source for a subset of
-keywords and gives up (``None``: no fast path) on any other keyword. For JSON values (what
-orjson returns: dict, list, str, int, float, bool, None) each generated test implies the test
-fastjsonschema generates for the same keyword:
+Why it is never more lenient: ``compile_fast`` builds checks (closures over tables, no generated
+source: the package does not exec) for a subset of keywords and gives up (``None``: no fast
+path) on any other keyword. For JSON values (what orjson returns: dict, list, str, int, float,
+bool, None) each test implies the test fastjsonschema generates for the same keyword:
 
 - ``type`` by ``type(x) is T`` (an integral float such as 8.0 is "not sure", though the schema
   calls it an integer; bool is never a number);
@@ -19,8 +19,10 @@ fastjsonschema generates for the same keyword:
 - numeric bounds by the same comparisons (a NaN fails them all here), string lengths by the same
   ``len``, ``pattern`` by the same regex (fastjsonschema's ``$`` → ``\\Z`` rewrite), ``format`` by
   the same function;
-- objects only with ``additionalProperties: false``; arrays only with one ``items`` schema;
-  ``uniqueItems`` only over strings, where Python equality is JSON equality.
+- objects only with ``additionalProperties: false``: every required key is read (a missing one
+  raises, "not sure"), and then the object has no other key iff its size is the number of
+  properties present; arrays only with one ``items`` schema; ``uniqueItems`` only over strings,
+  where Python equality is JSON equality.
 
 Two consequences the codec relies on: whatever the check accepts has an ``int`` in every
 integer field (so there is nothing to normalise) and is at most ``FastCheck.depth`` containers
@@ -35,48 +37,44 @@ happens only for a ``list`` (a string ``"a10"`` also makes the tuple ``("a", "1"
 value equal to a string, or a tuple equal to a tuple of strings, holds equal strings (no number,
 bool or None equals a str; a list or dict is unhashable, which means "not sure"). Only "valid"
 is remembered, at most ``memo_size`` entries per memo, cleared when full. Measured with
-valgrind (instructions per decode of a 20-candidate event): lists and items 108k with 4
-eligibility sets, 120k with a new list per event; items alone 117k either way.
+valgrind (instructions per decode of a 20-candidate event, catalog check on): lists and items
+115k with 4 eligibility sets, 130k with a new list per event; items alone 126k and 123k; the
+compiled validator alone ~320k.
 """
 
 from __future__ import annotations
 
-import math
 import re
+import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, Final
+from dataclasses import dataclass, field
+from typing import Any, Final, TypeAlias
+
+Check: TypeAlias = Callable[[Any], bool]
 
 # fastjsonschema (draft04.generate_pattern) rewrites every unescaped "$" to "\Z" so a pattern
 # cannot match before a trailing newline; same rewrite here, same regex.
 _DOLLAR_FINDER: Final = re.compile(r"(?<!\\)\$")
+_INF: Final = float("inf")
 
 _ANNOTATIONS: Final = frozenset(
     {"title", "description", "$comment", "examples", "$schema", "$id", "$defs", "definitions"}
 )
+_NO_BOUND: Final = {
+    "minimum": -_INF,
+    "exclusiveMinimum": -_INF,
+    "maximum": _INF,
+    "exclusiveMaximum": _INF,
+}
+_BOUNDS: Final = frozenset(_NO_BOUND)
 _BY_TYPE: Final[dict[str, frozenset[str]]] = {
     "string": frozenset({"minLength", "maxLength", "pattern", "format"}),
-    "integer": frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}),
-    "number": frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}),
+    "integer": _BOUNDS,
+    "number": _BOUNDS,
     "boolean": frozenset(),
     "null": frozenset(),
     "object": frozenset({"properties", "required", "additionalProperties"}),
     "array": frozenset({"items", "minItems", "maxItems", "uniqueItems"}),
-}
-_PY_TYPE: Final = {
-    "string": "type({v}) is str",
-    "integer": "type({v}) is int",
-    "number": "(type({v}) is float or type({v}) is int)",
-    "boolean": "type({v}) is bool",
-    "null": "{v} is None",
-    "object": "type({v}) is dict",
-    "array": "type({v}) is list",
-}
-_BOUNDS: Final = {
-    "minimum": ">=",
-    "maximum": "<=",
-    "exclusiveMinimum": ">",
-    "exclusiveMaximum": "<",
 }
 
 
@@ -88,42 +86,166 @@ class Unsupported(Exception):
 class FastCheck:
     """``check(value)``: True if ``value`` is certainly valid, False if not sure. Never raises."""
 
-    check: Callable[[Any], bool]
+    check: Check
     depth: int  # containers nested in anything ``check`` accepts (a flat object is 1)
-    memos: tuple[set[Any], ...]  # per memoised array: passed lists (tuples), passed items
+    memos: tuple[set[Any], ...]  # per array of strings: lists (tuples) that passed, items
     regexes: dict[str, re.Pattern[str]]  # schema pattern → the regex used (same as fastjsonschema)
-    source: str  # the generated Python, for reading and debugging
 
 
-def _is_number(value: Any) -> bool:
-    return type(value) in (int, float)
+# --- the checks. Each returns False for "not sure"; an exception also means "not sure".
 
 
-def _is_count(value: Any) -> bool:
-    return type(value) is int and value >= 0
+def _is_bool(v: Any) -> bool:
+    return type(v) is bool
 
 
-class _Generator:
-    def __init__(self, formats: Mapping[str, Callable[[str], bool]], memo_size: int) -> None:
-        self.formats = formats
-        self.memo_size = memo_size
-        self.namespace: dict[str, Any] = {}
-        self.helpers: list[str] = []
-        self.memos: list[set[Any]] = []
-        self.regexes: dict[str, re.Pattern[str]] = {}
-        self.count = 0
+def _is_null(v: Any) -> bool:
+    return v is None
 
-    def name(self, prefix: str) -> str:
-        self.count += 1
-        return f"{prefix}{self.count}"
 
-    def constant(self, value: Any) -> str:
-        name = self.name("_k")
-        self.namespace[name] = value
-        return name
+def _literal_check(py: type, allowed: frozenset[Any]) -> Check:
+    def check(v: Any) -> bool:
+        return type(v) is py and v in allowed
 
-    def node(self, schema: Any, v: str, out: list[str], pad: str) -> int:
-        """Append lines that ``return False`` unless ``v`` certainly fits ``schema``; its depth."""
+    return check
+
+
+def _string_check(
+    lo: int, hi: int, search: Callable[[str], Any] | None, fmt: Check | None
+) -> Check:
+    def check(v: Any) -> bool:
+        return (
+            type(v) is str
+            and lo <= len(v) <= hi
+            and (search is None or search(v) is not None)
+            and (fmt is None or fmt(v))
+        )
+
+    return check
+
+
+def _number_check(types: tuple[type, ...], ge: float, gt: float, le: float, lt: float) -> Check:
+    def check(v: Any) -> bool:
+        return type(v) in types and v >= ge and v > gt and v <= le and v < lt
+
+    return check
+
+
+# Rows of an object's table, one loop per kind (a call per field would cost ~2 µs an event):
+_IntRow: TypeAlias = tuple[str, float, float]  # key, minimum, maximum (both inclusive)
+_EnumRow: TypeAlias = tuple[str, frozenset[str]]  # key, allowed strings
+_StrRow: TypeAlias = tuple[str, int, int, Callable[[str], Any] | None, Check | None]
+_SubRow: TypeAlias = tuple[str, Check]  # key, any other check
+
+
+def _object_check(
+    ints: tuple[_IntRow, ...],
+    enums: tuple[_EnumRow, ...],
+    strings: tuple[_StrRow, ...],
+    others: tuple[_SubRow, ...],
+    optional: tuple[_SubRow, ...],
+) -> Check:
+    """Rows hold each required property once (by kind), ``optional`` the others."""
+    size = len(ints) + len(enums) + len(strings) + len(others)
+
+    def check(d: Any) -> bool:
+        if type(d) is not dict:
+            return False
+        for key, lo, hi in ints:
+            v = d[key]
+            if type(v) is not int or not lo <= v <= hi:
+                return False
+        for key, allowed in enums:
+            v = d[key]
+            if type(v) is not str or v not in allowed:
+                return False
+        for key, lo_len, hi_len, search, fmt in strings:
+            v = d[key]
+            if type(v) is not str or not lo_len <= len(v) <= hi_len:
+                return False
+            if search is not None and search(v) is None:
+                return False
+            if fmt is not None and not fmt(v):
+                return False
+        for key, sub in others:
+            if not sub(d[key]):
+                return False
+        present = size
+        for key, sub in optional:
+            if key in d:
+                if not sub(d[key]):
+                    return False
+                present += 1
+        return len(d) == present
+
+    return check
+
+
+def _array_check(item: Check, lo: int, hi: int) -> Check:
+    def check(v: Any) -> bool:
+        return type(v) is list and lo <= len(v) <= hi and all(map(item, v))
+
+    return check
+
+
+def _string_array_check(
+    item: Check, lo: int, hi: int, unique: bool, lists: set[Any], items: set[Any], size: int
+) -> Check:
+    """An array of strings, with the memo of lists and of items (see the module docstring)."""
+
+    def check(v: Any) -> bool:
+        if type(v) is not list:
+            return False
+        t = tuple(v)
+        if t in lists:
+            return True
+        if not lo <= len(v) <= hi:
+            return False
+        for x in v:
+            if x not in items:
+                if not item(x):
+                    return False
+                if len(items) >= size:
+                    items.clear()
+                items.add(x)
+        if unique and len(set(v)) != len(v):
+            return False
+        if len(lists) >= size:
+            lists.clear()
+        lists.add(t)
+        return True
+
+    return check
+
+
+def _never_raises(inner: Check) -> Check:
+    def check(v: Any) -> bool:
+        try:
+            return inner(v)
+        except Exception:  # a missing key, an unhashable item, a memo cleared meanwhile
+            return False
+
+    return check
+
+
+# --- the compiler
+
+
+@dataclass
+class _Node:
+    check: Check
+    depth: int
+    row: tuple[str, tuple[Any, ...]] | None = None  # "int" | "enum" | "str", row without key
+
+
+@dataclass
+class _Compiler:
+    formats: Mapping[str, Check]
+    memo_size: int
+    memos: list[set[Any]] = field(default_factory=list)
+    regexes: dict[str, re.Pattern[str]] = field(default_factory=dict)
+
+    def node(self, schema: Any) -> _Node:
         if not isinstance(schema, dict):
             raise Unsupported(f"schema {schema!r}")
         kind = schema.get("type")
@@ -132,177 +254,138 @@ class _Generator:
         allowed = _ANNOTATIONS | {"type", "const", "enum"} | _BY_TYPE.get(kind or "", frozenset())
         if extra := set(schema) - allowed:
             raise Unsupported(f"keywords {sorted(extra)}")
-        conds = [] if kind is None else [_PY_TYPE[kind].format(v=v)]
-        if "const" in schema:
-            conds.append(self.literal(v, [schema["const"]]))
-        if "enum" in schema:
-            conds.append(self.literal(v, schema["enum"]))
-        if not conds:
+        literals = self.literals(schema)
+        if literals is not None:
+            py, values = literals
+            if kind is not None and kind != {str: "string", int: "integer"}[py]:
+                raise Unsupported(f"type {kind} with const/enum of {py.__name__}")
+            if set(schema) & (_BY_TYPE.get(kind or "", frozenset())):
+                raise Unsupported("const/enum with other keywords")
+            row = ("enum", (values,)) if py is str else None
+            return _Node(_literal_check(py, values), 0, row)
+        if kind is None:
             raise Unsupported("no type, const or enum: anything would be valid")
         if kind == "string":
-            conds += self.string(schema, v)
-        elif kind in ("integer", "number"):
-            for key, op in _BOUNDS.items():
-                if key in schema:
-                    if not _is_number(schema[key]):
-                        raise Unsupported(f"{key} {schema[key]!r}")
-                    conds.append(f"{v} {op} {self.number(schema[key])}")
-        elif kind == "array" and self.is_string_array(schema):
-            memo, func = self.memoised_array(schema)
-            conds.append(f"((t := tuple({v})) in {memo} or {func}({v}, t))")
-            out.append(f"{pad}if not ({' and '.join(conds)}): return False")
-            return 1
-        out.append(f"{pad}if not ({' and '.join(conds)}): return False")
+            return self.string(schema)
+        if kind in ("integer", "number"):
+            return self.number(schema, kind)
+        if kind == "boolean":
+            return _Node(_is_bool, 0)
+        if kind == "null":
+            return _Node(_is_null, 0)
         if kind == "object":
-            return 1 + self.object(schema, v, out, pad)
-        if kind == "array":
-            return 1 + self.array(schema, v, out, pad)
-        return 0
+            return self.object(schema)
+        return self.array(schema)
 
-    def number(self, value: float) -> str:
-        """A bound as a literal (a global lookup per use costs more) unless repr cannot say it."""
-        return repr(value) if math.isfinite(value) else self.constant(value)
-
-    def literal(self, v: str, values: Any) -> str:
+    @staticmethod
+    def literals(schema: dict[str, Any]) -> tuple[type, frozenset[Any]] | None:
+        if "const" in schema and "enum" in schema:
+            raise Unsupported("const and enum")
+        values = [schema["const"]] if "const" in schema else schema.get("enum")
+        if values is None:
+            return None
         if not isinstance(values, list) or not values:
             raise Unsupported(f"enum {values!r}")
         types = {type(x) for x in values}
         if types not in ({str}, {int}):  # bool, float, null, containers: equality differs from JSON
             raise Unsupported(f"const/enum of {types}")
         (py,) = types
-        return f"type({v}) is {py.__name__} and {v} in {self.constant(frozenset(values))}"
+        return py, frozenset(values)
 
-    def string(self, schema: dict[str, Any], v: str) -> list[str]:
-        conds = []
-        for key, op in (("minLength", ">="), ("maxLength", "<=")):
-            if key in schema:
-                if not _is_count(schema[key]):
-                    raise Unsupported(f"{key} {schema[key]!r}")
-                conds.append(f"len({v}) {op} {schema[key]}")
+    def string(self, schema: dict[str, Any]) -> _Node:
+        lo, hi = self.count(schema, "minLength", 0), self.count(schema, "maxLength", sys.maxsize)
+        search = fmt = None
         if "pattern" in schema:
             pattern = schema["pattern"]
             if not isinstance(pattern, str):
                 raise Unsupported(f"pattern {pattern!r}")
             regex = self.regexes[pattern] = re.compile(_DOLLAR_FINDER.sub(r"\\Z", pattern))
-            conds.append(f"{self.constant(regex.search)}({v}) is not None")
+            search = regex.search
         if "format" in schema:
-            check = self.formats.get(schema["format"])
-            if check is None:  # fastjsonschema's own format regexes are not ours to copy
+            fmt = self.formats.get(schema["format"])
+            if fmt is None:  # fastjsonschema's own format regexes are not ours to copy
                 raise Unsupported(f"format {schema['format']!r}")
-            conds.append(f"{self.constant(check)}({v})")
-        return conds
+        return _Node(_string_check(lo, hi, search, fmt), 0, ("str", (lo, hi, search, fmt)))
 
-    def object(self, schema: dict[str, Any], v: str, out: list[str], pad: str) -> int:
+    @staticmethod
+    def count(schema: dict[str, Any], key: str, default: int) -> int:
+        value = schema.get(key, default)
+        if type(value) is not int or value < 0:
+            raise Unsupported(f"{key} {value!r}")
+        return value
+
+    @staticmethod
+    def number(schema: dict[str, Any], kind: str) -> _Node:
+        bounds: dict[str, float] = {}
+        for key, default in _NO_BOUND.items():
+            value = schema.get(key, default)
+            if type(value) not in (int, float):  # a bool is the draft-04 exclusive flag
+                raise Unsupported(f"{key} {value!r}")
+            bounds[key] = value
+        ge, le = bounds["minimum"], bounds["maximum"]
+        gt, lt = bounds["exclusiveMinimum"], bounds["exclusiveMaximum"]
+        types = (int,) if kind == "integer" else (int, float)
+        check = _number_check(types, ge, gt, le, lt)
+        inclusive = "exclusiveMinimum" not in schema and "exclusiveMaximum" not in schema
+        return _Node(check, 0, ("int", (ge, le)) if kind == "integer" and inclusive else None)
+
+    def object(self, schema: dict[str, Any]) -> _Node:
         props = schema.get("properties", {})
         required = schema.get("required", [])
         if schema.get("additionalProperties") is not False:
             raise Unsupported("objects need additionalProperties: false")
         if not isinstance(props, dict) or not isinstance(required, list):
             raise Unsupported("properties/required")
-        if not all(isinstance(k, str) for k in [*props, *required]):
-            raise Unsupported("property names")
-        if not set(required) <= set(props):
+        if not all(isinstance(k, str) for k in required) or not set(required) <= set(props):
             raise Unsupported("a required key that is not a property")  # never valid here
-        # Required keys are read with d[key] (a missing one raises KeyError: "not sure"), and
-        # with those present the object has no other key iff its size is that of the keys read.
-        size = self.name("n")
-        out.append(f"{pad}{size} = {len(set(required))}")
+        rows: dict[str, list[Any]] = {"int": [], "enum": [], "str": [], "other": [], "opt": []}
         depth = 0
         for key, sub in props.items():
-            child = self.name("v")
-            if key in required:
-                out.append(f"{pad}{child} = {v}[{key!r}]")
-                depth = max(depth, self.node(sub, child, out, pad))
+            node = self.node(sub)
+            depth = max(depth, node.depth)
+            if key not in required:
+                rows["opt"].append((key, node.check))
+            elif node.row is None:
+                rows["other"].append((key, node.check))
             else:
-                out.append(f"{pad}if {key!r} in {v}:")
-                out.append(f"{pad}    {size} += 1")
-                out.append(f"{pad}    {child} = {v}[{key!r}]")
-                depth = max(depth, self.node(sub, child, out, pad + "    "))
-        out.append(f"{pad}if len({v}) != {size}: return False")
-        return depth
+                rows[node.row[0]].append((key, *node.row[1]))
+        check = _object_check(*(tuple(rows[k]) for k in ("int", "enum", "str", "other", "opt")))
+        return _Node(check, 1 + depth)
 
-    def array_bounds(self, schema: dict[str, Any], v: str) -> list[str]:
-        conds = []
-        for key, op in (("minItems", ">="), ("maxItems", "<=")):
-            if key in schema:
-                if not _is_count(schema[key]):
-                    raise Unsupported(f"{key} {schema[key]!r}")
-                conds.append(f"len({v}) {op} {schema[key]}")
-        return conds
-
-    def array(self, schema: dict[str, Any], v: str, out: list[str], pad: str) -> int:
-        if schema.get("uniqueItems", False) is not False:
-            raise Unsupported("uniqueItems over non-strings")  # 1 == True == 1.0 in Python
-        if conds := self.array_bounds(schema, v):
-            out.append(f"{pad}if not ({' and '.join(conds)}): return False")
-        item = self.name("v")
-        out.append(f"{pad}for {item} in {v}:")
-        return self.node(schema.get("items"), item, out, pad + "    ")
-
-    @staticmethod
-    def is_string_array(schema: dict[str, Any]) -> bool:
-        items = schema.get("items")
-        return isinstance(items, dict) and items.get("type") == "string"
-
-    def memoised_array(self, schema: dict[str, Any]) -> tuple[str, str]:
-        """Names of a memo of lists and of the helper that checks a list of strings and fills it.
-
-        The helper also remembers single items that passed (an item's verdict depends on the
-        item alone), so a new combination of known hardware ids is cheap as well.
-        """
-        if type(schema.get("uniqueItems", False)) is not bool:
-            raise Unsupported(f"uniqueItems {schema['uniqueItems']!r}")
-        func, lists, items = self.name("_array"), self.name("_lists"), self.name("_items")
-        lines = [f"def {func}(a, t):"]
-        if conds := self.array_bounds(schema, "a"):
-            lines.append(f"    if not ({' and '.join(conds)}): return False")
-        lines += ["    for x in a:", f"        if x not in {items}:"]
-        if self.node(schema["items"], "x", lines, "            "):
-            raise Unsupported("string items cannot be containers")
-        lines.append(f"            if len({items}) >= {self.memo_size}: {items}.clear()")
-        lines.append(f"            {items}.add(x)")
-        if schema.get("uniqueItems"):
-            lines.append("    if len(set(a)) != len(a): return False")
-        lines += [
-            f"    if len({lists}) >= {self.memo_size}: {lists}.clear()",
-            f"    {lists}.add(t)",
-            "    return True",
-        ]
-        self.helpers.append("\n".join(lines))
-        for name in (lists, items):
-            store: set[Any] = set()
-            self.namespace[name] = store
-            self.memos.append(store)
-        return lists, func
+    def array(self, schema: dict[str, Any]) -> _Node:
+        lo, hi = self.count(schema, "minItems", 0), self.count(schema, "maxItems", sys.maxsize)
+        unique = schema.get("uniqueItems", False)
+        if type(unique) is not bool:
+            raise Unsupported(f"uniqueItems {unique!r}")
+        item = self.node(schema.get("items"))
+        if not (isinstance(schema["items"], dict) and schema["items"].get("type") == "string"):
+            if unique:
+                raise Unsupported("uniqueItems over non-strings")  # 1 == True == 1.0 in Python
+            return _Node(_array_check(item.check, lo, hi), 1 + item.depth)
+        lists: set[Any] = set()
+        items: set[Any] = set()
+        self.memos += [lists, items]
+        memo = self.memo_size
+        return _Node(_string_array_check(item.check, lo, hi, unique, lists, items, memo), 1)
 
 
 def compile_fast(
     schema: dict[str, Any],
-    formats: Mapping[str, Callable[[str], bool]],
+    formats: Mapping[str, Check],
     *,
     memo_size: int = 256,
 ) -> FastCheck | None:
     """The fast check of ``schema`` (refs already inlined), or None if it uses other keywords.
 
-    ``formats`` must be the custom formats the compiled validator was given.
+    ``formats`` must be the custom formats the compiled validator was given; ``memo_size``
+    bounds each memo (lists, items) of each array of strings.
     """
-    gen = _Generator(formats, memo_size)
-    body: list[str] = []
+    compiler = _Compiler(formats, memo_size)
     try:
-        depth = gen.node(schema, "d", body, "        ")
+        root = compiler.node(schema)
     except Unsupported:
         return None
-    source = "\n\n".join(
-        [
-            *gen.helpers,
-            "def check(d):\n    try:\n"
-            + "\n".join(body)
-            + "\n        return True\n    except Exception:\n        return False",
-        ]
-    )
-    namespace = dict(gen.namespace)
-    exec(compile(source, "<fast-path>", "exec"), namespace)  # our own source, from our schema
-    return FastCheck(namespace["check"], depth, tuple(gen.memos), gen.regexes, source)
+    return FastCheck(_never_raises(root.check), root.depth, tuple(compiler.memos), compiler.regexes)
 
 
-__all__ = ["FastCheck", "Unsupported", "compile_fast"]
+__all__ = ["Check", "FastCheck", "Unsupported", "compile_fast"]
