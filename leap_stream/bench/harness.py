@@ -310,10 +310,10 @@ class PerRowModel:
         self.feature_names = model.feature_names
         self.calls = 0
 
-    def predict(self, frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def predict(self, frame: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         parts = []
-        for i in range(len(frame)):
-            parts.append(self.inner.predict(frame.iloc[i : i + 1]))
+        for i in range(len(frame)):  # `take` by position: a DataFrame or the serving Columns
+            parts.append(self.inner.predict(frame.take(np.asarray([i]))))
             self.calls += 1
         if not parts:
             empty = np.zeros(0)
@@ -363,6 +363,8 @@ def naive_loop(world: BenchWorld, src: str, dst: str, n: int) -> dict[str, Any]:
             hist, aggs = store.read_batch([sub["lineage_id"]], [sub["model"]["model_type"]])
             store.remember_submissions([sub])
             ranking = ranker.rank_batch([sub], list(hist), aggs, datetime.now(UTC))[0]
+            if ranking["reason"] in ("model_error", "no_model"):  # a broken per-row path must
+                raise RuntimeError("naive stage ranked without the model")  # not pass as a figure
             out.send(dst, sub["job_id"].encode(), orjson.dumps(ranking))
             out._producer.poll(0)
         out.flush()
