@@ -147,7 +147,7 @@ SETTINGS: tuple[Setting, ...] = (
         "1",
         "1: the worker moves everything allocated at start-up (libraries, model, catalog) out of "
         "the garbage collector's reach (gc.freeze), so full collections scan only what it made "
-        "since (p99 at 700/s ~290 -> ~260 ms).",
+        "since: shorter pauses (docs/benchmarks.md).",
     ),
     Setting(
         "LEAP_MODEL_POLL_S",
