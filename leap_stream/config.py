@@ -143,6 +143,12 @@ SETTINGS: tuple[Setting, ...] = (
         "extra), checked bit-identical to LightGBM; LightGBM serves while they compile.",
     ),
     Setting(
+        "LEAP_EAGER_DELIVERY",
+        "1",
+        "1: Faust's fetch loop delivers a message without four tasks per message when the "
+        "delivery does not block (stream/eager.py); 0: Faust's own path.",
+    ),
+    Setting(
         "LEAP_GC_FREEZE",
         "1",
         "1: the worker moves everything allocated at start-up (libraries, model, catalog) out of "

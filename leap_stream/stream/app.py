@@ -36,6 +36,7 @@ from leap_stream.stream.batch import (
     SubmissionBatchResult,
     SubmissionProcessor,
 )
+from leap_stream.stream.eager import eager_message_delivery
 from leap_stream.stream.metrics import Metrics
 from leap_stream.stream.output import OutputProducer
 
@@ -205,6 +206,8 @@ def build_app(deps: WorkerDeps) -> faust.App:
     tune_consumer_fetch(
         int(config.get("LEAP_FETCH_MIN_BYTES")), int(config.get("LEAP_FETCH_MAX_WAIT_MS"))
     )
+    if config.get("LEAP_EAGER_DELIVERY") == "1":
+        eager_message_delivery()
     app = LeanApp(
         cfg.consumer_group,
         broker=faust_broker_url(deps.bootstrap),
