@@ -78,6 +78,15 @@ class Columns:
         return pd.DataFrame(cols, index=index, copy=False)
 
 
+# A frame as the core reads it: a DataFrame (training, backtest) or `Columns` (serving).
+Frame = pd.DataFrame | Columns
+
+
+def f64(frame: Frame, col: str) -> np.ndarray:
+    """One column as float64, from either kind of frame."""
+    return np.asarray(frame[col], np.float64)
+
+
 def codes_of(values: np.ndarray, lut: Mapping[Any, int]) -> np.ndarray:
     """Integer code per value through a dict (-1 when absent): on the small arrays of a serving
     batch a Python look-up beats building a pandas Index; large arrays go through pandas."""
@@ -102,4 +111,4 @@ def map_values(values: np.ndarray, table: Mapping[Any, float], default: float) -
     return np.fromiter((get(v, default) for v in values), np.float64, count=n)
 
 
-__all__ = ["Columns", "codes_of", "map_values"]
+__all__ = ["Columns", "Frame", "codes_of", "f64", "map_values"]

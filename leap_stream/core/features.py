@@ -18,11 +18,9 @@ import numpy as np
 import pandas as pd
 
 from leap_stream.contracts.vocab import FAMILIES, FRAMEWORKS, OPTIMIZERS, PRECISIONS, VENDORS
-from leap_stream.core.columns import Columns, map_values
+from leap_stream.core.columns import Columns, f64, map_values
+from leap_stream.core.columns import Frame as Jobs
 from leap_stream.core.history import LineageHistory, TypeAggregates
-
-# A job frame: a DataFrame (training, backtest) or `Columns` (serving), read column by column.
-Jobs = pd.DataFrame | Columns
 
 # Columns of a job frame (the dataset's column names; `ranker.jobs_frame` builds it from events).
 JOB_COLUMNS = (
@@ -142,10 +140,6 @@ def _log(x: np.ndarray) -> np.ndarray:
         return np.log(np.asarray(x, dtype=np.float64))
 
 
-def _f64(jobs: Jobs, col: str) -> np.ndarray:
-    return np.asarray(jobs[col], np.float64)
-
-
 def _elem_bytes(jobs: Jobs) -> np.ndarray:
     return map_values(np.asarray(jobs["precision"], object), _ELEM_BYTES, 2.0)
 
@@ -155,22 +149,22 @@ def _opt_bytes(jobs: Jobs) -> np.ndarray:
 
 
 def _active_params(jobs: Jobs) -> np.ndarray:
-    active, params = _f64(jobs, "active_parameters"), _f64(jobs, "parameters")
+    active, params = f64(jobs, "active_parameters"), f64(jobs, "parameters")
     return np.where(np.isnan(active), params, active)
 
 
 def memory_per_device_gib(jobs: Jobs, elem: np.ndarray | None = None) -> np.ndarray:
     """Estimated peak memory per device: sharded model state plus micro-batch activations."""
-    params = _f64(jobs, "parameters")
+    params = f64(jobs, "parameters")
     elem = _elem_bytes(jobs) if elem is None else elem
     opt = _opt_bytes(jobs)
-    tp = _f64(jobs, "tensor_parallel")
-    pp = _f64(jobs, "pipeline_parallel")
+    tp = f64(jobs, "tensor_parallel")
+    pp = f64(jobs, "pipeline_parallel")
     state = params * (2.0 * elem + opt) / (tp * pp)
-    seq = _f64(jobs, "sequence_length")
-    hidden = _f64(jobs, "hidden_size")
-    layers = _f64(jobs, "layers")
-    mbs = _f64(jobs, "micro_batch_size")
+    seq = f64(jobs, "sequence_length")
+    hidden = f64(jobs, "hidden_size")
+    layers = f64(jobs, "layers")
+    mbs = f64(jobs, "micro_batch_size")
     ckpt = np.asarray(jobs["activation_checkpointing"], bool)
     per_layer = np.where(ckpt, 2.0, 16.0)  # elements per (token × hidden) kept per layer
     acts = mbs * seq * hidden * (layers / pp) * per_layer * elem / tp
@@ -181,17 +175,17 @@ def min_memory_per_device_gib(jobs: Jobs, elem: np.ndarray | None = None) -> np.
     """A lower bound: model state fully sharded over every device (ZeRO-3 / FSDP, row-sharded
     embeddings) plus recomputed activations. A candidate is excluded only when even this does
     not fit, because the submission does not say how the job shards its state."""
-    params = _f64(jobs, "parameters")
+    params = f64(jobs, "parameters")
     elem = _elem_bytes(jobs) if elem is None else elem
     opt = _opt_bytes(jobs)
-    nd = _f64(jobs, "num_devices")
+    nd = f64(jobs, "num_devices")
     state = params * (2.0 * elem + opt) / nd
-    seq = _f64(jobs, "sequence_length")
-    hidden = _f64(jobs, "hidden_size")
-    layers = _f64(jobs, "layers")
-    mbs = _f64(jobs, "micro_batch_size")
-    tp = _f64(jobs, "tensor_parallel")
-    pp = _f64(jobs, "pipeline_parallel")
+    seq = f64(jobs, "sequence_length")
+    hidden = f64(jobs, "hidden_size")
+    layers = f64(jobs, "layers")
+    mbs = f64(jobs, "micro_batch_size")
+    tp = f64(jobs, "tensor_parallel")
+    pp = f64(jobs, "pipeline_parallel")
     acts = mbs * seq * hidden * (layers / pp) * 2.0 * elem / tp
     return np.asarray((state + acts) / 2**30)
 
@@ -199,7 +193,7 @@ def min_memory_per_device_gib(jobs: Jobs, elem: np.ndarray | None = None) -> np.
 def flops_per_sample(jobs: Jobs) -> np.ndarray:
     """Training FLOPs per sample: 6·active params per token (8 with recomputation)."""
     active = _active_params(jobs)
-    seq = _f64(jobs, "sequence_length")
+    seq = f64(jobs, "sequence_length")
     ckpt = np.asarray(jobs["activation_checkpointing"], bool)
     return np.asarray(np.where(ckpt, 8.0, 6.0) * active * seq)
 
@@ -378,25 +372,23 @@ def build_columns(
     vendor_t = sa.vendor
 
     # --- job-level config, broadcast to rows
-    nd_j = _f64(jobs, "num_devices")
+    nd_j = f64(jobs, "num_devices")
     fps_j = flops_per_sample(jobs)
     elem_j = _elem_bytes(jobs)
     mem_j = memory_per_device_gib(jobs, elem_j)
-    bps_j = (
-        _f64(jobs, "sequence_length") * _f64(jobs, "hidden_size") * _f64(jobs, "layers") * elem_j
-    )
+    bps_j = f64(jobs, "sequence_length") * f64(jobs, "hidden_size") * f64(jobs, "layers") * elem_j
     now_j = np.asarray(now, np.float64)
     # physics inputs per job (per sample, per device): see hw_columns
-    gbs_j = _f64(jobs, "global_batch_size")
-    dp_j = _f64(jobs, "data_parallel")
-    tp_j = _f64(jobs, "tensor_parallel")
-    pp_j = _f64(jobs, "pipeline_parallel")
-    mbs_j = _f64(jobs, "micro_batch_size")
-    seq_j = _f64(jobs, "sequence_length")
-    hid_j = _f64(jobs, "hidden_size")
-    lay_j = _f64(jobs, "layers")
+    gbs_j = f64(jobs, "global_batch_size")
+    dp_j = f64(jobs, "data_parallel")
+    tp_j = f64(jobs, "tensor_parallel")
+    pp_j = f64(jobs, "pipeline_parallel")
+    mbs_j = f64(jobs, "micro_batch_size")
+    seq_j = f64(jobs, "sequence_length")
+    hid_j = f64(jobs, "hidden_size")
+    lay_j = f64(jobs, "layers")
     act_j = _active_params(jobs)
-    par_j = _f64(jobs, "parameters")
+    par_j = f64(jobs, "parameters")
     prec_j = np.asarray(jobs["precision"], object)
     prec_peak = map_values(prec_j, _PREC_PEAK, 1.0)
     traffic_j = 16.0 * seq_j * hid_j * lay_j * elem_j + 6.0 * act_j * elem_j / mbs_j
@@ -422,7 +414,7 @@ def build_columns(
         ("log_tp", "tensor_parallel"),
         ("log_pp", "pipeline_parallel"),
     ):
-        f[name] = _log(_f64(jobs, col))[job]
+        f[name] = _log(f64(jobs, col))[job]
     f["log_active_params"] = _log(act_j)[job]
     f["act_ckpt"] = np.asarray(jobs["activation_checkpointing"], np.float64)[job]
     f["log_flops_per_sample"] = _log(fps_j)[job]

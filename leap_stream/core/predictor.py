@@ -37,10 +37,7 @@ import orjson
 import pandas as pd
 
 from leap_stream.core import features as F
-from leap_stream.core.columns import Columns, codes_of
-
-# A feature frame: `features.build` (DataFrame, training) or `features.build_columns` (serving).
-Frame = pd.DataFrame | Columns
+from leap_stream.core.columns import Frame, codes_of, f64
 
 Scorer = Callable[[np.ndarray], np.ndarray]
 
@@ -90,17 +87,13 @@ KIND_SELF, KIND_TRANSFER, KIND_MODEL = 0, 1, 2
 N_KINDS = len(KINDS)
 
 
-def _f64(frame: Frame, col: str) -> np.ndarray:
-    return np.asarray(frame[col], np.float64)
-
-
 def anchor_kind(frame: Frame, groups: Sequence[str]) -> np.ndarray:
     """Which estimate a row gets (see the module docstring); `prior` ablated → always model."""
     kind = np.full(len(frame), KIND_MODEL, np.int64)
     if "prior" not in groups:
         return kind
-    kind[np.isfinite(_f64(frame, "other_log_pd"))] = KIND_TRANSFER
-    kind[np.isfinite(_f64(frame, "self_log_pd"))] = KIND_SELF
+    kind[np.isfinite(f64(frame, "other_log_pd"))] = KIND_TRANSFER
+    kind[np.isfinite(f64(frame, "self_log_pd"))] = KIND_SELF
     return kind
 
 
@@ -276,13 +269,13 @@ class ThroughputModel:
         `skip_self`: rows anchored on the lineage's own prior need neither (NaN there), so
         the booster does not score them (serving; calibration wants every estimate)."""
         n = len(frame)
-        other_lpd = _f64(frame, "other_log_pd")
+        other_lpd = f64(frame, "other_log_pd")
         other = np.isfinite(other_lpd)
         base: np.ndarray | None = None
         if "prior" not in self.groups:
             other[:] = False
         elif skip_self:
-            self_rows = np.isfinite(_f64(frame, "self_log_pd"))
+            self_rows = np.isfinite(f64(frame, "self_log_pd"))
             if self_rows.any():
                 other &= ~self_rows
                 base = np.flatnonzero(~self_rows)
@@ -333,8 +326,8 @@ class ThroughputModel:
             return e, e, e
         blind, moved = self._log_pd_parts(frame, skip_self=True)
         kind = anchor_kind(frame, self.groups)
-        log_pd = np.choose(kind, [_f64(frame, "self_log_pd"), moved, blind])
-        log_total = log_pd + _f64(frame, "log_devices")
+        log_pd = np.choose(kind, [f64(frame, "self_log_pd"), moved, blind])
+        log_total = log_pd + f64(frame, "log_devices")
         p50 = np.exp(log_total)
         return p50, np.exp(log_total + self._qlo[kind]), np.exp(log_total + self._qhi[kind])
 
@@ -438,11 +431,11 @@ def _matrix(
                 else:
                     X[n:, i] = col[extra]
         else:
-            v = _f64(frame, c)
+            v = f64(frame, c)
             X[:n, i] = v if base is None else v[base]
             if ne:
                 assert extra is not None
-                X[n:, i] = _f64(frame, "o_" + c)[extra] if hw_col else v[extra]
+                X[n:, i] = f64(frame, "o_" + c)[extra] if hw_col else v[extra]
     return X
 
 
@@ -451,7 +444,7 @@ def _offset(frame: Frame, groups: Sequence[str], prefix: str = "") -> np.ndarray
     corrects: trees then learn an efficiency in a narrow range, not a rate spanning ten orders
     of magnitude, and the hardware ratio starts from physics where data is thin."""
     if "specs" in groups and "config" in groups:
-        r = _f64(frame, prefix + "log_phys_rate")
+        r = f64(frame, prefix + "log_phys_rate")
         return np.asarray(np.where(np.isfinite(r), r, 0.0))
     return np.zeros(len(frame))
 

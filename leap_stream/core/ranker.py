@@ -100,7 +100,7 @@ class Ranker:
         self._spec_arrays = F.SpecArrays.of(self.specs)
         self.model = model
         self.lookup = lookup
-        self._known = set(self.specs.index)
+        self._known = self._spec_arrays.code  # type ids of the catalog (a dict: `in` is a lookup)
 
     def score_batch(
         self,
