@@ -124,14 +124,23 @@ SETTINGS: tuple[Setting, ...] = (
         "Longest wait to fill a batch (seconds); 0: events go to the batcher as they arrive.",
     ),
     Setting(
+        "LEAP_SUBMISSIONS_CONSUMER",
+        "librdkafka",
+        "librdkafka: submissions are read by a confluent-kafka consumer in the worker's ranking "
+        "thread, group <LEAP_CONSUMER_GROUP>.submissions (stream/submission_loop.py); faust: "
+        "by a Faust agent in LEAP_CONSUMER_GROUP, like the completions.",
+    ),
+    Setting(
         "LEAP_FETCH_MIN_BYTES",
         "65536",
-        "Worker consumer fetch_min_bytes: the broker answers a fetch once this much is there.",
+        "Worker consumer fetch_min_bytes (Faust's consumer): the broker answers a fetch once this "
+        "much is there.",
     ),
     Setting(
         "LEAP_FETCH_MAX_WAIT_MS",
         "5",
-        "Worker consumer fetch_max_wait_ms: longest a fetch waits for LEAP_FETCH_MIN_BYTES.",
+        "Worker consumers' fetch max wait: longest a fetch waits for LEAP_FETCH_MIN_BYTES "
+        "(librdkafka: for one byte).",
     ),
     Setting(
         "LEAP_METRICS_PORT", "9108", "Port of the Prometheus /metrics endpoint; 0 disables it."
@@ -166,7 +175,7 @@ SETTINGS: tuple[Setting, ...] = (
         "Rows buffered before the dataset sink writes a Parquet file.",
     ),
     Setting("LEAP_DATASET_FLUSH_S", "10", "Longest time rows wait in the dataset buffer."),
-    Setting("LEAP_COMMIT_INTERVAL_S", "1.0", "How often the worker commits acked offsets (Faust)."),
+    Setting("LEAP_COMMIT_INTERVAL_S", "1.0", "How often the worker commits acked offsets."),
     Setting("LEAP_LAG_INTERVAL_S", "15", "How often the worker measures its consumer lag."),
     Setting(
         "LEAP_ORPHAN_GRACE_S",

@@ -444,23 +444,24 @@ class GroupWatch:
     def __init__(self, bootstrap: str, group: str, topics: list[str]) -> None:
         from confluent_kafka.admin import AdminClient
 
-        from leap_stream.stream.lag import LagReader
+        from leap_stream.stream.lag import LagReader, worker_groups
 
-        self.group = group
+        submissions, completions = topics
+        self.groups = worker_groups(group, submissions, completions)
         self._admin = AdminClient(dict(config.kafka_client_config(bootstrap)))
-        self._lag = LagReader(bootstrap, group, topics)
+        self._lag = LagReader(bootstrap, self.groups)
 
     def stable(self) -> bool:
-        """The group has members and finished its rebalance (listing: describe can stall)."""
+        """The worker's groups have members and finished their rebalance (listing: describe
+        can stall)."""
         from confluent_kafka import ConsumerGroupState
 
         try:
             listing = self._admin.list_consumer_groups(request_timeout=5).result(timeout=10)
         except Exception:
             return False
-        return any(
-            g.group_id == self.group and g.state == ConsumerGroupState.STABLE for g in listing.valid
-        )
+        stable = {g.group_id for g in listing.valid if g.state == ConsumerGroupState.STABLE}
+        return set(self.groups.values()) <= stable
 
     def lag(self) -> int:
         from leap_stream.stream.lag import total_lag

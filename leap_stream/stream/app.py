@@ -39,6 +39,7 @@ from leap_stream.stream.batch import (
 from leap_stream.stream.eager import eager_message_delivery
 from leap_stream.stream.metrics import Metrics
 from leap_stream.stream.output import OutputProducer
+from leap_stream.stream.submission_loop import SubmissionLoop, uses_submission_loop
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -233,9 +234,6 @@ def build_app(deps: WorkerDeps) -> faust.App:
         producer_acks=-1,
         autodiscover=False,
     )
-    submissions_topic = app.topic(
-        cfg.topic_submissions, key_type=bytes, value_type=bytes, internal=False
-    )
     completions_topic = app.topic(
         cfg.topic_completions, key_type=bytes, value_type=bytes, internal=False
     )
@@ -274,9 +272,7 @@ def build_app(deps: WorkerDeps) -> faust.App:
     # flushed from two threads, one agent could ack on the strength of the other's flush).
     outputs = {sub_pool: deps.make_output(), comp_pool: deps.make_output()}
 
-    def sender(pool: ThreadPoolExecutor) -> Callable[[list[Any], list[Any]], int]:
-        out = outputs[pool]
-
+    def sender(out: OutputProducer) -> Callable[[list[Any], list[Any]], int]:
         def send_all(rankings: list[dict[str, Any]], dead: list[dict[str, Any]]) -> int:
             for r in rankings:
                 out.send(cfg.topic_rankings, str(r["job_id"]).encode(), orjson.dumps(r))
@@ -286,7 +282,7 @@ def build_app(deps: WorkerDeps) -> faust.App:
 
         return send_all
 
-    send_submissions, send_completions = sender(sub_pool), sender(comp_pool)
+    send_submissions, send_completions = sender(outputs[sub_pool]), sender(outputs[comp_pool])
 
     def count_dead(topic: str, dead: list[dict[str, Any]]) -> None:
         for dl in dead:
@@ -323,7 +319,10 @@ def build_app(deps: WorkerDeps) -> faust.App:
                 log.warning("%d submissions not remembered; acking the oldest", len(held))
                 sub_gate.done(held[: len(held) - MAX_HELD])
                 del held[: len(held) - MAX_HELD]
-        # metrics after the outputs are durable
+        observe_submissions(records, res, time.perf_counter() - t0)
+
+    def observe_submissions(records: list[Record], res: SubmissionBatchResult, took: float) -> None:
+        """Metrics of a submission batch, once its outputs are durable."""
         topic = cfg.topic_submissions
         m.events_in.labels(topic=topic, outcome="valid").inc(res.valid)
         m.events_in.labels(topic=topic, outcome="invalid").inc(len(records) - res.valid)
@@ -341,7 +340,7 @@ def build_app(deps: WorkerDeps) -> faust.App:
             m.ranking_latency.observe(max(0.0, float(r["latency_ms"])) / 1000.0)
         m.observe_coverage(len(res.rankings), covered)
         m.batch_size.labels(agent="submissions").observe(len(records))
-        m.batch_seconds.labels(agent="submissions").observe(time.perf_counter() - t0)
+        m.batch_seconds.labels(agent="submissions").observe(took)
         stats["submissions_in"] = stats.get("submissions_in", 0) + len(records)
         stats["rankings_out"] = stats.get("rankings_out", 0) + len(res.rankings)
 
@@ -373,9 +372,38 @@ def build_app(deps: WorkerDeps) -> faust.App:
         finally:
             task.cancel()
 
-    @app.agent(submissions_topic)
-    async def submissions(stream: Any) -> None:
-        await consume(stream, "submissions", handle_submissions)
+    sub_loop: SubmissionLoop | None = None
+    if uses_submission_loop():
+        # the hot path on librdkafka (stream/submission_loop.py); Faust keeps the completions
+        sub_loop = SubmissionLoop(
+            bootstrap=deps.bootstrap,
+            group=cfg.consumer_group,
+            topic=cfg.topic_submissions,
+            processor=deps.submissions,
+            send=send_submissions,  # the loop's thread is then its producer's only user
+            on_batch=observe_submissions,
+            on_store_error=lambda op: m.redis_errors.labels(op=op).inc(),
+            batch_size=cfg.batch_size,
+            max_held=MAX_HELD,
+            retry_cap_s=deps.retry_cap_s,
+        )
+        loop_ref = sub_loop
+
+        @app.task
+        async def submissions_loop() -> None:
+            loop_ref.start()
+            while loop_ref.running:
+                await asyncio.sleep(0.25)
+            if loop_ref.error is not None:
+                await app.crash(loop_ref.error)
+    else:
+        submissions_topic = app.topic(
+            cfg.topic_submissions, key_type=bytes, value_type=bytes, internal=False
+        )
+
+        @app.agent(submissions_topic)
+        async def submissions(stream: Any) -> None:
+            await consume(stream, "submissions", handle_submissions)
 
     gate = OrderedAcks(lambda e: e.message.tp, lambda e: e.message.offset, lambda e: e.ack())
 
@@ -514,6 +542,13 @@ def build_app(deps: WorkerDeps) -> faust.App:
 
     @app.on_before_shutdown.connect  # type: ignore[arg-type]
     async def _close(app_: Any, **_kw: Any) -> None:
+        if sub_loop is not None:
+            # finish the batch in hand, commit what is durable, leave the group
+            await asyncio.get_running_loop().run_in_executor(None, sub_loop.stop)
+            if sub_loop.unfinished:
+                for out in outputs.values():
+                    out.close(5.0)
+                os._exit(EXIT_UNFINISHED)
         async with pending.lock:
             await flush_locked(force=True)
         for pool, out in outputs.items():

@@ -62,43 +62,68 @@ class LagReader:
     joins the group, and it never commits.
     """
 
-    def __init__(self, bootstrap: str, group: str, topics: Iterable[str]) -> None:
+    def __init__(
+        self, bootstrap: str, group: str | Mapping[str, str], topics: Iterable[str] = ()
+    ) -> None:
+        """``group``: one group for ``topics``, or ``{topic: group}`` (`worker_groups`)."""
         from confluent_kafka import Consumer
 
-        self.group = group
-        self.topics = list(topics)
-        conf: dict[str, Any] = dict(config.kafka_client_config(bootstrap))
-        conf.update({"group.id": group, "enable.auto.commit": False})
-        self._consumer = Consumer(conf)
+        by_topic = dict(group) if isinstance(group, Mapping) else dict.fromkeys(topics, group)
+        self.groups = by_topic
+        self.topics = list(by_topic)
+        self._consumers: dict[str, Any] = {}
+        for g in dict.fromkeys(by_topic.values()):
+            conf: dict[str, Any] = dict(config.kafka_client_config(bootstrap))
+            conf.update({"group.id": g, "enable.auto.commit": False})
+            self._consumers[g] = Consumer(conf)
 
     def read(self, timeout: float = 10.0) -> list[PartitionLag]:
         from confluent_kafka import TopicPartition
 
-        meta = self._consumer.list_topics(timeout=timeout)
-        tps = [
-            TopicPartition(t, p)
-            for t in self.topics
-            if t in meta.topics and meta.topics[t].error is None
-            for p in sorted(meta.topics[t].partitions)
-        ]
-        if not tps:
+        if not self._consumers:
             return []
+        any_consumer = next(iter(self._consumers.values()))
+        meta = any_consumer.list_topics(timeout=timeout)
         committed: dict[TopicPartitionKey, int | None] = {}
-        for tp in self._consumer.committed(tps, timeout=timeout):
-            committed[(tp.topic, tp.partition)] = tp.offset if tp.offset >= 0 else None
         watermarks: dict[TopicPartitionKey, tuple[int, int]] = {}
-        for tp in tps:
-            low, high = self._consumer.get_watermark_offsets(tp, timeout=timeout, cached=False)
-            watermarks[(tp.topic, tp.partition)] = (int(low), int(high))
+        for g, consumer in self._consumers.items():
+            tps = [
+                TopicPartition(t, p)
+                for t in self.topics
+                if self.groups[t] == g and t in meta.topics and meta.topics[t].error is None
+                for p in sorted(meta.topics[t].partitions)
+            ]
+            if not tps:
+                continue
+            for tp in consumer.committed(tps, timeout=timeout):
+                committed[(tp.topic, tp.partition)] = tp.offset if tp.offset >= 0 else None
+            for tp in tps:
+                low, high = consumer.get_watermark_offsets(tp, timeout=timeout, cached=False)
+                watermarks[(tp.topic, tp.partition)] = (int(low), int(high))
         return compute_lag(committed, watermarks)
 
     def close(self) -> None:
-        self._consumer.close()
+        for consumer in self._consumers.values():
+            consumer.close()
+
+
+def worker_groups(group: str, submissions: str, completions: str) -> dict[str, str]:
+    """The group that commits each input topic of a worker whose LEAP_CONSUMER_GROUP is
+    ``group`` (the submissions loop has its own: stream/submission_loop.py)."""
+    from leap_stream.stream.submission_loop import submissions_group, uses_submission_loop
+
+    return {
+        submissions: submissions_group(group) if uses_submission_loop() else group,
+        completions: group,
+    }
 
 
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--group", default=None, help="consumer group (default LEAP_CONSUMER_GROUP)"
+        "--group",
+        default=None,
+        help="consumer group (default: the worker's, LEAP_CONSUMER_GROUP for the completions and "
+        "LEAP_CONSUMER_GROUP.submissions for the submissions)",
     )
     parser.add_argument(
         "--topic",
@@ -113,15 +138,27 @@ def register(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     cfg = config.Config.from_env()
     bootstrap = args.bootstrap or resolve_bootstrap(cfg.kafka_bootstrap)
-    group = args.group or cfg.consumer_group
-    topics = args.topic or [cfg.topic_submissions, cfg.topic_completions]
-    rows = LagReader(bootstrap, group, topics).read()
+    groups: dict[str, str]
+    if args.group:
+        topics = args.topic or [cfg.topic_submissions, cfg.topic_completions]
+        groups = dict.fromkeys(topics, args.group)
+    else:
+        groups = worker_groups(cfg.consumer_group, cfg.topic_submissions, cfg.topic_completions)
+        if args.topic:
+            groups = {t: groups.get(t, cfg.consumer_group) for t in args.topic}
+    rows = LagReader(bootstrap, groups).read()
     total = total_lag(rows)
     if args.json:
-        doc = {"group": group, "total": total, "partitions": [asdict(r) for r in rows]}
+        doc = {
+            "group": args.group or cfg.consumer_group,
+            "groups": groups,
+            "total": total,
+            "partitions": [dict(asdict(r), group=groups[r.topic]) for r in rows],
+        }
         print(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode())
         return 0
-    print(f"group {group}")
+    for group in dict.fromkeys(groups.values()):
+        print(f"group {group}: {', '.join(t for t, g in groups.items() if g == group)}")
     print(f"{'topic':<32} {'part':>4} {'committed':>10} {'high':>10} {'lag':>8}")
     for r in rows:
         committed = "-" if r.committed is None else str(r.committed)
@@ -130,4 +167,4 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["LagReader", "PartitionLag", "compute_lag", "total_lag"]
+__all__ = ["LagReader", "PartitionLag", "compute_lag", "total_lag", "worker_groups"]

@@ -34,7 +34,7 @@ def build_deps(cfg: config.Config, bootstrap: str, redis_url: str) -> Any:
     from leap_stream.store.registry import Registry
     from leap_stream.stream.app import WorkerDeps
     from leap_stream.stream.batch import CompletionProcessor, SubmissionProcessor
-    from leap_stream.stream.lag import LagReader
+    from leap_stream.stream.lag import LagReader, worker_groups
     from leap_stream.stream.metrics import Metrics
     from leap_stream.stream.models import RankerHolder, lookup_from_dataset
     from leap_stream.stream.output import OutputProducer
@@ -52,7 +52,10 @@ def build_deps(cfg: config.Config, bootstrap: str, redis_url: str) -> Any:
     )
     holder.poll()  # serve the current model from the first batch on
     sink = DatasetSink(cfg.dataset_dir)
-    lag = LagReader(bootstrap, cfg.consumer_group, [cfg.topic_submissions, cfg.topic_completions])
+    lag = LagReader(
+        bootstrap,
+        worker_groups(cfg.consumer_group, cfg.topic_submissions, cfg.topic_completions),
+    )
 
     def lag_poll() -> None:
         for row in lag.read():
@@ -92,7 +95,14 @@ def run(args: argparse.Namespace) -> int:
     from leap_stream.stream.app import build_app
 
     faulthandler.enable()  # a crash in a C extension prints every thread's stack
+    from leap_stream.stream.submission_loop import uses_submission_loop
+
     cfg = config.Config.from_env()
+    try:
+        uses_submission_loop()
+    except ValueError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
     level = (args.loglevel or config.get("LEAP_LOG_LEVEL")).lower()
     logging.basicConfig(
         level=level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"

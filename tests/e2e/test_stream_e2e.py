@@ -36,7 +36,7 @@ from leap_stream.sim.fleet import SimConfig, simulate
 from leap_stream.store.offline import DatasetSink, epoch_s, read_dataset
 from leap_stream.store.online import OnlineStore, connect
 from leap_stream.stream.client import RankingsClient
-from leap_stream.stream.lag import LagReader, total_lag
+from leap_stream.stream.lag import LagReader, total_lag, worker_groups
 
 pytestmark = pytest.mark.e2e
 
@@ -73,6 +73,8 @@ class Stack:
     metrics_port: int = field(default_factory=_free_port)
     proc: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
+    # LEAP_SUBMISSIONS_CONSUMER of the worker (its default when None)
+    submissions_consumer: str | None = None
 
     @property
     def env(self) -> dict[str, str]:
@@ -96,6 +98,8 @@ class Stack:
             LEAP_COMMIT_INTERVAL_S="0.5",
             LEAP_ORPHAN_GRACE_S="3",
         )
+        if self.submissions_consumer is not None:
+            env["LEAP_SUBMISSIONS_CONSUMER"] = self.submissions_consumer
         return env
 
     def start(self, name: str = "worker") -> None:
@@ -238,7 +242,11 @@ def _histogram_quantile(buckets: list[tuple[float, float]], q: float) -> float:
     return float("inf")
 
 
-def test_worker_end_to_end(stack: Stack) -> None:
+@pytest.mark.parametrize("consumer", ["librdkafka", "faust"])
+def test_worker_end_to_end(stack: Stack, consumer: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both ways of reading the submissions (LEAP_SUBMISSIONS_CONSUMER) keep every promise."""
+    stack.submissions_consumer = consumer
+    monkeypatch.setenv("LEAP_SUBMISSIONS_CONSUMER", consumer)  # worker_groups, for the lag
     sim = simulate(SimConfig(seed=5, days=2, rate=1500))
     day2 = sim.submissions["submitted_at"] >= sim.submissions["submitted_at"].min().normalize() + (
         pd.Timedelta(days=1)
@@ -289,7 +297,7 @@ def test_worker_end_to_end(stack: Stack) -> None:
     n_windows = 3
     applied: list[dict[str, Any]] = []
     rankings = RankingsClient(stack.bootstrap, t["rank"], keep_all=True)
-    lag = LagReader(stack.bootstrap, stack.group, [t["sub"], t["comp"]])
+    lag = LagReader(stack.bootstrap, worker_groups(stack.group, t["sub"], t["comp"]))
     sent_comp = 0
     model_version = None
     t_start = time.monotonic()
@@ -512,7 +520,7 @@ def test_worker_restart_loses_nothing(stack: Stack, sig: int) -> None:
         feeder.send(t["sub"], s["job_id"], orjson.dumps(s))
     feeder.flush()
     rankings = RankingsClient(stack.bootstrap, t["rank"], keep_all=True)
-    lag = LagReader(stack.bootstrap, stack.group, [t["sub"], t["comp"]])
+    lag = LagReader(stack.bootstrap, worker_groups(stack.group, t["sub"], t["comp"]))
 
     stack.start("worker-1")
 
@@ -609,7 +617,7 @@ def test_worker_without_redis_ranks_and_loses_nothing(stack: Stack) -> None:
         feeder.send(t["sub"], s["job_id"], orjson.dumps(s))
     feeder.flush()
     rankings = RankingsClient(stack.bootstrap, t["rank"])
-    lag = LagReader(stack.bootstrap, stack.group, [t["sub"], t["comp"]])
+    lag = LagReader(stack.bootstrap, worker_groups(stack.group, t["sub"], t["comp"]))
     real_redis = stack.redis_url
     stack.redis_url = f"redis://127.0.0.1:{_free_port()}/0"  # nobody listens there
     stack.start("worker-no-redis")

@@ -18,7 +18,7 @@ import pytest
 from leap_stream.sim.events import submission_events
 from leap_stream.sim.fleet import SimConfig, simulate
 from leap_stream.stream.client import RankingsClient
-from leap_stream.stream.lag import LagReader, total_lag
+from leap_stream.stream.lag import LagReader, total_lag, worker_groups
 
 pytestmark = [pytest.mark.e2e, pytest.mark.faults]
 
@@ -95,7 +95,7 @@ def test_worker_survives_a_broker_outage(
         _produce(bootstrap, topics["sub"], subs[half:])
         with RankingsClient(bootstrap, topics["rank"]) as client:
             _wait_ranked(client, len(subs), proc, 120)
-        lag = LagReader(bootstrap, "outage-worker", [topics["sub"]])
+        lag = LagReader(bootstrap, worker_groups("outage-worker", topics["sub"], topics["comp"]))
         end = time.monotonic() + 30
         while total_lag(lag.read()) and time.monotonic() < end:
             time.sleep(0.5)

@@ -9,7 +9,7 @@ import pytest
 from _stack import Feeder, Stack, check_nothing_lost, dead_letters, feed, fleet, wait_for
 
 from leap_stream.stream.client import RankingsClient
-from leap_stream.stream.lag import LagReader, total_lag
+from leap_stream.stream.lag import LagReader, total_lag, worker_groups
 
 pytestmark = pytest.mark.faults
 
@@ -21,7 +21,7 @@ def test_kill9_three_times_loses_nothing(stack: Stack) -> None:
     feeder = Feeder(stack.bootstrap)
     feed(feeder, stack, fl.subs, fl.comps)
     rankings = RankingsClient(stack.bootstrap, t["rank"], keep_all=True)
-    lag = LagReader(stack.bootstrap, stack.group, [t["sub"], t["comp"]])
+    lag = LagReader(stack.bootstrap, worker_groups(stack.group, t["sub"], t["comp"]))
 
     def done() -> int:
         return fl.events - total_lag(lag.read())

@@ -30,7 +30,7 @@ from conftest import make_topics
 
 from leap_stream.dev import redis as dev_redis
 from leap_stream.stream.client import RankingsClient
-from leap_stream.stream.lag import LagReader, total_lag
+from leap_stream.stream.lag import LagReader, total_lag, worker_groups
 
 pytestmark = pytest.mark.faults
 
@@ -116,7 +116,7 @@ def test_redis_killed_and_restarted_mid_run(stack: Stack, own_redis: OwnRedis) -
     t = stack.topics
     feed(Feeder(stack.bootstrap), stack, fl.subs, fl.comps)
     rankings = RankingsClient(stack.bootstrap, t["rank"], keep_all=True)
-    lag = LagReader(stack.bootstrap, stack.group, [t["sub"], t["comp"]])
+    lag = LagReader(stack.bootstrap, worker_groups(stack.group, t["sub"], t["comp"]))
     stack.start()
 
     def some_ranked() -> bool:
@@ -235,7 +235,7 @@ def test_broker_restarted_mid_run(
         outage = own_broker["restart"](2.0)
         # the second half arrives after the restart, through the same worker process
         feed(feeder, stack, fl.subs[half_s:], fl.comps[half_c:])
-        lag = LagReader(bootstrap, stack.group, [t["sub"], t["comp"]])
+        lag = LagReader(bootstrap, worker_groups(stack.group, t["sub"], t["comp"]))
         _run_until_caught_up(stack, rankings, lag, timeout=300)
         rankings.drain(idle_s=1.5, max_s=30)
         assert stack.alive(), stack.log_tail()

@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from leap_stream import config
+from leap_stream.stream.submission_loop import submissions_group
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -519,7 +520,12 @@ def test_k8s_keda_scales_on_lag_up_to_partitions(k8s: list[dict[str, Any]]) -> N
     for t in triggers:
         md = t["metadata"]
         assert int(md["lagThreshold"]) > 0
-        assert md["consumerGroup"] == cm["LEAP_CONSUMER_GROUP"]
+        # the group that commits this topic (stream/lag.py worker_groups, as the worker)
+        engine = cm.get("LEAP_SUBMISSIONS_CONSUMER", config.get("LEAP_SUBMISSIONS_CONSUMER"))
+        group = cm["LEAP_CONSUMER_GROUP"]
+        if md["topic"] == cm["LEAP_TOPIC_SUBMISSIONS"] and engine == "librdkafka":
+            group = submissions_group(group)
+        assert md["consumerGroup"] == group, md["topic"]
         assert md["bootstrapServers"] == cm["LEAP_KAFKA_BOOTSTRAP"]
         assert t["authenticationRef"]["name"] == auth["metadata"]["name"]
         topics.add(md["topic"])

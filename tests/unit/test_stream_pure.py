@@ -268,3 +268,18 @@ def test_lean_app_has_no_faust_monitor_sensor() -> None:
     app = LeanApp("leap-test-lean", broker="kafka://127.0.0.1:1", autodiscover=False)
     app.on_init_dependencies()
     assert app.monitor not in set(app.sensors)
+
+
+def test_worker_groups_follow_the_submissions_consumer(monkeypatch: pytest.MonkeyPatch) -> None:
+    from leap_stream.stream.lag import worker_groups
+    from leap_stream.stream.submission_loop import uses_submission_loop
+
+    monkeypatch.delenv("LEAP_SUBMISSIONS_CONSUMER", raising=False)
+    assert uses_submission_loop()  # the default
+    assert worker_groups("g", "subs", "comps") == {"subs": "g.submissions", "comps": "g"}
+    monkeypatch.setenv("LEAP_SUBMISSIONS_CONSUMER", "faust")
+    assert not uses_submission_loop()
+    assert worker_groups("g", "subs", "comps") == {"subs": "g", "comps": "g"}
+    monkeypatch.setenv("LEAP_SUBMISSIONS_CONSUMER", "kafka-python")
+    with pytest.raises(ValueError, match="librdkafka or faust"):
+        uses_submission_loop()

@@ -1,0 +1,319 @@
+"""The submissions hot path on a librdkafka consumer in its own thread (``LEAP_SUBMISSIONS_CONSUMER``).
+
+Why not the Faust agent: with Faust, every fetched record is parsed by aiokafka in Python, in a
+consumer thread, and handed to the event loop, message by message; that work competes for the
+interpreter lock with the ranking thread. At 1,000 submissions/s the events waited a median
+12 ms to reach the agent and the ranking ran at about twice its CPU time (docs/benchmarks.md,
+"Third round"). librdkafka fetches and parses in C threads; this loop takes whatever it has
+queued in one call, ranks it, publishes, and goes back: one Python thread on the hot path.
+
+Durability is the agent's contract, unchanged: offsets are stored (``enable.auto.offset.store``
+is off) only after the batch's rankings and dead letters are acknowledged by the broker and
+the submissions are remembered in Redis, in offset order per partition (`OrderedAcks`);
+librdkafka commits stored offsets every ``LEAP_COMMIT_INTERVAL_S``, on a rebalance and on
+close. A crash redoes work and never loses it.
+
+The loop uses its own consumer group, ``<LEAP_CONSUMER_GROUP>.submissions``: Faust's group
+(completions) uses Faust's own partition assignor, which librdkafka cannot join. On its first
+start a group with no committed offset for a partition starts from the offset Faust's group
+committed there (an upgrade from the Faust agent neither skips nor replays the backlog).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from leap_stream import config
+from leap_stream.stream.acks import OrderedAcks
+from leap_stream.stream.batch import Record, SubmissionBatchResult, SubmissionProcessor
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+GROUP_SUFFIX = ".submissions"
+
+
+def submissions_group(group: str) -> str:
+    """The consumer group of the submissions loop, next to Faust's group for completions."""
+    return group + GROUP_SUFFIX
+
+
+def uses_submission_loop() -> bool:
+    """Whether the worker reads submissions with this loop (else with a Faust agent)."""
+    engine = config.get("LEAP_SUBMISSIONS_CONSUMER")
+    if engine not in ("librdkafka", "faust"):
+        raise ValueError(f"LEAP_SUBMISSIONS_CONSUMER={engine!r}: expected librdkafka or faust")
+    return engine == "librdkafka"
+
+
+class Unfinished(RuntimeError):
+    """The worker was asked to stop while a batch could not be made durable."""
+
+
+class SubmissionLoop:
+    """Consume → `SubmissionProcessor.process` → publish (flush) → store offsets, in one thread.
+
+    ``send(rankings, dead_letters)`` publishes and blocks until the broker acknowledged them
+    (the agent's `OutputProducer` flush); ``on_batch(records, result, seconds)`` updates the
+    metrics once the batch is durable. Both run in the loop's thread.
+    """
+
+    def __init__(
+        self,
+        *,
+        bootstrap: str,
+        group: str,
+        topic: str,
+        processor: SubmissionProcessor,
+        send: Callable[[list[dict[str, Any]], list[dict[str, Any]]], int],
+        on_batch: Callable[[list[Record], SubmissionBatchResult, float], object],
+        on_store_error: Callable[[str], object] = lambda _op: None,
+        batch_size: int = 500,
+        max_held: int = 100_000,
+        retry_cap_s: float = 10.0,
+        seed_group: str | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        self.topic = topic
+        self.group = submissions_group(group)
+        self.seed_group = group if seed_group is None else seed_group
+        self.processor = processor
+        self.send = send
+        self.on_batch = on_batch
+        self.on_store_error = on_store_error
+        self.batch_size = batch_size
+        self.max_held = max_held
+        self.retry_cap_s = retry_cap_s
+        self.conf: dict[str, Any] = dict(config.kafka_client_config(bootstrap))
+        session_s = float(config.get("LEAP_KAFKA_SESSION_TIMEOUT_S"))
+        self.conf.update(
+            {
+                "group.id": self.group,
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": True,
+                "enable.auto.offset.store": False,  # stored only once durable (see module doc)
+                "auto.commit.interval.ms": int(float(config.get("LEAP_COMMIT_INTERVAL_S")) * 1000),
+                "session.timeout.ms": int(session_s * 1000),
+                "heartbeat.interval.ms": int(min(3.0, session_s / 3) * 1000),
+                "fetch.wait.max.ms": int(config.get("LEAP_FETCH_MAX_WAIT_MS")),
+                "enable.partition.eof": False,
+            }
+        )
+        self.conf.update(extra or {})
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._consumer: Any = None
+        self._stored: list[Any] = []  # TopicPartitions whose offsets the gate released
+        self._gate = OrderedAcks(
+            lambda r: (r.topic, r.partition), lambda r: r.offset, self._release
+        )
+        self._held: list[Record] = []  # ranked and published, not yet remembered in Redis
+        self.error: BaseException | None = None
+        self.unfinished = False
+        self.batches = 0
+        self.assigned: frozenset[tuple[str, int]] = frozenset()  # partitions the loop owns
+
+    # --- lifecycle
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._main, name="leap-submissions", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Finish the batch in hand, commit what is durable, leave the group."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _main(self) -> None:
+        try:
+            self.run()
+        except Unfinished:
+            pass
+        except BaseException as exc:  # reported to the app, which stops the worker
+            log.exception("submissions loop failed: stopping the worker")
+            self.error = exc
+
+    def run(self) -> None:
+        from confluent_kafka import Consumer
+
+        self._consumer = Consumer(self.conf)
+        self._consumer.subscribe(
+            [self.topic],
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            on_lost=self._on_lost,
+        )
+        try:
+            while not self._stop.is_set():
+                first = self._consumer.poll(0.1)
+                if first is None:
+                    self._idle()
+                    continue
+                msgs = [first, *self._consumer.consume(self.batch_size - 1, timeout=0)]
+                records = []
+                for m in msgs:
+                    if m.error() is not None:
+                        log.warning("submissions consumer: %s", m.error())
+                        continue
+                    records.append(Record(m.topic(), m.partition(), m.offset(), m.key(), m.value()))
+                if records:
+                    self._batch(records)
+            self._forget_held("stop")
+            self._commit()
+        finally:
+            if not self.unfinished:
+                self._consumer.close()
+
+    # --- one batch
+    def _batch(self, records: list[Record]) -> None:
+        t0 = time.perf_counter()
+        self._gate.track(records)
+        now = datetime.now(UTC)
+        res = self._until_done("rank", self.processor.process, records, now)
+        if res.rankings or res.dead_letters:
+            self._until_done("produce", self.send, res.rankings, res.dead_letters)
+        if res.flushed_pending:
+            self._gate.done(self._held)
+            self._held.clear()
+        if res.remembered:
+            self._gate.done(records)
+        else:
+            # ranked and published, but not in Redis for the completion join yet: the offsets
+            # wait (in order) until Redis takes them, so a restart redoes them
+            self._held.extend(records)
+            if len(self._held) > self.max_held:
+                log.warning("%d submissions not remembered; acking the oldest", len(self._held))
+                self._gate.done(self._held[: len(self._held) - self.max_held])
+                del self._held[: len(self._held) - self.max_held]
+        self._store()
+        self.batches += 1
+        self.on_batch(records, res, time.perf_counter() - t0)
+
+    def _idle(self) -> None:
+        """Redis back but no submission came to write what it missed (see flush_pending)."""
+        if self._held and self.processor.flush_pending():
+            self._gate.done(self._held)
+            self._held.clear()
+            self._store()
+
+    def _until_done(self, what: str, fn: Callable[..., T], *args: Any) -> T:
+        """Retry an infrastructure step with backoff; asked to stop meanwhile: give up, unacked."""
+        delay = 0.2
+        while True:
+            try:
+                return fn(*args)
+            except Exception as exc:
+                if "Redis" in type(exc).__name__ or "OnlineStore" in type(exc).__name__:
+                    self.on_store_error(what)
+                if self._stop.is_set():
+                    # nothing more is committed: the stored offsets are redone at worst, and a
+                    # commit or a close could block on the very outage that stops this batch
+                    log.error(
+                        "stopping while %s fails (%r): exiting without committing it", what, exc
+                    )
+                    self.unfinished = True
+                    raise Unfinished(what) from exc
+                log.warning("%s failed (%r); retrying in %.1fs", what, exc, delay)
+                if self._stop.wait(delay):
+                    continue  # the next failure gives up
+                delay = min(self.retry_cap_s, delay * 2)
+
+    # --- offsets
+    def _release(self, rec: Record) -> None:
+        from confluent_kafka import TopicPartition
+
+        self._stored.append(TopicPartition(rec.topic, rec.partition, rec.offset + 1))
+
+    def _store(self) -> None:
+        if not self._stored:
+            return
+        last: dict[tuple[str, int], Any] = {}
+        for tp in self._stored:
+            last[(tp.topic, tp.partition)] = tp
+        self._stored.clear()
+        try:
+            self._consumer.store_offsets(offsets=list(last.values()))
+        except Exception as exc:  # a partition revoked meanwhile: its new owner redoes it
+            log.warning("storing offsets failed (%r): that work is redone", exc)
+
+    def _commit(self) -> None:
+        """Commit what is stored, now (a stop or a revoke must not wait for the timer)."""
+        from confluent_kafka import KafkaError, KafkaException
+
+        try:
+            self._consumer.commit(asynchronous=False)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError._NO_OFFSET:
+                log.warning("committing offsets failed (%r): that work is redone", exc)
+
+    def _forget_held(self, why: str) -> None:
+        left = self._gate.forget()
+        self._held.clear()
+        if left:
+            log.warning(
+                "%d submission events left uncommitted (%s); redelivered later", len(left), why
+            )
+
+    # --- rebalance callbacks (they run inside poll/consume, between batches)
+    def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
+        """First start of the group: resume where Faust's group stopped (module doc)."""
+        self.assigned = frozenset((tp.topic, tp.partition) for tp in partitions)
+        if not self.seed_group:
+            return
+        try:
+            mine = consumer.committed(partitions, timeout=10)
+            fresh = [tp for tp in mine if tp.offset < 0]
+            if not fresh:
+                return
+            seeds = _committed_of(self.conf, self.seed_group, fresh)
+        except Exception as exc:
+            log.warning("could not read %s's offsets to start from (%r)", self.seed_group, exc)
+            return
+        if not seeds:
+            return
+        for tp in partitions:
+            if (tp.topic, tp.partition) in seeds:
+                tp.offset = seeds[(tp.topic, tp.partition)]
+        log.info("starting %d partitions at %s's committed offsets", len(seeds), self.seed_group)
+        consumer.assign(partitions)
+
+    def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
+        self.assigned = frozenset()
+        self._forget_held("rebalance")
+        self._store()
+        self._commit()
+
+    def _on_lost(self, consumer: Any, partitions: list[Any]) -> None:
+        self.assigned = frozenset()
+        self._forget_held("partitions lost")
+        self._stored.clear()
+
+
+def _committed_of(conf: dict[str, Any], group: str, tps: list[Any]) -> dict[tuple[str, int], int]:
+    """Offsets another group committed (through a consumer that never joins it, as LagReader)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    other = Consumer({**conf, "group.id": group, "enable.auto.commit": False})
+    try:
+        got = other.committed([TopicPartition(tp.topic, tp.partition) for tp in tps], timeout=10)
+    finally:
+        other.close()
+    return {(tp.topic, tp.partition): tp.offset for tp in got if tp.offset >= 0}
+
+
+__all__ = [
+    "GROUP_SUFFIX",
+    "SubmissionLoop",
+    "Unfinished",
+    "submissions_group",
+    "uses_submission_loop",
+]
