@@ -158,7 +158,9 @@ class SubmissionLoop:
                 if first is None:
                     self._idle()
                     continue
-                msgs = [first, *self._consumer.consume(self.batch_size - 1, timeout=0)]
+                msgs = [first]
+                if self.batch_size > 1:  # what librdkafka has queued already, no waiting
+                    msgs += self._consumer.consume(self.batch_size - 1, timeout=0)
                 records = []
                 for m in msgs:
                     if m.error() is not None:
