@@ -147,9 +147,10 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "LEAP_COMPILED_TREES",
-        "0",
+        "auto",
         "1: score with the model's trees compiled to machine code (lleaves, the `compiled` "
-        "extra), checked bit-identical to LightGBM; LightGBM serves while they compile.",
+        "extra), checked bit-identical to LightGBM; LightGBM serves while they compile. auto: "
+        "1 when the extra is installed (as in the image), else 0. 0: LightGBM's predict.",
     ),
     Setting(
         "LEAP_EAGER_DELIVERY",

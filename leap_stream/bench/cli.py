@@ -13,7 +13,6 @@ from typing import Any
 
 import orjson
 
-from leap_stream import config
 from leap_stream.bench.stats import final_figures
 
 
@@ -64,7 +63,9 @@ def run(args: argparse.Namespace) -> int:
         figs["hardware_types"] = len(world.types)
         figs["candidates_per_job"] = args.candidates
         figs["workers"] = args.workers
-        compiled = config.get("LEAP_COMPILED_TREES") == "1"
+        from leap_stream.stream.compiled import wanted as wanted_compiled
+
+        compiled = wanted_compiled()
         figs["compiled_trees"] = compiled
         n = len(world.submissions)
         naive_n = args.naive_events or max(30, n // 500)

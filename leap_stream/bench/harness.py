@@ -270,13 +270,15 @@ def pipeline_work(world: BenchWorld) -> tuple[Work, Any]:
     from leap_stream.stream.models import RankerHolder
 
     catalog = load_catalog()
-    compiled = config.get("LEAP_COMPILED_TREES") == "1"
+    from leap_stream.stream.compiled import wanted
+
+    compiled = wanted()
     holder = RankerHolder(catalog, Registry(world.registry_dir), Metrics(), compile_trees=compiled)
     holder.poll()
     if holder.version is None:
         raise RuntimeError("the bench model did not load")
     if compiled and not holder.wait_compiled(300):
-        raise RuntimeError("LEAP_COMPILED_TREES=1 but the trees did not compile (see the log)")
+        raise RuntimeError("compiled trees asked for but they did not compile (see the log)")
     store = OnlineStore(connect(world.redis_url), prefix=world.prefix)
     proc = SubmissionProcessor(
         store,

@@ -7,8 +7,9 @@ text format, trained by LightGBM); the compiled form is built in memory from tha
 model loads (nothing compiled is ever read from disk) and serves only after it gave exactly
 LightGBM's output, bit for bit, on probe rows that take both sides of every split.
 
-Off by default (``LEAP_COMPILED_TREES=1``; ``pip install 'leap-stream[compiled]'``). Compiling
-takes seconds (about 3 s for 60 trees on the 2-core box): the worker serves with LightGBM
+``LEAP_COMPILED_TREES=auto`` (the default) uses them when the ``compiled`` extra is installed
+(``pip install 'leap-stream[compiled]'``, the image has it); ``1`` asks for them (a missing
+extra is then a counted compile failure), ``0`` never. Compiling takes seconds (about 3 s for 60 trees on the 2-core box): the worker serves with LightGBM
 meanwhile and swaps when the compiled trees are checked (`stream/models.py`).
 """
 
@@ -22,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from leap_stream import config
 from leap_stream.core.predictor import ThroughputModel
 
 log = logging.getLogger(__name__)
@@ -48,6 +50,16 @@ def available() -> bool:
     except Exception:
         return False
     return True
+
+
+def wanted() -> bool:
+    """``LEAP_COMPILED_TREES``: whether the worker (and the bench) compile the serving trees."""
+    setting = config.get("LEAP_COMPILED_TREES")
+    if setting == "auto":
+        return available()
+    if setting not in ("0", "1"):
+        raise ValueError(f"LEAP_COMPILED_TREES={setting!r}: expected auto, 1 or 0")
+    return setting == "1"
 
 
 def probe_matrix(model: ThroughputModel, rows: int = PROBE_ROWS, seed: int = 0) -> np.ndarray:
@@ -127,4 +139,12 @@ def compiled_model(model: ThroughputModel) -> ThroughputModel:
     return model.with_scorer(compile_scorer(model), KIND)
 
 
-__all__ = ["KIND", "CompileError", "available", "compile_scorer", "compiled_model", "probe_matrix"]
+__all__ = [
+    "KIND",
+    "CompileError",
+    "available",
+    "compile_scorer",
+    "compiled_model",
+    "probe_matrix",
+    "wanted",
+]

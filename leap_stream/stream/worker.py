@@ -32,6 +32,7 @@ def build_deps(cfg: config.Config, bootstrap: str, redis_url: str) -> Any:
     from leap_stream.store.offline import DatasetSink
     from leap_stream.store.online import OnlineStore, connect
     from leap_stream.store.registry import Registry
+    from leap_stream.stream import compiled
     from leap_stream.stream.app import WorkerDeps
     from leap_stream.stream.batch import CompletionProcessor, SubmissionProcessor
     from leap_stream.stream.lag import LagReader, worker_groups
@@ -48,7 +49,7 @@ def build_deps(cfg: config.Config, bootstrap: str, redis_url: str) -> Any:
         Registry(cfg.registry_dir),
         metrics,
         lookup_from_dataset(cfg.dataset_dir),
-        compile_trees=config.get("LEAP_COMPILED_TREES") == "1",
+        compile_trees=compiled.wanted(),
     )
     holder.poll()  # serve the current model from the first batch on
     sink = DatasetSink(cfg.dataset_dir)
@@ -95,11 +96,13 @@ def run(args: argparse.Namespace) -> int:
     from leap_stream.stream.app import build_app
 
     faulthandler.enable()  # a crash in a C extension prints every thread's stack
+    from leap_stream.stream.compiled import wanted
     from leap_stream.stream.submission_loop import uses_submission_loop
 
     cfg = config.Config.from_env()
     try:
         uses_submission_loop()
+        wanted()
     except ValueError as exc:
         print(str(exc), file=sys.stderr)
         return 2

@@ -118,3 +118,17 @@ def test_holder_keeps_lightgbm_when_compiling_fails(
     assert "leap_model_compile_failures_total 1.0" in text
     assert "leap_model_compiled 0.0" in text
     assert {r["source"] for r in _rank(holder)} == {"model"}
+
+
+def test_the_setting_auto_follows_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LEAP_COMPILED_TREES", raising=False)
+    assert C.wanted()  # auto, and the extra is installed here
+    monkeypatch.setattr(C, "available", lambda: False)
+    assert not C.wanted()  # auto without the extra: LightGBM
+    monkeypatch.setenv("LEAP_COMPILED_TREES", "1")
+    assert C.wanted()  # asked for: a missing extra becomes a counted compile failure
+    monkeypatch.setenv("LEAP_COMPILED_TREES", "0")
+    assert not C.wanted()
+    monkeypatch.setenv("LEAP_COMPILED_TREES", "yes")
+    with pytest.raises(ValueError, match="auto, 1 or 0"):
+        C.wanted()
