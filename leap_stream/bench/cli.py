@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 
+from leap_stream import config
 from leap_stream.bench.stats import final_figures
 
 
@@ -49,6 +50,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from leap_stream.bench import harness as H
     from leap_stream.dev import ensure_services, stop_services
+    from leap_stream.stream.compiled import wanted as wanted_compiled
 
     stages = {s.strip() for s in args.only.split(",") if s.strip()}
     services = ensure_services(kafka=True, redis=True, lease=True)
@@ -63,10 +65,9 @@ def run(args: argparse.Namespace) -> int:
         figs["hardware_types"] = len(world.types)
         figs["candidates_per_job"] = args.candidates
         figs["workers"] = args.workers
-        from leap_stream.stream.compiled import wanted as wanted_compiled
-
         compiled = wanted_compiled()
         figs["compiled_trees"] = compiled
+        figs["submissions_consumer"] = config.get("LEAP_SUBMISSIONS_CONSUMER")
         n = len(world.submissions)
         naive_n = args.naive_events or max(30, n // 500)
 
@@ -121,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
             d = H.worker_backlog(world, worker, n)
             detail["worker"] = d
             H.log(
-                f"worker (Faust) x{args.workers}: {n} events in {d['span_s']}s = {d['eps']:.0f}/s "
+                f"worker x{args.workers} (submissions: {figs['submissions_consumer']}): {n} events in {d['span_s']}s = {d['eps']:.0f}/s "
                 f"({d['eps_per_cpu_s']:.0f} per worker CPU-second); "
                 f"start to first ranking {d['start_to_first_s']}s; sources {d['sources']}"
             )

@@ -5,8 +5,8 @@ its own input topic and writes to its own output topic, so no stage's work leaks
 
 * passthrough: batched ``consume(num_messages=…)`` → produce → flush, no work (the ceiling);
 * pipeline: the same loop with `SubmissionProcessor.process` in the middle, the function the
-  Faust agent runs (decode, one Redis round trip, features, one LightGBM call, rank);
-* worker: the real `leap-stream worker` (Faust) as a subprocess on its own backlog;
+  worker's submissions loop runs (decode, one Redis round trip, features, one model call, rank);
+* worker: the real `leap-stream worker` as a subprocess on its own backlog;
 * naive: per event decode, a Redis round trip, one predict call per candidate row, produce;
 * load: 1,000 submissions/s, open loop, through the running worker, latency at a consumer.
 """
@@ -260,7 +260,7 @@ def passthrough_work(msgs: list[Any]) -> tuple[list[tuple[bytes | None, bytes]],
 
 
 def pipeline_work(world: BenchWorld) -> tuple[Work, Any]:
-    """The Faust agent's batch function (`SubmissionProcessor.process`), same store and ranker."""
+    """The worker's batch function (`SubmissionProcessor.process`), same store and ranker."""
     from leap_stream.catalog import load_catalog
     from leap_stream.store.online import OnlineStore, connect
     from leap_stream.store.registry import Registry
@@ -387,7 +387,7 @@ def naive_loop(world: BenchWorld, src: str, dst: str, n: int) -> dict[str, Any]:
 
 @dataclass
 class WorkerProc:
-    """``count`` `leap-stream worker` processes in one consumer group (Faust scales by process)."""
+    """``count`` `leap-stream worker` processes in one group (the worker scales by process)."""
 
     world: BenchWorld
     topics: dict[str, str]

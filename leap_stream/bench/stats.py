@@ -19,6 +19,7 @@ FINAL_KEYS = (
     "candidates_per_job",
     "workers",
     "compiled_trees",
+    "submissions_consumer",
     "pipeline_vs_passthrough",
     "pipeline_vs_naive",
 )
