@@ -139,8 +139,16 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "LEAP_FETCH_MAX_WAIT_MS",
         "5",
-        "Worker consumers' fetch max wait: longest a fetch waits for LEAP_FETCH_MIN_BYTES "
-        "(librdkafka: for one byte).",
+        "Fetch max wait of the consumer that reads the submissions: librdkafka's "
+        "fetch.wait.max.ms (it answers on the first byte), or Faust's (waits for "
+        "LEAP_FETCH_MIN_BYTES) with LEAP_SUBMISSIONS_CONSUMER=faust.",
+    ),
+    Setting(
+        "LEAP_COMPLETIONS_FETCH_MAX_WAIT_MS",
+        "100",
+        "Fetch max wait of Faust's consumer when it reads only the completions "
+        "(LEAP_SUBMISSIONS_CONSUMER=librdkafka): they are not latency-critical, and each empty "
+        "fetch is parsed in Python on the interpreter lock the ranking needs.",
     ),
     Setting(
         "LEAP_METRICS_PORT", "9108", "Port of the Prometheus /metrics endpoint; 0 disables it."

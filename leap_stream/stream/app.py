@@ -204,9 +204,11 @@ def build_app(deps: WorkerDeps) -> faust.App:
     cfg = deps.cfg
     datadir = cfg.home / "faust" / cfg.consumer_group
     datadir.mkdir(parents=True, exist_ok=True)
-    tune_consumer_fetch(
-        int(config.get("LEAP_FETCH_MIN_BYTES")), int(config.get("LEAP_FETCH_MAX_WAIT_MS"))
+    # Faust's consumer reads the submissions too only with LEAP_SUBMISSIONS_CONSUMER=faust
+    wait = (
+        "LEAP_COMPLETIONS_FETCH_MAX_WAIT_MS" if uses_submission_loop() else "LEAP_FETCH_MAX_WAIT_MS"
     )
+    tune_consumer_fetch(int(config.get("LEAP_FETCH_MIN_BYTES")), int(config.get(wait)))
     if config.get("LEAP_EAGER_DELIVERY") == "1":
         eager_message_delivery()
     app = LeanApp(
