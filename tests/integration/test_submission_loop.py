@@ -274,3 +274,24 @@ def test_a_second_loop_takes_partitions_and_nothing_is_lost(
     offsets = {(r.partition, r.offset) for r in seen_a + seen_b}
     assert len(offsets) == len(subs)
     lag.close()
+
+
+def test_a_bug_after_a_batch_stops_the_loop_and_is_reported(
+    kafka_bootstrap: str, topic_factory: Any, redis_url: str, redis_prefix: str, redis_client: Any
+) -> None:
+    """The app crashes the worker on `loop.error` (stream/app.py); the loop must stop, not spin."""
+    topic = topic_factory("loop-bug", partitions=1)
+    _produce(kafka_bootstrap, topic, _subs(20), 1)
+    group = f"loop-bug-{time.time_ns()}"
+    store = OnlineStore(connect(redis_url), prefix=redis_prefix)
+    loop = _loop(kafka_bootstrap, group, topic, store, Published())
+
+    def broken(_records: list[Record], _res: SubmissionBatchResult, _s: float) -> None:
+        raise RuntimeError("bug in the metrics (test)")
+
+    loop.on_batch = broken
+    loop.start()
+    wait_for("the loop to stop", lambda: not loop.running, 60)
+    assert isinstance(loop.error, RuntimeError) and "metrics" in str(loop.error)
+    assert not loop.unfinished
+    assert loop.batches == 1  # stopped at the first failing batch
