@@ -1,1 +1,2 @@
-"""The streaming worker: Faust agents, output producer, metrics, lag and the rankings client."""
+"""The streaming worker: the submissions loop, the Faust app (completions, timers), output
+producer, metrics, lag and the rankings client."""
