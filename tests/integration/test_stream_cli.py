@@ -63,6 +63,41 @@ def test_rankings_tail_and_lag(kafka_bootstrap: str, topic_factory: Any) -> None
     assert out.returncode == 0 and "total lag 6" in out.stdout
 
 
+def test_lag_reads_each_input_topic_from_the_group_that_commits_it(
+    kafka_bootstrap: str, topic_factory: Any
+) -> None:
+    """Without --group: submissions from <group>.submissions (the loop), completions from the
+    group itself (Faust)."""
+    from confluent_kafka import Consumer, Producer, TopicPartition
+
+    sub, comp = topic_factory("lag-sub"), topic_factory("lag-comp")
+    p = Producer({"bootstrap.servers": kafka_bootstrap})
+    for topic in (sub, comp):
+        for _ in range(4):
+            p.produce(topic, value=b"x")
+    assert p.flush(30) == 0
+    group = f"lag-cli-{os.urandom(4).hex()}"
+    for g, topic, done in ((group + ".submissions", sub, 3), (group, comp, 1)):
+        c = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": g})
+        c.commit(offsets=[TopicPartition(topic, 0, done)], asynchronous=False)
+        c.close()
+    env = {
+        "LEAP_KAFKA_BOOTSTRAP": kafka_bootstrap,
+        "LEAP_CONSUMER_GROUP": group,
+        "LEAP_TOPIC_SUBMISSIONS": sub,
+        "LEAP_TOPIC_COMPLETIONS": comp,
+        "LEAP_SUBMISSIONS_CONSUMER": "librdkafka",
+    }
+    out = _cli(["lag", "--json"], env)
+    assert out.returncode == 0, out.stderr
+    doc = orjson.loads(out.stdout)
+    assert doc["groups"] == {sub: group + ".submissions", comp: group}
+    assert {r["topic"]: r["lag"] for r in doc["partitions"]} == {sub: 1, comp: 3}
+    out = _cli(["lag"], env)
+    assert out.returncode == 0 and "total lag 4" in out.stdout
+    assert f"group {group}.submissions: {sub}" in out.stdout
+
+
 def test_worker_refuses_to_start_without_its_topics(kafka_bootstrap: str, redis_url: str) -> None:
     env = {
         "LEAP_KAFKA_BOOTSTRAP": kafka_bootstrap,
