@@ -9,6 +9,7 @@ reads `Columns`; training and the backtest keep DataFrames (`to_pandas`, `Column
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -96,8 +97,8 @@ def codes_of(values: np.ndarray, lut: Mapping[Any, int]) -> np.ndarray:
         pos = index.get_indexer(pd.Index(values, dtype=object, copy=False))
         codes = np.asarray(list(lut.values()), np.int64)
         return np.where(pos >= 0, codes[pos], -1)
-    get = lut.get
-    return np.fromiter((get(v, -1) for v in values), np.int64, count=n)
+    # map() over a list with the default repeated: no Python frame per value (~1/3 faster)
+    return np.fromiter(map(lut.get, values.tolist(), repeat(-1)), np.int64, count=n)
 
 
 def map_values(values: np.ndarray, table: Mapping[Any, float], default: float) -> np.ndarray:
@@ -107,8 +108,7 @@ def map_values(values: np.ndarray, table: Mapping[Any, float], default: float) -
         return np.asarray(
             pd.Series(values, dtype=object, copy=False).map(table).fillna(default), np.float64
         )
-    get = table.get
-    return np.fromiter((get(v, default) for v in values), np.float64, count=n)
+    return np.fromiter(map(table.get, values.tolist(), repeat(default)), np.float64, count=n)
 
 
 __all__ = ["Columns", "Frame", "codes_of", "f64", "map_values"]
