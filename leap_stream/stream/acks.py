@@ -10,9 +10,12 @@ earlier tracked event of its partition are done.
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 
 class OrderedAcks:
@@ -71,4 +74,43 @@ class OrderedAcks:
         return left
 
 
-__all__ = ["OrderedAcks"]
+class HeldAcks:
+    """Acks of submission batches: in offset order, and held while a batch's submissions are not
+    in Redis for the completion join (`SubmissionBatchResult.remembered` false, Redis down), so
+    that a restart redoes them. At most ``max_held`` events wait; beyond that the oldest are
+    acked anyway (their completions become orphans, dead-lettered, not lost).
+
+    Shared by the Faust agent and the submissions loop (stream/app.py, stream/submission_loop.py).
+    """
+
+    def __init__(self, gate: OrderedAcks, max_held: int) -> None:
+        self.gate = gate
+        self.max_held = max_held
+        self.held: list[Any] = []
+
+    def batch_done(self, events: list[Any], remembered: bool, flushed_pending: bool) -> None:
+        """A batch is published; ``flushed_pending``: Redis also took the held submissions."""
+        if flushed_pending:
+            self.release()
+        if remembered:
+            self.gate.done(events)
+            return
+        self.held.extend(events)
+        overflow = len(self.held) - self.max_held
+        if overflow > 0:
+            log.warning("%d submissions not remembered; acking the oldest", len(self.held))
+            self.gate.done(self.held[:overflow])
+            del self.held[:overflow]
+
+    def release(self) -> None:
+        """Redis took the held submissions (`SubmissionProcessor.flush_pending`): ack them."""
+        self.gate.done(self.held)
+        self.held.clear()
+
+    def forget(self) -> list[Any]:
+        """Stop or rebalance: drop everything unacked, held or not (redelivered later)."""
+        self.held.clear()
+        return self.gate.forget()
+
+
+__all__ = ["HeldAcks", "OrderedAcks"]

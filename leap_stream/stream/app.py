@@ -28,13 +28,14 @@ import faust
 import orjson
 
 from leap_stream import config
-from leap_stream.stream.acks import OrderedAcks
+from leap_stream.stream.acks import HeldAcks, OrderedAcks
 from leap_stream.stream.batch import (
     CompletionBatchResult,
     CompletionProcessor,
     Record,
     SubmissionBatchResult,
     SubmissionProcessor,
+    store_failed,
 )
 from leap_stream.stream.eager import eager_message_delivery
 from leap_stream.stream.metrics import Metrics
@@ -249,6 +250,12 @@ def build_app(deps: WorkerDeps) -> faust.App:
     async def in_thread(pool: ThreadPoolExecutor, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
 
+    def exit_unfinished() -> None:
+        """Leave now with status 3: what is not durable stays uncommitted and is redone."""
+        for out in outputs.values():
+            out.close(5.0)
+        os._exit(EXIT_UNFINISHED)
+
     async def until_done(what: str, pool: ThreadPoolExecutor, fn: Callable[..., T], *a: Any) -> T:
         """Retry an infrastructure step with backoff; at shutdown give up without acking."""
         delay = 0.2
@@ -256,15 +263,13 @@ def build_app(deps: WorkerDeps) -> faust.App:
             try:
                 return await in_thread(pool, fn, *a)
             except Exception as exc:
-                if "Redis" in type(exc).__name__ or "OnlineStore" in type(exc).__name__:
+                if store_failed(exc):
                     m.redis_errors.labels(op=what).inc()
                 if app.should_stop:
                     log.error(
                         "stopping while %s fails (%r): exiting without committing it", what, exc
                     )
-                    for out in outputs.values():
-                        out.close(5.0)
-                    os._exit(EXIT_UNFINISHED)
+                    exit_unfinished()
                 log.warning("%s failed (%r); retrying in %.1fs", what, exc, delay)
                 await asyncio.sleep(delay)
                 delay = min(deps.retry_cap_s, delay * 2)
@@ -290,8 +295,10 @@ def build_app(deps: WorkerDeps) -> faust.App:
         for dl in dead:
             m.dead_letter.labels(topic=topic, kind=dl["error"]["kind"]).inc()
 
-    sub_gate = OrderedAcks(lambda e: e.message.tp, lambda e: e.message.offset, lambda e: e.ack())
-    held: list[Any] = []
+    sub_acks = HeldAcks(
+        OrderedAcks(lambda e: e.message.tp, lambda e: e.message.offset, lambda e: e.ack()),
+        MAX_HELD,
+    )
     sub_busy = asyncio.Lock()  # a batch in hand: the flusher must not forget its events
 
     async def handle_submissions(events: list[Any]) -> None:
@@ -307,20 +314,8 @@ def build_app(deps: WorkerDeps) -> faust.App:
         )
         if res.rankings or res.dead_letters:
             await until_done("produce", sub_pool, send_submissions, res.rankings, res.dead_letters)
-        sub_gate.track(events)
-        if res.flushed_pending:
-            sub_gate.done(held)
-            held.clear()
-        if res.remembered:
-            sub_gate.done(events)
-        else:
-            # ranked and published, but not yet in Redis for the completion join: the acks
-            # wait (in offset order) until Redis takes them, so a restart redoes them
-            held.extend(events)
-            if len(held) > MAX_HELD:
-                log.warning("%d submissions not remembered; acking the oldest", len(held))
-                sub_gate.done(held[: len(held) - MAX_HELD])
-                del held[: len(held) - MAX_HELD]
+        sub_acks.gate.track(events)
+        sub_acks.batch_done(events, res.remembered, res.flushed_pending)
         observe_submissions(records, res, time.perf_counter() - t0)
 
     def observe_submissions(records: list[Record], res: SubmissionBatchResult, took: float) -> None:
@@ -467,16 +462,14 @@ def build_app(deps: WorkerDeps) -> faust.App:
         tick = max(0.05, min(0.5, deps.flush_s / 4))
         while True:
             await asyncio.sleep(tick)
-            if (app.should_stop or app.rebalancing) and held and not sub_busy.locked():
-                held.clear()
-                drop_unacked(sub_gate.forget(), "submission")
-            elif held and not sub_busy.locked():
+            if (app.should_stop or app.rebalancing) and sub_acks.held and not sub_busy.locked():
+                drop_unacked(sub_acks.forget(), "submission")
+            elif sub_acks.held and not sub_busy.locked():
                 # Redis is back but no submission batch came to write what it missed
                 async with sub_busy:
                     flushed: bool = await in_thread(sub_pool, deps.submissions.flush_pending)
-                    if flushed and held:
-                        sub_gate.done(held)
-                        held.clear()
+                    if flushed:
+                        sub_acks.release()
             try:
                 async with pending.lock:
                     await flush_locked(force=app.should_stop or app.rebalancing)
@@ -548,9 +541,7 @@ def build_app(deps: WorkerDeps) -> faust.App:
             # finish the batch in hand, commit what is durable, leave the group
             await asyncio.get_running_loop().run_in_executor(None, sub_loop.stop)
             if sub_loop.unfinished:
-                for out in outputs.values():
-                    out.close(5.0)
-                os._exit(EXIT_UNFINISHED)
+                exit_unfinished()
         async with pending.lock:
             await flush_locked(force=True)
         for pool, out in outputs.items():

@@ -44,6 +44,13 @@ class Record:
     value: bytes | None
 
 
+def store_failed(exc: BaseException) -> bool:
+    """Whether an exception is Redis (or the online store over it) failing: counted per step in
+    `leap_redis_errors_total` by the agents' retry loops."""
+    name = type(exc).__name__
+    return "Redis" in name or "OnlineStore" in name
+
+
 class SubmissionStore(Protocol):
     def read_and_remember(
         self, submissions: Sequence[Mapping[str, Any]]
@@ -384,4 +391,5 @@ __all__ = [
     "SubmissionBatchResult",
     "SubmissionProcessor",
     "decode_records",
+    "store_failed",
 ]

@@ -29,8 +29,13 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from leap_stream import config
-from leap_stream.stream.acks import OrderedAcks
-from leap_stream.stream.batch import Record, SubmissionBatchResult, SubmissionProcessor
+from leap_stream.stream.acks import HeldAcks, OrderedAcks
+from leap_stream.stream.batch import (
+    Record,
+    SubmissionBatchResult,
+    SubmissionProcessor,
+    store_failed,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -87,7 +92,6 @@ class SubmissionLoop:
         self.on_batch = on_batch
         self.on_store_error = on_store_error
         self.batch_size = batch_size
-        self.max_held = max_held
         self.retry_cap_s = retry_cap_s
         self.conf: dict[str, Any] = dict(config.kafka_client_config(bootstrap))
         session_s = float(config.get("LEAP_KAFKA_SESSION_TIMEOUT_S"))
@@ -109,10 +113,10 @@ class SubmissionLoop:
         self._thread: threading.Thread | None = None
         self._consumer: Any = None
         self._stored: list[Any] = []  # TopicPartitions whose offsets the gate released
-        self._gate = OrderedAcks(
-            lambda r: (r.topic, r.partition), lambda r: r.offset, self._release
+        self._acks = HeldAcks(
+            OrderedAcks(lambda r: (r.topic, r.partition), lambda r: r.offset, self._release),
+            max_held,
         )
-        self._held: list[Record] = []  # ranked and published, not yet remembered in Redis
         self.error: BaseException | None = None
         self.unfinished = False
         self.batches = 0
@@ -169,7 +173,7 @@ class SubmissionLoop:
                     records.append(Record(m.topic(), m.partition(), m.offset(), m.key(), m.value()))
                 if records:
                     self._batch(records)
-            self._forget_held("stop")
+            self._forget_unacked("stop")
             self._commit()
         finally:
             if not self.unfinished:
@@ -178,33 +182,20 @@ class SubmissionLoop:
     # --- one batch
     def _batch(self, records: list[Record]) -> None:
         t0 = time.perf_counter()
-        self._gate.track(records)
+        self._acks.gate.track(records)
         now = datetime.now(UTC)
         res = self._until_done("rank", self.processor.process, records, now)
         if res.rankings or res.dead_letters:
             self._until_done("produce", self.send, res.rankings, res.dead_letters)
-        if res.flushed_pending:
-            self._gate.done(self._held)
-            self._held.clear()
-        if res.remembered:
-            self._gate.done(records)
-        else:
-            # ranked and published, but not in Redis for the completion join yet: the offsets
-            # wait (in order) until Redis takes them, so a restart redoes them
-            self._held.extend(records)
-            if len(self._held) > self.max_held:
-                log.warning("%d submissions not remembered; acking the oldest", len(self._held))
-                self._gate.done(self._held[: len(self._held) - self.max_held])
-                del self._held[: len(self._held) - self.max_held]
+        self._acks.batch_done(records, res.remembered, res.flushed_pending)
         self._store()
         self.batches += 1
         self.on_batch(records, res, time.perf_counter() - t0)
 
     def _idle(self) -> None:
         """Redis back but no submission came to write what it missed (see flush_pending)."""
-        if self._held and self.processor.flush_pending():
-            self._gate.done(self._held)
-            self._held.clear()
+        if self._acks.held and self.processor.flush_pending():
+            self._acks.release()
             self._store()
 
     def _until_done(self, what: str, fn: Callable[..., T], *args: Any) -> T:
@@ -214,7 +205,7 @@ class SubmissionLoop:
             try:
                 return fn(*args)
             except Exception as exc:
-                if "Redis" in type(exc).__name__ or "OnlineStore" in type(exc).__name__:
+                if store_failed(exc):
                     self.on_store_error(what)
                 if self._stop.is_set():
                     # nothing more is committed: the stored offsets are redone at worst, and a
@@ -257,9 +248,8 @@ class SubmissionLoop:
             if exc.args[0].code() != KafkaError._NO_OFFSET:
                 log.warning("committing offsets failed (%r): that work is redone", exc)
 
-    def _forget_held(self, why: str) -> None:
-        left = self._gate.forget()
-        self._held.clear()
+    def _forget_unacked(self, why: str) -> None:
+        left = self._acks.forget()
         if left:
             log.warning(
                 "%d submission events left uncommitted (%s); redelivered later", len(left), why
@@ -290,13 +280,13 @@ class SubmissionLoop:
 
     def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
         self.assigned = frozenset()
-        self._forget_held("rebalance")
+        self._forget_unacked("rebalance")
         self._store()
         self._commit()
 
     def _on_lost(self, consumer: Any, partitions: list[Any]) -> None:
         self.assigned = frozenset()
-        self._forget_held("partitions lost")
+        self._forget_unacked("partitions lost")
         self._stored.clear()
 
 

@@ -283,3 +283,36 @@ def test_worker_groups_follow_the_submissions_consumer(monkeypatch: pytest.Monke
     monkeypatch.setenv("LEAP_SUBMISSIONS_CONSUMER", "kafka-python")
     with pytest.raises(ValueError, match="librdkafka or faust"):
         uses_submission_loop()
+
+
+def test_held_acks_wait_for_redis_in_offset_order() -> None:
+    """Shared by the Faust agent and the submissions loop: a batch not in Redis holds its acks
+    (and every later one of the partition, in order) until Redis takes it; past max_held the
+    oldest go anyway; forget drops everything unacked."""
+    from leap_stream.stream.acks import HeldAcks, OrderedAcks
+
+    acked: list[tuple[str, int]] = []
+    acks = HeldAcks(OrderedAcks(lambda e: e[0], lambda e: e[1], acked.append), max_held=3)
+    b1, b2, b3 = [("p", 0), ("p", 1)], [("p", 2)], [("p", 3), ("p", 4)]
+    for b in (b1, b2, b3):
+        acks.gate.track(b)
+    acks.batch_done(b1, remembered=False, flushed_pending=False)
+    assert acked == [] and acks.held == b1
+    acks.batch_done(b2, remembered=True, flushed_pending=False)
+    assert acked == []  # done, but behind the held batch
+    acks.batch_done(b3, remembered=False, flushed_pending=False)
+    assert acked == [("p", 0)]  # four held, max_held 3: the oldest one goes
+    assert acks.held == [("p", 1), *b3]
+    acks.release()  # flush_pending succeeded
+    assert acked == [("p", 0), ("p", 1), ("p", 2), ("p", 3), ("p", 4)] and acks.held == []
+
+    b4, b5 = [("p", 5)], [("p", 6)]
+    acks.gate.track(b4 + b5)
+    acks.batch_done(b4, remembered=False, flushed_pending=False)
+    acks.batch_done(b5, remembered=True, flushed_pending=True)  # b4 written with b5's batch
+    assert acked[-2:] == [("p", 5), ("p", 6)] and acks.held == []
+
+    acks.gate.track([("p", 7)])
+    acks.batch_done([("p", 7)], remembered=False, flushed_pending=False)
+    assert acks.forget() == [("p", 7)] and acks.held == []
+    assert acked[-1] == ("p", 6)
