@@ -266,12 +266,11 @@ def pipeline_work(world: BenchWorld) -> tuple[Work, Any]:
     from leap_stream.store.registry import Registry
     from leap_stream.stream.app import dead_letter_key
     from leap_stream.stream.batch import Record, SubmissionProcessor
+    from leap_stream.stream.compiled import wanted
     from leap_stream.stream.metrics import Metrics
     from leap_stream.stream.models import RankerHolder
 
     catalog = load_catalog()
-    from leap_stream.stream.compiled import wanted
-
     compiled = wanted()
     holder = RankerHolder(catalog, Registry(world.registry_dir), Metrics(), compile_trees=compiled)
     holder.poll()

@@ -9,8 +9,9 @@ LightGBM's output, bit for bit, on probe rows that take both sides of every spli
 
 ``LEAP_COMPILED_TREES=auto`` (the default) uses them when the ``compiled`` extra is installed
 (``pip install 'leap-stream[compiled]'``, the image has it); ``1`` asks for them (a missing
-extra is then a counted compile failure), ``0`` never. Compiling takes seconds (about 3 s for 60 trees on the 2-core box): the worker serves with LightGBM
-meanwhile and swaps when the compiled trees are checked (`stream/models.py`).
+extra is then a counted compile failure), ``0`` never. Compiling takes seconds (about 3 s for
+60 trees on the 2-core box): the worker serves with LightGBM meanwhile and swaps when the
+compiled trees are checked (`stream/models.py`).
 """
 
 from __future__ import annotations

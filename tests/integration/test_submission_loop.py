@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from functools import cache
+from functools import cache, partial
 from typing import Any
 
 import orjson
@@ -18,6 +18,7 @@ from leap_stream.catalog import load_catalog
 from leap_stream.core.history import LineageHistory, TypeAggregates
 from leap_stream.core.lookup import LookupTable
 from leap_stream.core.ranker import Ranker
+from leap_stream.demo.runner import wait_for as _wait_for
 from leap_stream.sim.events import submission_events
 from leap_stream.sim.fleet import SimConfig, SimResult, simulate
 from leap_stream.store.online import OnlineStore, OnlineStoreUnavailable, connect
@@ -28,6 +29,7 @@ from leap_stream.stream.submission_loop import SubmissionLoop, submissions_group
 pytestmark = pytest.mark.services
 
 MAX = 1 << 20
+wait_for = partial(_wait_for, every=0.1)  # the project's polling helper (TimeoutError on expiry)
 
 
 @cache
@@ -53,15 +55,6 @@ def _produce(bootstrap: str, topic: str, subs: list[dict[str, Any]], partitions:
     for i, s in enumerate(subs):
         p.produce(topic, key=s["job_id"].encode(), value=orjson.dumps(s), partition=i % partitions)
     assert p.flush(30) == 0
-
-
-def wait_for(what: str, cond: Callable[[], bool], timeout: float, every: float = 0.1) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 class SwitchableStore:
