@@ -197,6 +197,11 @@ SETTINGS: tuple[Setting, ...] = (
         "Consumer-group session timeout of the worker: how soon a dead worker's partitions move.",
     ),
     Setting(
+        "LEAP_CONSUMER_STALL_S",
+        "120",
+        "Longest time the submissions consumer may stay outside a settled group (e.g. stuck rejoining after a broker restart) before the worker replaces it with a new one.",
+    ),
+    Setting(
         "LEAP_PRODUCE_TIMEOUT_S",
         "20",
         "Worker output: delivery timeout per record; a failed batch is redone on a fresh producer.",

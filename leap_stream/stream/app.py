@@ -380,6 +380,7 @@ def build_app(deps: WorkerDeps) -> faust.App:
             send=send_submissions,  # the loop's thread is then its producer's only user
             on_batch=observe_submissions,
             on_store_error=lambda op: m.redis_errors.labels(op=op).inc(),
+            on_replace=lambda _why: m.consumer_replaced.inc(),
             batch_size=cfg.batch_size,
             max_held=MAX_HELD,
             retry_cap_s=deps.retry_cap_s,

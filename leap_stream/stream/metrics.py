@@ -92,6 +92,11 @@ class Metrics:
         self.dataset_rows_written = Counter(
             "leap_dataset_rows_written", "Rows made durable in the dataset.", registry=r
         )
+        self.consumer_replaced = Counter(
+            "leap_consumer_replaced",
+            "Submissions consumers replaced because their group did not settle in LEAP_CONSUMER_STALL_S.",
+            registry=r,
+        )
         self.producer_resets = Counter(
             "leap_producer_resets", "Output producers replaced after a failed flush.", registry=r
         )

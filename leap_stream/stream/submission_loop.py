@@ -13,6 +13,10 @@ the submissions are remembered in Redis, in offset order per partition (`Ordered
 librdkafka commits stored offsets every ``LEAP_COMMIT_INTERVAL_S``, on a rebalance and on
 close. A crash redoes work and never loses it.
 
+A consumer whose group has not settled for ``LEAP_CONSUMER_STALL_S`` (librdkafka's statistics,
+`GroupHealth`) is replaced by a new one: after a broker restart a consumer can stay outside its
+group for good without reporting an error. What the old one had not committed is redone.
+
 The loop uses its own consumer group, ``<LEAP_CONSUMER_GROUP>.submissions``: Faust's group
 (completions) uses Faust's own partition assignor, which librdkafka cannot join. On its first
 start a group with no committed offset for a partition starts from the offset Faust's group
@@ -36,11 +40,13 @@ from leap_stream.stream.batch import (
     SubmissionProcessor,
     store_failed,
 )
+from leap_stream.stream.group_health import GroupHealth, group_state, stats_interval_ms
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 GROUP_SUFFIX = ".submissions"
+CLOSE_WAIT_S = 10.0  # at stop, how long a replaced consumer's close may still take
 
 
 def submissions_group(group: str) -> str:
@@ -56,6 +62,18 @@ def uses_submission_loop() -> bool:
     return engine == "librdkafka"
 
 
+def consumer_stall_s() -> float:
+    """``LEAP_CONSUMER_STALL_S``: seconds outside a settled group before a replacement; 0 = never."""
+    raw = config.get("LEAP_CONSUMER_STALL_S")
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise ValueError(f"LEAP_CONSUMER_STALL_S={raw!r}: expected seconds >= 0 (0 turns it off)")
+    return value
+
+
 class Unfinished(RuntimeError):
     """The worker was asked to stop while a batch could not be made durable."""
 
@@ -65,7 +83,8 @@ class SubmissionLoop:
 
     ``send(rankings, dead_letters)`` publishes and blocks until the broker acknowledged them
     (the agent's `OutputProducer` flush); ``on_batch(records, result, seconds)`` updates the
-    metrics once the batch is durable. Both run in the loop's thread.
+    metrics once the batch is durable; ``on_replace(reason)`` counts a replaced consumer. All
+    run in the loop's thread.
     """
 
     def __init__(
@@ -78,10 +97,12 @@ class SubmissionLoop:
         send: Callable[[list[dict[str, Any]], list[dict[str, Any]]], int],
         on_batch: Callable[[list[Record], SubmissionBatchResult, float], object],
         on_store_error: Callable[[str], object] = lambda _op: None,
+        on_replace: Callable[[str], object] = lambda _why: None,
         batch_size: int = 500,
         max_held: int = 100_000,
         retry_cap_s: float = 10.0,
         seed_group: str | None = None,
+        stall_s: float | None = None,
         extra: dict[str, Any] | None = None,
     ) -> None:
         self.topic = topic
@@ -91,6 +112,7 @@ class SubmissionLoop:
         self.send = send
         self.on_batch = on_batch
         self.on_store_error = on_store_error
+        self.on_replace = on_replace
         self.batch_size = batch_size
         self.retry_cap_s = retry_cap_s
         self.conf: dict[str, Any] = dict(config.kafka_client_config(bootstrap))
@@ -108,11 +130,18 @@ class SubmissionLoop:
                 "enable.partition.eof": False,
             }
         )
+        if stall_s is None:
+            stall_s = consumer_stall_s()
+        self.health = GroupHealth(stall_s)
+        if stall_s > 0:  # 0 turns the watch off
+            self.conf["statistics.interval.ms"] = stats_interval_ms(stall_s)
         self.conf.update(extra or {})
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._consumer: Any = None
         self._stored: list[Any] = []  # TopicPartitions whose offsets the gate released
+        self._closers: list[threading.Thread] = []  # replaced consumers being closed
+        self._generation = 0  # consumers created so far
         self._acks = HeldAcks(
             OrderedAcks(lambda r: (r.topic, r.partition), lambda r: r.offset, self._release),
             max_held,
@@ -120,6 +149,7 @@ class SubmissionLoop:
         self.error: BaseException | None = None
         self.unfinished = False
         self.batches = 0
+        self.replaced = 0  # consumers replaced because their group did not settle
         self.assigned: frozenset[tuple[str, int]] = frozenset()  # partitions the loop owns
 
     # --- lifecycle
@@ -147,18 +177,13 @@ class SubmissionLoop:
             self.error = exc
 
     def run(self) -> None:
-        from confluent_kafka import Consumer
-
-        self._consumer = Consumer(self.conf)
-        self._consumer.subscribe(
-            [self.topic],
-            on_assign=self._on_assign,
-            on_revoke=self._on_revoke,
-            on_lost=self._on_lost,
-        )
+        self._consumer = self._new_consumer()
         try:
             while not self._stop.is_set():
                 first = self._consumer.poll(0.1)
+                if self.health.limit_s > 0 and self.health.stalled(time.monotonic()):
+                    self._replace_consumer()
+                    continue  # `first` is the old consumer's: the new one redelivers it
                 if first is None:
                     self._idle()
                     continue
@@ -174,10 +199,62 @@ class SubmissionLoop:
                 if records:
                     self._batch(records)
             self._forget_unacked("stop")
-            self._commit()
+            if self.health.unsettled_since is None:  # else no commit can get through
+                self._commit()
         finally:
             if not self.unfinished:
                 self._consumer.close()
+            deadline = time.monotonic() + CLOSE_WAIT_S
+            for closer in self._closers:  # a close stuck on a dead coordinator is abandoned
+                closer.join(max(0.0, deadline - time.monotonic()))
+
+    def _new_consumer(self) -> Any:
+        from confluent_kafka import Consumer
+
+        conf = dict(self.conf)
+        self._generation += 1
+        if self.health.limit_s > 0:
+            gen = self._generation  # a replaced consumer's last statistics are not this one's
+            conf["stats_cb"] = lambda stats_json: self._on_stats(gen, stats_json)
+        consumer = Consumer(conf)
+        consumer.subscribe(
+            [self.topic],
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            on_lost=self._on_lost,
+        )
+        if self.health.limit_s > 0:  # unwatched, the group counts as settled (stop commits)
+            self.health.restart(time.monotonic())
+        return consumer
+
+    def _replace_consumer(self) -> None:
+        """Give up on a consumer stuck outside its group (module doc); its close runs aside."""
+        old = self._consumer
+        why = (
+            f"group {self.group} not settled for {self.health.unsettled_for(time.monotonic()):.0f}s"
+            f" (last state {self.health.last})"
+        )
+        log.error("submissions consumer stuck: %s; replacing it", why)
+        self._forget_unacked("consumer replaced")
+        self._stored.clear()
+        self.assigned = frozenset()
+        self._consumer = self._new_consumer()  # the old one's callbacks are ignored from now
+        self.replaced += 1
+        self.on_replace(why)
+        # close() leaves the group through the coordinator the old consumer could not reach: it
+        # may block until that comes back, so it must not hold up the loop
+        closer = threading.Thread(
+            target=_close_quietly, args=(old,), name="leap-old-consumer", daemon=True
+        )
+        closer.start()
+        self._closers = [t for t in self._closers if t.is_alive()] + [closer]
+
+    def _on_stats(self, generation: int, stats_json: str) -> None:
+        if generation != self._generation:
+            return
+        state = group_state(stats_json)
+        if state is not None:
+            self.health.observe(state, time.monotonic())
 
     # --- one batch
     def _batch(self, records: list[Record]) -> None:
@@ -258,6 +335,8 @@ class SubmissionLoop:
     # --- rebalance callbacks (they run inside poll/consume, between batches)
     def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
         """First start of the group: resume where Faust's group stopped (module doc)."""
+        if consumer is not self._consumer:
+            return
         self.assigned = frozenset((tp.topic, tp.partition) for tp in partitions)
         if not self.seed_group:
             return
@@ -279,15 +358,29 @@ class SubmissionLoop:
         consumer.assign(partitions)
 
     def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
+        """Store what is durable; librdkafka commits it before the partitions move on.
+
+        No synchronous commit here: it would block inside poll() on a coordinator that may be
+        the very thing failing (auto commit commits stored offsets on every revoke anyway)."""
+        if consumer is not self._consumer:
+            return
         self.assigned = frozenset()
         self._forget_unacked("rebalance")
         self._store()
-        self._commit()
 
     def _on_lost(self, consumer: Any, partitions: list[Any]) -> None:
+        if consumer is not self._consumer:
+            return
         self.assigned = frozenset()
         self._forget_unacked("partitions lost")
         self._stored.clear()
+
+
+def _close_quietly(consumer: Any) -> None:
+    try:
+        consumer.close()
+    except Exception as exc:
+        log.warning("closing the replaced submissions consumer failed (%r)", exc)
 
 
 def _committed_of(conf: dict[str, Any], group: str, tps: list[Any]) -> dict[tuple[str, int], int]:
@@ -306,6 +399,7 @@ __all__ = [
     "GROUP_SUFFIX",
     "SubmissionLoop",
     "Unfinished",
+    "consumer_stall_s",
     "submissions_group",
     "uses_submission_loop",
 ]

@@ -84,6 +84,7 @@ class Stack:
             LEAP_COMMIT_INTERVAL_S="0.5",
             LEAP_ORPHAN_GRACE_S="60",
             LEAP_KAFKA_SESSION_TIMEOUT_S="6",
+            LEAP_CONSUMER_STALL_S="20",
             LEAP_REDIS_TIMEOUT_S="0.5",
         )
         env.update(self.extra_env)

@@ -160,7 +160,7 @@ def own_broker(
     Depends on ``redis_url`` so the session's Redis is resolved before LEAP_HOME moves."""
     from leap_stream import config
     from leap_stream.dev import ensure_services, stop_services
-    from leap_stream.dev.state import Paths
+    from leap_stream.dev.state import Paths, load_state
 
     home = tmp_path / "broker-home"
     version = config.get("LEAP_KAFKA_VERSION")
@@ -184,10 +184,40 @@ def own_broker(
             ensure_services(kafka=True, redis=False, home=home)
             return time.monotonic() - t0
 
+        def freeze(sig: int) -> None:
+            """SIGSTOP: connections stay open and nothing answers (a VM or GC pause); SIGCONT."""
+            state = load_state(Paths.from_env(home), "kafka")
+            assert state is not None and state.pid > 0
+            os.kill(state.pid, sig)
+
         try:
-            yield {"bootstrap": services.kafka_bootstrap, "restart": restart, "home": home}
+            yield {
+                "bootstrap": services.kafka_bootstrap,
+                "restart": restart,
+                "freeze": freeze,
+                "home": home,
+            }
         finally:
             stop_services(names=["kafka"], home=home)
+
+
+def _stack_on(bootstrap: str, redis_url: str, redis_prefix: str, tmp_path: Path) -> Stack:
+    """A worker stack whose topics live on `bootstrap` (the test's own broker)."""
+    from leap_stream.dev.topics import create_topics
+
+    def topic_factory(hint: str, partitions: int = 1) -> str:
+        name = f"faults.{hint}.{os.urandom(5).hex()}"
+        create_topics(bootstrap, [name], partitions=partitions)
+        return name
+
+    return Stack(
+        bootstrap,
+        redis_url,
+        redis_prefix,
+        tmp_path,
+        make_topics(topic_factory),
+        f"faults-{os.urandom(6).hex()}",
+    )
 
 
 def test_broker_restarted_mid_run(
@@ -197,25 +227,8 @@ def test_broker_restarted_mid_run(
     redis_client: Any,
     tmp_path: Path,
 ) -> None:
-    from leap_stream.dev.topics import create_topics
-
     bootstrap = own_broker["bootstrap"]
-    created: list[str] = []
-
-    def topic_factory(hint: str, partitions: int = 1) -> str:
-        name = f"faults.{hint}.{os.urandom(5).hex()}"
-        create_topics(bootstrap, [name], partitions=partitions)
-        created.append(name)
-        return name
-
-    stack = Stack(
-        bootstrap,
-        redis_url,
-        redis_prefix,
-        tmp_path,
-        make_topics(topic_factory),
-        f"faults-{os.urandom(6).hex()}",
-    )
+    stack = _stack_on(bootstrap, redis_url, redis_prefix, tmp_path)
     fl = fleet(seed=43, rate=4000)
     half_s, half_c = len(fl.subs) // 2, len(fl.comps) // 2
     t = stack.topics
@@ -247,6 +260,70 @@ def test_broker_restarted_mid_run(
             f"\n--- broker restart: {fl.events} events; broker down/up took {outage:.1f}s after "
             f"{ranked_before} rankings; same worker process throughout; lost 0; {repeats} "
             f"repeated rankings; {figures['dataset_rows']} dataset rows; history equal to a replay"
+        )
+        rankings.close()
+    finally:
+        if stack.alive():
+            stack.stop(signal.SIGKILL)
+
+
+def test_broker_frozen_mid_run_the_stuck_consumer_is_replaced(
+    own_broker: dict[str, Any],
+    redis_url: str,
+    redis_prefix: str,
+    redis_client: Any,
+    tmp_path: Path,
+) -> None:
+    """The broker stops answering (SIGSTOP) for longer than the session timeout and the stall
+    limit: the submissions consumer drops out of its group and cannot rejoin, the worker
+    replaces it (LEAP_CONSUMER_STALL_S), and once the broker answers again every submission is
+    ranked, every completion is in the dataset once, and nothing is lost."""
+    bootstrap = own_broker["bootstrap"]
+    stack = _stack_on(bootstrap, redis_url, redis_prefix, tmp_path)
+    stack.extra_env["LEAP_CONSUMER_STALL_S"] = "4"
+    fl = fleet(seed=47, rate=4000)
+    half_s, half_c = len(fl.subs) // 2, len(fl.comps) // 2
+    t = stack.topics
+    feeder = Feeder(bootstrap)
+    feed(feeder, stack, fl.subs[:half_s], fl.comps[:half_c])
+    stack.start()
+    try:
+        rankings = RankingsClient(bootstrap, t["rank"], keep_all=True)
+
+        def some_ranked() -> bool:
+            assert stack.alive(), stack.log_tail()
+            rankings.poll(timeout=0.1, max_messages=5000)
+            return len(rankings.latest()) >= 0.25 * len(fl.subs)
+
+        wait_for("25% ranked", some_ranked, 120, every=0.05)
+        assert stack.metric("leap_consumer_replaced") == 0  # a healthy group is left alone
+        own_broker["freeze"](signal.SIGSTOP)
+        frozen_at = time.monotonic()
+        try:
+            # session timeout (6 s) + stall limit (4 s) + a statistics interval, with margin
+            wait_for(
+                "the stuck consumer replaced",
+                lambda: stack.metric("leap_consumer_replaced") >= 1,
+                60,
+                every=0.5,
+            )
+        finally:
+            own_broker["freeze"](signal.SIGCONT)
+        frozen_s = time.monotonic() - frozen_at
+        feed(feeder, stack, fl.subs[half_s:], fl.comps[half_c:])
+        lag = LagReader(bootstrap, worker_groups(stack.group, t["sub"], t["comp"]))
+        _run_until_caught_up(stack, rankings, lag, timeout=240)
+        rankings.drain(idle_s=1.5, max_s=30)
+        replaced = stack.metric("leap_consumer_replaced")
+        assert stack.alive(), stack.log_tail()
+        assert stack.stop(signal.SIGTERM) == 0, stack.log_tail()
+        figures = check_nothing_lost(stack, fl, rankings.latest())
+        assert not dead_letters(bootstrap, t["dlq"])
+        repeats = rankings.received - len(rankings.latest())
+        print(
+            f"\n--- broker frozen: {fl.events} events; broker frozen {frozen_s:.1f}s; "
+            f"{replaced:.0f} consumers replaced; same worker process throughout; lost 0; "
+            f"{repeats} repeated rankings; {figures['dataset_rows']} dataset rows"
         )
         rankings.close()
     finally:
