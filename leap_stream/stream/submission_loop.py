@@ -199,7 +199,7 @@ class SubmissionLoop:
                 if records:
                     self._batch(records)
             self._forget_unacked("stop")
-            if self.health.unsettled_since is None:  # else no commit can get through
+            if self.assigned:  # a lost or never-made assignment has nothing to commit
                 self._commit()
         finally:
             if not self.unfinished:

@@ -288,3 +288,39 @@ def test_a_bug_after_a_batch_stops_the_loop_and_is_reported(
     assert isinstance(loop.error, RuntimeError) and "metrics" in str(loop.error)
     assert not loop.unfinished
     assert loop.batches == 1  # stopped at the first failing batch
+
+
+def test_stop_and_rebalance_commit_without_the_timer(
+    kafka_bootstrap: str, topic_factory: Any, redis_url: str, redis_prefix: str, redis_client: Any
+) -> None:
+    """With the commit timer out of the way, the offsets still move on a revoke (librdkafka
+    commits the offsets the loop stored in its revoke callback) and on stop: the second loop
+    redoes nothing the first one finished, and nothing is left uncommitted."""
+    topic = topic_factory("loop-commit", partitions=4)
+    subs = _subs(400)
+    group = f"loop-commit-{time.time_ns()}"
+    store = OnlineStore(connect(redis_url), prefix=redis_prefix)
+    sent = Published()
+    seen_a: list[Record] = []
+    seen_b: list[Record] = []
+    lag = LagReader(kafka_bootstrap, submissions_group(group), [topic])
+    no_timer = {"auto.commit.interval.ms": 3_600_000}
+    a = _loop(kafka_bootstrap, group, topic, store, sent, seen_a)
+    b = _loop(kafka_bootstrap, group, topic, store, sent, seen_b)
+    a.conf.update(no_timer)
+    b.conf.update(no_timer)
+    with running(a):
+        _produce(kafka_bootstrap, topic, subs[:200], 4)
+        wait_for("loop a ranked the first half", lambda: len(sent.jobs()) == 200, 60)
+        assert total_lag(lag.read()) == 200  # the timer is off: nothing committed yet
+        with running(b):
+            wait_for("the partitions shared", lambda: len(a.assigned) == len(b.assigned) == 2, 60)
+            assert total_lag(lag.read()) == 0  # committed on the revoke
+            _produce(kafka_bootstrap, topic, subs[200:], 4)
+            wait_for("the group ranked everything", lambda: len(sent.jobs()) == 400, 90)
+        # b stopped: its partitions committed on its stop, a's on the revoke that followed
+        wait_for("everything committed", lambda: total_lag(lag.read()) == 0, 30)
+    assert seen_b, "the second loop never got a partition"
+    records = [(r.partition, r.offset) for r in seen_a + seen_b]
+    assert len(records) == len(set(records)) == len(subs)  # no record ranked twice
+    lag.close()
