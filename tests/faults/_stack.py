@@ -276,7 +276,12 @@ def check_nothing_lost(
     assert hist == [book.lineage(x) for x in book.lineage_ids], (
         "Redis history differs from a replay"
     )
-    assert aggs == {m: book.aggregates(m) for m in book.model_types}
+    want_aggs = {m: book.aggregates(m) for m in book.model_types}
+    differ = {m: (aggs.get(m), want_aggs[m]) for m in want_aggs if aggs.get(m) != want_aggs[m]}
+    assert not differ, (
+        f"Redis aggregates differ from a replay for {len(differ)} model types; first (redis, "
+        f"replay): {next(iter(differ.items()))}"
+    )
     store.r.close()
     return {"rankings": len(latest), "dataset_rows": len(ids), "lineages": len(book.lineage_ids)}
 
