@@ -53,8 +53,17 @@ class GroupHealth:
     def unsettled_for(self, now: float) -> float:
         return 0.0 if self.unsettled_since is None else max(0.0, now - self.unsettled_since)
 
+    @property
+    def watching(self) -> bool:
+        """A limit of 0 turns the watch off (``LEAP_CONSUMER_STALL_S=0``)."""
+        return self.limit_s > 0
+
     def stalled(self, now: float) -> bool:
-        return self.unsettled_since is not None and self.unsettled_for(now) >= self.limit_s
+        return (
+            self.watching
+            and self.unsettled_since is not None
+            and self.unsettled_for(now) >= self.limit_s
+        )
 
 
 def stats_interval_ms(limit_s: float) -> int:

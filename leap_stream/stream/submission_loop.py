@@ -133,7 +133,7 @@ class SubmissionLoop:
         if stall_s is None:
             stall_s = consumer_stall_s()
         self.health = GroupHealth(stall_s)
-        if stall_s > 0:  # 0 turns the watch off
+        if self.health.watching:
             self.conf["statistics.interval.ms"] = stats_interval_ms(stall_s)
         self.conf.update(extra or {})
         self._stop = threading.Event()
@@ -149,7 +149,6 @@ class SubmissionLoop:
         self.error: BaseException | None = None
         self.unfinished = False
         self.batches = 0
-        self.replaced = 0  # consumers replaced because their group did not settle
         self.assigned: frozenset[tuple[str, int]] = frozenset()  # partitions the loop owns
 
     # --- lifecycle
@@ -181,7 +180,7 @@ class SubmissionLoop:
         try:
             while not self._stop.is_set():
                 first = self._consumer.poll(0.1)
-                if self.health.limit_s > 0 and self.health.stalled(time.monotonic()):
+                if self.health.stalled(time.monotonic()):
                     self._replace_consumer()
                     continue  # `first` is the old consumer's: the new one redelivers it
                 if first is None:
@@ -213,7 +212,7 @@ class SubmissionLoop:
 
         conf = dict(self.conf)
         self._generation += 1
-        if self.health.limit_s > 0:
+        if self.health.watching:
             gen = self._generation  # a replaced consumer's last statistics are not this one's
             conf["stats_cb"] = lambda stats_json: self._on_stats(gen, stats_json)
         consumer = Consumer(conf)
@@ -223,8 +222,7 @@ class SubmissionLoop:
             on_revoke=self._on_revoke,
             on_lost=self._on_lost,
         )
-        if self.health.limit_s > 0:  # unwatched, the group counts as settled (stop commits)
-            self.health.restart(time.monotonic())
+        self.health.restart(time.monotonic())
         return consumer
 
     def _replace_consumer(self) -> None:
@@ -239,7 +237,6 @@ class SubmissionLoop:
         self._stored.clear()
         self.assigned = frozenset()
         self._consumer = self._new_consumer()  # the old one's callbacks are ignored from now
-        self.replaced += 1
         self.on_replace(why)
         # close() leaves the group through the coordinator the old consumer could not reach: it
         # may block until that comes back, so it must not hold up the loop

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from _stack import (
     Feeder,
+    Fleet,
     Stack,
     check_nothing_lost,
     dead_letters,
@@ -98,6 +99,30 @@ def _run_until_caught_up(
         ) from None
 
 
+def _wait_ranked(stack: Stack, rankings: RankingsClient, share: float, total: int) -> None:
+    """Until `share` of the `total` submissions have a ranking (the worker must stay up)."""
+
+    def ranked() -> bool:
+        assert stack.alive(), stack.log_tail()
+        rankings.poll(timeout=0.1, max_messages=5000)
+        return len(rankings.latest()) >= share * total
+
+    wait_for(f"{share:.0%} ranked", ranked, 120, every=0.05)
+
+
+def _stop_and_check(
+    stack: Stack, fl: Fleet, rankings: RankingsClient
+) -> tuple[dict[str, int], int]:
+    """Read the last rankings, stop the worker cleanly, check that nothing is lost and nothing
+    dead-lettered; returns `check_nothing_lost`'s figures and the repeated rankings."""
+    rankings.drain(idle_s=1.5, max_s=30)
+    assert stack.alive(), stack.log_tail()
+    assert stack.stop(signal.SIGTERM) == 0, stack.log_tail()
+    figures = check_nothing_lost(stack, fl, rankings.latest())
+    assert not dead_letters(stack.bootstrap, stack.topics["dlq"])
+    return figures, rankings.received - len(rankings.latest())
+
+
 def _interesting(stack: Stack) -> str:
     keep = (
         "leap_events_in",
@@ -119,12 +144,7 @@ def test_redis_killed_and_restarted_mid_run(stack: Stack, own_redis: OwnRedis) -
     lag = LagReader(stack.bootstrap, worker_groups(stack.group, t["sub"], t["comp"]))
     stack.start()
 
-    def some_ranked() -> bool:
-        assert stack.alive(), stack.log_tail()
-        rankings.poll(timeout=0.1, max_messages=5000)
-        return len(rankings.latest()) >= 0.3 * len(fl.subs)
-
-    wait_for("30% ranked", some_ranked, 120, every=0.05)
+    _wait_ranked(stack, rankings, 0.3, len(fl.subs))
     own_redis.kill()
     t_down = time.monotonic()
     ranked_before = len(rankings.latest())
@@ -132,13 +152,9 @@ def test_redis_killed_and_restarted_mid_run(stack: Stack, own_redis: OwnRedis) -
     own_redis.start()
     down_s = time.monotonic() - t_down
     _run_until_caught_up(stack, rankings, lag, timeout=90)
-    rankings.drain(idle_s=1.5, max_s=30)
     errors = stack.metric("leap_redis_errors")
     no_history = stack.metric("leap_history_unavailable")
-    assert stack.stop(signal.SIGTERM) == 0, stack.log_tail()
-
-    figures = check_nothing_lost(stack, fl, rankings.latest())
-    assert not dead_letters(stack.bootstrap, t["dlq"])
+    figures, _repeats = _stop_and_check(stack, fl, rankings)
     assert errors > 0  # the outage was seen, not skipped
     blind = sum(not r["history_used"] for r in rankings.latest().values())
     print(
@@ -238,24 +254,14 @@ def test_broker_restarted_mid_run(
     try:
         rankings = RankingsClient(bootstrap, t["rank"], keep_all=True)
 
-        def some_ranked() -> bool:
-            assert stack.alive(), stack.log_tail()
-            rankings.poll(timeout=0.1, max_messages=5000)
-            return len(rankings.latest()) >= 0.25 * len(fl.subs)
-
-        wait_for("25% ranked", some_ranked, 120, every=0.05)
+        _wait_ranked(stack, rankings, 0.25, len(fl.subs))
         ranked_before = len(rankings.latest())
         outage = own_broker["restart"](2.0)
         # the second half arrives after the restart, through the same worker process
         feed(feeder, stack, fl.subs[half_s:], fl.comps[half_c:])
         lag = LagReader(bootstrap, worker_groups(stack.group, t["sub"], t["comp"]))
         _run_until_caught_up(stack, rankings, lag, timeout=300)
-        rankings.drain(idle_s=1.5, max_s=30)
-        assert stack.alive(), stack.log_tail()
-        assert stack.stop(signal.SIGTERM) == 0, stack.log_tail()
-        figures = check_nothing_lost(stack, fl, rankings.latest())
-        assert not dead_letters(bootstrap, t["dlq"])
-        repeats = rankings.received - len(rankings.latest())
+        figures, repeats = _stop_and_check(stack, fl, rankings)
         print(
             f"\n--- broker restart: {fl.events} events; broker down/up took {outage:.1f}s after "
             f"{ranked_before} rankings; same worker process throughout; lost 0; {repeats} "
@@ -313,13 +319,7 @@ def test_broker_frozen_mid_run(
             # whose submission comes in the second half are still waiting, unacked)
             wait_for("the submissions backlog done", submissions_done, 120, every=0.2)
         else:
-
-            def some_ranked() -> bool:
-                assert stack.alive(), stack.log_tail()
-                rankings.poll(timeout=0.1, max_messages=5000)
-                return len(rankings.latest()) >= 0.05 * len(fl.subs)
-
-            wait_for("5% ranked", some_ranked, 120, every=0.05)
+            _wait_ranked(stack, rankings, 0.05, len(fl.subs))
             # the premise: a backlog of submissions is left to rank
             assert total_lag(r for r in lag.read() if r.topic == t["sub"]) > 0
         assert stack.metric("leap_consumer_replaced") == 0  # a healthy group is left alone
@@ -351,14 +351,9 @@ def test_broker_frozen_mid_run(
         frozen_s = time.monotonic() - frozen_at
         feed(feeder, stack, fl.subs[half_s:], fl.comps[half_c:])
         _run_until_caught_up(stack, rankings, lag, timeout=240)
-        rankings.drain(idle_s=1.5, max_s=30)
         replaced = stack.metric("leap_consumer_replaced")
         resets = stack.metric("leap_producer_resets")
-        assert stack.alive(), stack.log_tail()
-        assert stack.stop(signal.SIGTERM) == 0, stack.log_tail()
-        figures = check_nothing_lost(stack, fl, rankings.latest())
-        assert not dead_letters(bootstrap, t["dlq"])
-        repeats = rankings.received - len(rankings.latest())
+        figures, repeats = _stop_and_check(stack, fl, rankings)
         print(
             f"\n--- broker frozen ({when}): {fl.events} events; broker frozen {frozen_s:.1f}s; "
             f"{replaced:.0f} consumers replaced; {resets:.0f} producers reset; same worker "

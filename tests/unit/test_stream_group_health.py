@@ -85,6 +85,14 @@ def test_a_new_consumer_that_never_joins_is_a_stall() -> None:
     assert h.unsettled_for(540.0) == pytest.approx(40.0)
 
 
+def test_a_limit_of_zero_never_stalls() -> None:
+    h = GroupHealth(limit_s=0)
+    assert not h.watching
+    h.restart(now=0.0)
+    h.observe(("query-coord", "init"), now=1.0)
+    assert not h.stalled(10_000.0)
+
+
 def test_statistics_interval_follows_the_limit() -> None:
     assert stats_interval_ms(120) == 5000  # at most every 5 s
     assert stats_interval_ms(8) == 2000  # a quarter of the limit
