@@ -8,9 +8,11 @@ is what the group would still have to read.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterable, Mapping
+import functools
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
@@ -18,6 +20,11 @@ from leap_stream import config
 from leap_stream.stream.env import resolve_bootstrap
 
 TopicPartitionKey = tuple[str, int]
+T = TypeVar("T")
+
+# NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE: librdkafka does not
+# flag them retriable for committed(), yet a fresh or restarted broker answers them for a moment
+COORDINATOR_MOVING = frozenset({16, 14, 15})
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +56,30 @@ def compute_lag(
 
 def total_lag(rows: Iterable[PartitionLag]) -> int:
     return sum(r.lag for r in rows)
+
+
+def while_coordinator_moves(
+    fn: Callable[[], T],
+    timeout: float,
+    *,
+    every: float = 0.2,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], object] = time.sleep,
+) -> T:
+    """``fn()``, retried while the group's coordinator is moving or loading, up to ``timeout``.
+
+    CI read the lag of a group on a broker started seconds before: the coordinator had not
+    loaded the offsets topic yet and ``committed()`` raised NOT_COORDINATOR."""
+    from confluent_kafka import KafkaException
+
+    deadline = clock() + timeout
+    while True:
+        try:
+            return fn()
+        except KafkaException as exc:
+            if exc.args[0].code() not in COORDINATOR_MOVING or clock() + every > deadline:
+                raise
+        sleep(every)
 
 
 class LagReader:
@@ -95,7 +126,9 @@ class LagReader:
             ]
             if not tps:
                 continue
-            for tp in consumer.committed(tps, timeout=timeout):
+            ask = functools.partial(consumer.committed, tps, timeout=timeout)
+            got = while_coordinator_moves(ask, timeout)
+            for tp in got:
                 committed[(tp.topic, tp.partition)] = tp.offset if tp.offset >= 0 else None
             for tp in tps:
                 low, high = consumer.get_watermark_offsets(tp, timeout=timeout, cached=False)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -14,7 +15,7 @@ from leap_stream.contracts import validate_event
 from leap_stream.stream.app import _Pending, dead_letter_key, faust_broker_url
 from leap_stream.stream.batch import Backoff, Record, decode_records
 from leap_stream.stream.client import summary_line
-from leap_stream.stream.lag import compute_lag, total_lag
+from leap_stream.stream.lag import compute_lag, total_lag, while_coordinator_moves
 from leap_stream.stream.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,6 +39,39 @@ def test_lag_committed_and_uncommitted_partitions() -> None:
     assert [(r.topic, r.partition) for r in rows] == [("a", 0), ("a", 1), ("b", 0)]
     assert total_lag(rows) == 16
     assert rows[1].committed is None
+
+
+def test_lag_read_retries_while_the_coordinator_moves() -> None:
+    from confluent_kafka import KafkaError, KafkaException
+
+    now = [0.0]
+    answers: list[Any] = [
+        KafkaException(KafkaError(KafkaError.NOT_COORDINATOR)),
+        KafkaException(KafkaError(KafkaError.COORDINATOR_LOAD_IN_PROGRESS)),
+        "offsets",
+    ]
+
+    def committed() -> Any:
+        got = answers.pop(0)
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    def sleep(s: float) -> None:
+        now[0] += s
+
+    assert while_coordinator_moves(committed, 10, clock=lambda: now[0], sleep=sleep) == "offsets"
+    assert now[0] == pytest.approx(0.4)
+    # past the timeout, the coordinator's answer is the caller's
+    now[0] = 0.0
+    answers[:] = [KafkaException(KafkaError(KafkaError.NOT_COORDINATOR))] * 100
+    with pytest.raises(KafkaException):
+        while_coordinator_moves(committed, 1, every=0.3, clock=lambda: now[0], sleep=sleep)
+    assert len(answers) == 96  # tried at 0, 0.3, 0.6 and 0.9 s
+    # any other error is not retried
+    answers[:] = [KafkaException(KafkaError(KafkaError._TIMED_OUT)), "offsets"]
+    with pytest.raises(KafkaException):
+        while_coordinator_moves(committed, 10, clock=lambda: now[0], sleep=sleep)
 
 
 def test_lag_zero_when_caught_up() -> None:
