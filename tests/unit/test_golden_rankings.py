@@ -1,0 +1,82 @@
+"""Golden rankings: a fixed set of submissions, histories and a fixed model rank byte for byte as
+recorded in tests/golden/rankings.jsonl.
+
+The model is fitted here from the seeded synthetic dataset, so the file pins the fit, the
+features, the prediction, the ranking and the encoding together. A change that is meant to move
+rankings regenerates it (``LEAP_WRITE_GOLDEN=1 pytest tests/unit/test_golden_rankings.py``) and
+says why in its commit; a refactor must leave it untouched.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from leap_stream.catalog import load_catalog
+from leap_stream.contracts import Ok, decode, encode
+from leap_stream.core import features as F
+from leap_stream.core.lookup import LookupTable
+from leap_stream.core.predictor import ThroughputModel
+from leap_stream.core.ranker import Ranker
+from leap_stream.train import pit
+from leap_stream.train import synthetic as S
+
+GOLDEN = Path(__file__).parents[1] / "golden" / "rankings.jsonl"
+NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+JOBS = 240
+
+
+def _rank_fixed_set() -> list[bytes]:
+    data = S.dataset(4000, seed=7)
+    train, serve = data.iloc[:3000], data.iloc[3000 : 3000 + JOBS]
+    measured = pit.measured(train)
+    snap = pit.replay(measured, measured)
+    frame = F.build(
+        measured,
+        [[h] for h in measured["hardware_type"]],
+        snap.histories,
+        snap.aggregates,
+        S.SPECS,
+        snap.now,
+    )
+    model = ThroughputModel.fit(
+        frame, measured["samples_per_s"].to_numpy(), measured["lineage_id"], num_rounds=40
+    )
+    model.metadata["version"] = "golden"  # the fitted version carries the wall clock
+    ranker = Ranker(load_catalog(), model, LookupTable.fit(train))
+    # the serving rows see every training completion: lineages seen before get their history
+    served = pit.replay(measured, serve.assign(submitted_at=NOW))
+    submissions: list[Any] = []
+    for i in range(len(serve)):
+        raw = orjson.dumps(S.submission_event(serve.iloc[i]))
+        decoded = decode(raw, "job-submitted", max_bytes=1 << 20)
+        assert isinstance(decoded, Ok), decoded
+        submissions.append(decoded.event)
+    aggregates = {
+        str(mt): agg
+        for mt, agg in zip(serve["model_type"], served.aggregates, strict=True)
+        if agg
+    }
+    # every fifth job ranks as if Redis were down (no history)
+    histories = [None if i % 5 == 4 else h for i, h in enumerate(served.histories)]
+    rankings = ranker.rank_batch(submissions, histories, aggregates, NOW)
+    return [encode(r) for r in rankings]
+
+
+def test_rankings_match_the_golden_file() -> None:
+    lines = _rank_fixed_set()
+    if os.environ.get("LEAP_WRITE_GOLDEN") == "1":
+        GOLDEN.parent.mkdir(parents=True, exist_ok=True)
+        GOLDEN.write_bytes(b"\n".join(lines) + b"\n")
+    want = GOLDEN.read_bytes().splitlines()
+    assert len(lines) == len(want) == JOBS
+    sources = {orjson.loads(line)["source"] for line in want}
+    assert "model" in sources  # the file exercises the model, not only the fallbacks
+    for i, (got, expected) in enumerate(zip(lines, want, strict=True)):
+        if got != expected:
+            pytest.fail(f"ranking {i} differs from the golden file:\n{got!r}\n{expected!r}")
