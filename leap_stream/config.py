@@ -124,31 +124,21 @@ SETTINGS: tuple[Setting, ...] = (
         "Longest wait to fill a batch (seconds); 0: events go to the batcher as they arrive.",
     ),
     Setting(
-        "LEAP_SUBMISSIONS_CONSUMER",
-        "librdkafka",
-        "librdkafka: submissions are read by a confluent-kafka consumer in the worker's ranking "
-        "thread, group <LEAP_CONSUMER_GROUP>.submissions (stream/submission_loop.py); faust: "
-        "by a Faust agent in LEAP_CONSUMER_GROUP, like the completions.",
-    ),
-    Setting(
         "LEAP_FETCH_MIN_BYTES",
         "65536",
-        "Worker consumer fetch_min_bytes (Faust's consumer): the broker answers a fetch once this "
-        "much is there.",
+        "fetch_min_bytes of Faust's consumer (the completions): the broker answers a fetch once "
+        "this much is there, or after LEAP_COMPLETIONS_FETCH_MAX_WAIT_MS.",
     ),
     Setting(
         "LEAP_FETCH_MAX_WAIT_MS",
         "5",
-        "Fetch max wait of the consumer that reads the submissions: librdkafka's "
-        "fetch.wait.max.ms (it answers on the first byte), or Faust's (waits for "
-        "LEAP_FETCH_MIN_BYTES) with LEAP_SUBMISSIONS_CONSUMER=faust.",
+        "fetch.wait.max.ms of the submissions consumer (librdkafka answers on the first byte).",
     ),
     Setting(
         "LEAP_COMPLETIONS_FETCH_MAX_WAIT_MS",
         "100",
-        "Fetch max wait of Faust's consumer when it reads only the completions "
-        "(LEAP_SUBMISSIONS_CONSUMER=librdkafka): they are not latency-critical, and each empty "
-        "fetch is parsed in Python on the interpreter lock the ranking needs.",
+        "Fetch max wait of Faust's consumer (the completions): they are not latency-critical, "
+        "and each empty fetch is parsed in Python on the interpreter lock the ranking needs.",
     ),
     Setting(
         "LEAP_METRICS_PORT", "9108", "Port of the Prometheus /metrics endpoint; 0 disables it."
@@ -159,12 +149,6 @@ SETTINGS: tuple[Setting, ...] = (
         "1: score with the model's trees compiled to machine code (lleaves, the `compiled` "
         "extra), checked bit-identical to LightGBM; LightGBM serves while they compile. auto: "
         "1 when the extra is installed (as in the image), else 0. 0: LightGBM's predict.",
-    ),
-    Setting(
-        "LEAP_EAGER_DELIVERY",
-        "1",
-        "1: Faust's fetch loop delivers a message without four tasks per message when the "
-        "delivery does not block (stream/eager.py); 0: Faust's own path.",
     ),
     Setting(
         "LEAP_GC_FREEZE",

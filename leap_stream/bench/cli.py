@@ -13,7 +13,6 @@ from typing import Any
 
 import orjson
 
-from leap_stream import config
 from leap_stream.bench.stats import final_figures
 
 
@@ -67,7 +66,6 @@ def run(args: argparse.Namespace) -> int:
         figs["workers"] = args.workers
         compiled = wanted_compiled()
         figs["compiled_trees"] = compiled
-        figs["submissions_consumer"] = config.get("LEAP_SUBMISSIONS_CONSUMER")
         n = len(world.submissions)
         naive_n = args.naive_events or max(30, n // 500)
 

@@ -79,8 +79,6 @@ class HeldAcks:
     in Redis for the completion join (`SubmissionBatchResult.remembered` false, Redis down), so
     that a restart redoes them. At most ``max_held`` events wait; beyond that the oldest are
     acked anyway (their completions become orphans, dead-lettered, not lost).
-
-    Shared by the Faust agent and the submissions loop (stream/app.py, stream/submission_loop.py).
     """
 
     def __init__(self, gate: OrderedAcks, max_held: int) -> None:

@@ -1,14 +1,15 @@
-"""The Faust app: two agents (submissions, completions), a model-reload timer and a lag timer.
+"""The worker's Faust app: the completions agent, the submissions loop as a task, two timers.
 
-Faust owns consumption, group membership and offset commits; the agents own durability. Both
-agents read with ``stream.noack_take`` so that *nothing* is acked implicitly: an event is acked
-only after every output it caused is durable (rankings and dead letters acknowledged by the
-broker; dataset rows fsynced; history applied in Redis). Faust commits only acked offsets, and
-only contiguous ones, so a crash anywhere repeats work and never loses it (docs/worker.md).
+Faust owns the completions' consumption, group membership and offset commits; the agent owns
+durability. It reads with ``stream.noack()`` so that nothing is acked implicitly: an event is
+acked only after every output it caused is durable (dead letters acknowledged by the broker,
+dataset rows fsynced, history applied in Redis). Faust commits only acked offsets, handed to it
+in offset order (`OrderedAcks`), so a crash anywhere repeats work and never loses it
+(docs/worker.md). The submissions are read by `SubmissionLoop` on librdkafka, which keeps the
+same contract for its own consumer group.
 
-The blocking work of a batch (Redis round trip, one LightGBM call, Parquet write, producer
-flush) runs in one single-thread executor per agent: the event loop keeps fetching meanwhile,
-and each agent's batches stay in order.
+The blocking work of a completions batch (Redis round trip, Parquet write, producer flush) runs
+in a single-thread executor: the event loop keeps fetching meanwhile, and batches stay in order.
 """
 
 from __future__ import annotations
@@ -17,30 +18,30 @@ import asyncio
 import logging
 import os
 import ssl
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import faust
 import orjson
 
 from leap_stream import config
-from leap_stream.stream.acks import HeldAcks, OrderedAcks
+from leap_stream.stream.acks import OrderedAcks
 from leap_stream.stream.batch import (
     CompletionBatchResult,
     CompletionProcessor,
     Record,
     SubmissionBatchResult,
     SubmissionProcessor,
-    store_failed,
 )
-from leap_stream.stream.eager import eager_message_delivery
 from leap_stream.stream.metrics import Metrics
 from leap_stream.stream.output import OutputProducer
-from leap_stream.stream.submission_loop import SubmissionLoop, uses_submission_loop
+from leap_stream.stream.retry import Retry, Unfinished
+from leap_stream.stream.submission_loop import SubmissionLoop
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -119,7 +120,7 @@ class _Pending:
         self.since: float | None = None
         self.lock = asyncio.Lock()
         # completions that arrived before their submission was remembered (the submissions
-        # agent is behind): (event, record, completion, first seen), retried until the grace
+        # loop is behind): (event, record, completion, first seen), retried until the grace
         self.waiting: list[tuple[Any, Record, dict[str, Any], float]] = []
 
     def add(self, events: list[Any], rows: list[dict[str, Any]]) -> None:
@@ -201,18 +202,17 @@ def tune_consumer_fetch(min_bytes: int, max_wait_ms: int) -> None:
     cls._create_worker_consumer = create
 
 
-def build_app(deps: WorkerDeps) -> faust.App:
+def new_faust_app(deps: WorkerDeps) -> faust.App:
+    """The Faust app of the completions: raw bytes, no tables, commits only what is acked."""
     cfg = deps.cfg
     datadir = cfg.home / "faust" / cfg.consumer_group
     datadir.mkdir(parents=True, exist_ok=True)
-    # Faust's consumer reads the submissions too only with LEAP_SUBMISSIONS_CONSUMER=faust
-    wait = (
-        "LEAP_COMPLETIONS_FETCH_MAX_WAIT_MS" if uses_submission_loop() else "LEAP_FETCH_MAX_WAIT_MS"
+    tune_consumer_fetch(
+        int(config.get("LEAP_FETCH_MIN_BYTES")),
+        int(config.get("LEAP_COMPLETIONS_FETCH_MAX_WAIT_MS")),
     )
-    tune_consumer_fetch(int(config.get("LEAP_FETCH_MIN_BYTES")), int(config.get(wait)))
-    if config.get("LEAP_EAGER_DELIVERY") == "1":
-        eager_message_delivery()
-    app = LeanApp(
+    session_s = float(config.get("LEAP_KAFKA_SESSION_TIMEOUT_S"))
+    return LeanApp(
         cfg.consumer_group,
         broker=faust_broker_url(deps.bootstrap),
         broker_credentials=faust_credentials(),
@@ -225,138 +225,97 @@ def build_app(deps: WorkerDeps) -> faust.App:
         web_enabled=False,
         datadir=str(datadir),
         consumer_auto_offset_reset="earliest",
-        stream_wait_empty=True,  # shutdown/rebalance waits for the batch in hand to be acked
+        # a rebalance does not wait for the batch in hand: what it has not acked stays
+        # uncommitted and the partition's next owner redoes it (completions are deduplicated)
+        stream_wait_empty=False,
         broker_commit_interval=float(config.get("LEAP_COMMIT_INTERVAL_S")),
         broker_commit_every=cfg.batch_size,
         # a crashed worker's partitions move after this long (aiokafka heartbeats from the
-        # event loop, which the executors keep free, so a long batch does not trip it)
-        broker_session_timeout=float(config.get("LEAP_KAFKA_SESSION_TIMEOUT_S")),
-        broker_heartbeat_interval=min(3.0, float(config.get("LEAP_KAFKA_SESSION_TIMEOUT_S")) / 3),
+        # event loop, which the executor keeps free, so a long batch does not trip it)
+        broker_session_timeout=session_s,
+        broker_heartbeat_interval=min(3.0, session_s / 3),
         stream_buffer_maxsize=max(4 * cfg.batch_size, 4096),
         broker_max_poll_records=cfg.batch_size,
         producer_acks=-1,
         autodiscover=False,
     )
-    completions_topic = app.topic(
-        cfg.topic_completions, key_type=bytes, value_type=bytes, internal=False
-    )
-    sub_pool = ThreadPoolExecutor(1, thread_name_prefix="leap-submissions")
-    comp_pool = ThreadPoolExecutor(1, thread_name_prefix="leap-completions")
-    aux_pool = ThreadPoolExecutor(1, thread_name_prefix="leap-aux")
-    m = deps.metrics
-    pending = _Pending()
-    stats = deps.stats
 
-    async def in_thread(pool: ThreadPoolExecutor, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
 
-    def exit_unfinished() -> None:
-        """Leave now with status 3: what is not durable stays uncommitted and is redone."""
-        for out in outputs.values():
-            out.close(5.0)
-        os._exit(EXIT_UNFINISHED)
+def send_all(
+    out: OutputProducer,
+    topics: config.Config,
+    rankings: list[dict[str, Any]],
+    dead: list[dict[str, Any]],
+) -> int:
+    """Publish rankings and dead letters and wait until the broker has them all."""
+    for r in rankings:
+        out.send(topics.topic_rankings, str(r["job_id"]).encode(), orjson.dumps(r))
+    for dl in dead:
+        out.send(topics.topic_dead_letter, dead_letter_key(dl), orjson.dumps(dl))
+    return out.flush()
 
-    async def until_done(what: str, pool: ThreadPoolExecutor, fn: Callable[..., T], *a: Any) -> T:
-        """Retry an infrastructure step with backoff; at shutdown give up without acking."""
-        delay = 0.2
-        while True:
-            try:
-                return await in_thread(pool, fn, *a)
-            except Exception as exc:
-                if store_failed(exc):
-                    m.redis_errors.labels(op=what).inc()
-                if app.should_stop:
-                    log.error(
-                        "stopping while %s fails (%r): exiting without committing it", what, exc
-                    )
-                    exit_unfinished()
-                log.warning("%s failed (%r); retrying in %.1fs", what, exc, delay)
-                await asyncio.sleep(delay)
-                delay = min(deps.retry_cap_s, delay * 2)
 
-    # Each agent has its own producer, used only from its own executor thread: a flush then
-    # covers exactly that agent's records and their delivery reports (with one producer
-    # flushed from two threads, one agent could ack on the strength of the other's flush).
-    outputs = {sub_pool: deps.make_output(), comp_pool: deps.make_output()}
+def count_dead(m: Metrics, topic: str, dead: list[dict[str, Any]]) -> None:
+    for dl in dead:
+        m.dead_letter.labels(topic=topic, kind=dl["error"]["kind"]).inc()
 
-    def sender(out: OutputProducer) -> Callable[[list[Any], list[Any]], int]:
-        def send_all(rankings: list[dict[str, Any]], dead: list[dict[str, Any]]) -> int:
-            for r in rankings:
-                out.send(cfg.topic_rankings, str(r["job_id"]).encode(), orjson.dumps(r))
-            for dl in dead:
-                out.send(cfg.topic_dead_letter, dead_letter_key(dl), orjson.dumps(dl))
-            return out.flush()
 
-        return send_all
+def observe_submissions(
+    deps: WorkerDeps, records: list[Record], res: SubmissionBatchResult, took: float
+) -> None:
+    """Metrics of a submission batch, once its outputs are durable."""
+    m, topic, stats = deps.metrics, deps.cfg.topic_submissions, deps.stats
+    m.events_in.labels(topic=topic, outcome="valid").inc(res.valid)
+    m.events_in.labels(topic=topic, outcome="invalid").inc(len(records) - res.valid)
+    count_dead(m, topic, res.dead_letters)
+    if res.redis_error is not None:
+        if res.redis_error != "backoff":
+            m.redis_errors.labels(op="read_and_remember").inc()
+        m.history_unavailable.inc(len(res.rankings))
+    covered = 0
+    for r in res.rankings:
+        m.rankings_out.labels(source=r["source"]).inc()
+        if r["source"] != "model":
+            m.fallback.labels(reason=r["reason"]).inc()
+        covered += r["source"] != "none"
+        m.ranking_latency.observe(max(0.0, float(r["latency_ms"])) / 1000.0)
+    m.observe_coverage(len(res.rankings), covered)
+    m.batch_size.labels(agent="submissions").observe(len(records))
+    m.batch_seconds.labels(agent="submissions").observe(took)
+    stats["submissions_in"] = stats.get("submissions_in", 0) + len(records)
+    stats["rankings_out"] = stats.get("rankings_out", 0) + len(res.rankings)
 
-    send_submissions, send_completions = sender(outputs[sub_pool]), sender(outputs[comp_pool])
 
-    def count_dead(topic: str, dead: list[dict[str, Any]]) -> None:
-        for dl in dead:
-            m.dead_letter.labels(topic=topic, kind=dl["error"]["kind"]).inc()
+class CompletionsAgent:
+    """Completions: apply to the history, join with the submission, buffer the dataset rows,
+    write them on size or age, then ack in offset order. One batch at a time with the flusher
+    (``pending.lock``), so a rebalance never sees half a batch."""
 
-    sub_acks = HeldAcks(
-        OrderedAcks(lambda e: e.message.tp, lambda e: e.message.offset, lambda e: e.ack()),
-        MAX_HELD,
-    )
-    sub_busy = asyncio.Lock()  # a batch in hand: the flusher must not forget its events
-
-    async def handle_submissions(events: list[Any]) -> None:
-        async with sub_busy:
-            await _handle_submissions(events)
-
-    async def _handle_submissions(events: list[Any]) -> None:
-        t0 = time.perf_counter()
-        records = [record_of(e) for e in events]
-        now = datetime.now(UTC)
-        res: SubmissionBatchResult = await until_done(
-            "rank", sub_pool, deps.submissions.process, records, now
+    def __init__(self, app: faust.App, deps: WorkerDeps, out: OutputProducer) -> None:
+        self.app = app
+        self.deps = deps
+        self.out = out
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="leap-completions")
+        self.pending = _Pending()
+        self.gate = OrderedAcks(
+            lambda e: e.message.tp, lambda e: e.message.offset, lambda e: e.ack()
         )
-        if res.rankings or res.dead_letters:
-            await until_done("produce", sub_pool, send_submissions, res.rankings, res.dead_letters)
-        sub_acks.gate.track(events)
-        sub_acks.batch_done(events, res.remembered, res.flushed_pending)
-        observe_submissions(records, res, time.perf_counter() - t0)
+        self.stopping = threading.Event()
+        self.retry = Retry(
+            lambda: bool(app.should_stop),
+            self.stopping.wait,
+            lambda op: deps.metrics.redis_errors.labels(op=op).inc(),
+            deps.retry_cap_s,
+        )
 
-    def observe_submissions(records: list[Record], res: SubmissionBatchResult, took: float) -> None:
-        """Metrics of a submission batch, once its outputs are durable."""
-        topic = cfg.topic_submissions
-        m.events_in.labels(topic=topic, outcome="valid").inc(res.valid)
-        m.events_in.labels(topic=topic, outcome="invalid").inc(len(records) - res.valid)
-        count_dead(topic, res.dead_letters)
-        if res.redis_error is not None:
-            if res.redis_error != "backoff":
-                m.redis_errors.labels(op="read_and_remember").inc()
-            m.history_unavailable.inc(len(res.rankings))
-        covered = 0
-        for r in res.rankings:
-            m.rankings_out.labels(source=r["source"]).inc()
-            if r["source"] != "model":
-                m.fallback.labels(reason=r["reason"]).inc()
-            covered += r["source"] != "none"
-            m.ranking_latency.observe(max(0.0, float(r["latency_ms"])) / 1000.0)
-        m.observe_coverage(len(res.rankings), covered)
-        m.batch_size.labels(agent="submissions").observe(len(records))
-        m.batch_seconds.labels(agent="submissions").observe(took)
-        stats["submissions_in"] = stats.get("submissions_in", 0) + len(records)
-        stats["rankings_out"] = stats.get("rankings_out", 0) + len(res.rankings)
-
-    async def run_batches(name: str, batcher: Batcher, handle: Callable[[list[Any]], Any]) -> None:
-        """The processing side of a Batcher; a bug here stops the worker (nothing is acked)."""
-        while True:
-            batch = await batcher.next_batch()
-            try:
-                await handle(batch)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.exception("%s batch handler failed: stopping the worker", name)
-                await app.crash(exc)
-                return
-
-    async def consume(stream: Any, name: str, handle: Callable[[list[Any]], Any]) -> None:
+    async def consume(self, stream: Any) -> None:
+        """The agent's body: events go to a Batcher, batches to `handle`; the flusher beside."""
+        cfg = self.deps.cfg
         batcher = Batcher(cfg.batch_size, 4 * cfg.batch_size)
-        task = asyncio.ensure_future(run_batches(name, batcher, handle))
+        tasks = [
+            asyncio.ensure_future(self._run_batches(batcher)),
+            asyncio.ensure_future(self._flusher()),
+        ]
         try:
             if cfg.batch_within_s > 0:
                 async for events in stream.noack_take(cfg.batch_size, within=cfg.batch_within_s):
@@ -367,59 +326,80 @@ def build_app(deps: WorkerDeps) -> faust.App:
                 async for event in stream.noack().events():
                     await batcher.feed([event])
         finally:
-            task.cancel()
+            for task in tasks:
+                task.cancel()
 
-    sub_loop: SubmissionLoop | None = None
-    if uses_submission_loop():
-        # the hot path on librdkafka (stream/submission_loop.py); Faust keeps the completions
-        sub_loop = SubmissionLoop(
-            bootstrap=deps.bootstrap,
-            group=cfg.consumer_group,
-            topic=cfg.topic_submissions,
-            processor=deps.submissions,
-            send=send_submissions,  # the loop's thread is then its producer's only user
-            on_batch=observe_submissions,
-            on_store_error=lambda op: m.redis_errors.labels(op=op).inc(),
-            on_replace=lambda _why: m.consumer_replaced.inc(),
-            batch_size=cfg.batch_size,
-            max_held=MAX_HELD,
-            retry_cap_s=deps.retry_cap_s,
-        )
-        loop_ref = sub_loop
+    async def _run_batches(self, batcher: Batcher) -> None:
+        """A bug in a batch stops the worker (nothing of it is acked)."""
+        while True:
+            batch = await batcher.next_batch()
+            try:
+                await self.handle(batch)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.exception("completions batch handler failed: stopping the worker")
+                await self.app.crash(exc)
+                return
 
-        @app.task
-        async def submissions_loop() -> None:
-            loop_ref.start()
-            while loop_ref.running:
-                await asyncio.sleep(0.25)
-            if loop_ref.error is not None:
-                await app.crash(loop_ref.error)
-    else:
-        submissions_topic = app.topic(
-            cfg.topic_submissions, key_type=bytes, value_type=bytes, internal=False
-        )
+    async def _step(self, what: str, fn: Callable[..., T], *args: Any) -> T:
+        """`Retry.run` in the agent's thread; giving up at a stop exits unfinished."""
+        try:
+            return await asyncio.get_running_loop().run_in_executor(
+                self.pool, self.retry.run, what, fn, *args
+            )
+        except Unfinished:
+            exit_unfinished([self.out])
 
-        @app.agent(submissions_topic)
-        async def submissions(stream: Any) -> None:
-            await consume(stream, "submissions", handle_submissions)
+    def _send_dead(self, dead: list[dict[str, Any]]) -> int:
+        return send_all(self.out, self.deps.cfg, [], dead)
 
-    gate = OrderedAcks(lambda e: e.message.tp, lambda e: e.message.offset, lambda e: e.ack())
+    def _process(self, records: list[Record], now: datetime) -> CompletionBatchResult:
+        grace = self.deps.orphan_grace_s
+        return self.deps.completions.process(records, now, wait_for_join=grace > 0)
 
-    async def resolve_waiting() -> None:
+    async def handle(self, events: list[Any]) -> None:
+        t0 = time.perf_counter()
+        records = [record_of(e) for e in events]
+        now = datetime.now(UTC)
+        pending = self.pending
+        async with pending.lock:
+            self.gate.track(events)
+            res: CompletionBatchResult = await self._step("apply", self._process, records, now)
+            if res.dead_letters:
+                await self._step("produce", self._send_dead, res.dead_letters)
+            waiting = {i for i, _c in res.waiting}
+            mono = time.monotonic()
+            pending.add([e for i, e in enumerate(events) if i not in waiting], res.rows)
+            pending.waiting.extend((events[i], records[i], comp, mono) for i, comp in res.waiting)
+            await self._flush_locked(force=False)
+        self._observe(records, res, time.perf_counter() - t0)
+
+    def _observe(self, records: list[Record], res: CompletionBatchResult, took: float) -> None:
+        m, topic, stats = self.deps.metrics, self.deps.cfg.topic_completions, self.deps.stats
+        m.events_in.labels(topic=topic, outcome="valid").inc(res.valid)
+        m.events_in.labels(topic=topic, outcome="invalid").inc(len(records) - res.valid)
+        count_dead(m, topic, res.dead_letters)
+        m.completions_duplicate.inc(res.duplicates)
+        m.batch_size.labels(agent="completions").observe(len(records))
+        m.batch_seconds.labels(agent="completions").observe(took)
+        stats["completions_in"] = stats.get("completions_in", 0) + len(records)
+
+    async def _resolve_waiting(self) -> None:
         """Retry the join of waiting completions; orphan them after the grace period."""
+        pending = self.pending
         if not pending.waiting:
             return
         mono = time.monotonic()
         items = [(rec, comp) for _e, rec, comp, _t in pending.waiting]
-        give_up = [mono - since >= deps.orphan_grace_s for *_x, since in pending.waiting]
+        give_up = [mono - since >= self.deps.orphan_grace_s for *_x, since in pending.waiting]
         now = datetime.now(UTC)
-        outcome = await until_done(
-            "join", comp_pool, deps.completions.join_waiting, items, give_up, now
-        )
+        join = self.deps.completions.join_waiting
+        outcome = await self._step("join", join, items, give_up, now)
         dead = [dl for kind, dl in outcome if kind == "dead" and dl is not None]
         if dead:
-            await until_done("produce", comp_pool, send_completions, [], dead)
-            count_dead(cfg.topic_completions, dead)
+            await self._step("produce", self._send_dead, dead)
+            count_dead(self.deps.metrics, self.deps.cfg.topic_completions, dead)
         still: list[tuple[Any, Record, dict[str, Any], float]] = []
         for item, (kind, value) in zip(pending.waiting, outcome, strict=True):
             if kind == "wait":
@@ -428,127 +408,120 @@ def build_app(deps: WorkerDeps) -> faust.App:
             pending.add([item[0]], [value] if kind == "row" and value is not None else [])
         pending.waiting = still
 
-    async def flush_locked(force: bool) -> None:
+    async def _flush_locked(self, force: bool) -> None:
         """Dataset write when due, then ack (in offset order, through the gate). Holds the lock."""
-        await resolve_waiting()
+        await self._resolve_waiting()
+        pending, deps = self.pending, self.deps
         if pending.events:
             age = time.monotonic() - (pending.since or time.monotonic())
             if force or len(pending.rows) >= deps.flush_rows or age >= deps.flush_s:
                 rows = list(pending.rows.values())
                 if rows:
-                    await until_done("dataset", comp_pool, deps.dataset_append, rows)
-                    m.dataset_rows_written.inc(len(rows))
-                gate.done(pending.events)
+                    await self._step("dataset", deps.dataset_append, rows)
+                    deps.metrics.dataset_rows_written.inc(len(rows))
+                self.gate.done(pending.events)
                 pending.events, pending.rows, pending.since = [], {}, None
-                stats["dataset_rows"] = stats.get("dataset_rows", 0) + len(rows)
-        if force and (app.should_stop or app.rebalancing):
-            # Shutdown or rebalance: what is still unacked (completions waiting for their
-            # submission and the events after them) is dropped without acking. Faust is told
-            # not to wait for it; its offsets stay uncommitted and it is redelivered.
+                deps.stats["dataset_rows"] = deps.stats.get("dataset_rows", 0) + len(rows)
+        if force and (self.app.should_stop or self.app.rebalancing):
+            # what is still unacked (completions waiting for their submission and the events
+            # after them) stays uncommitted and is redelivered
             pending.waiting = []
-            drop_unacked(gate.forget(), "completion")
+            left = self.gate.forget()
+            if left:
+                log.warning("%d completion events left uncommitted; redelivered later", len(left))
 
-    def drop_unacked(left: list[Any], what: str) -> None:
-        """Forget events without acking them; Faust must not wait for them at stop/rebalance."""
-        if not left:
-            return
-        log.warning("%d %s events left uncommitted; redelivered later", len(left), what)
-        unacked = getattr(app.consumer, "_unacked_messages", None)
-        if unacked is not None:
-            for ev in left:
-                unacked.discard(ev.message)
+    async def flush(self, force: bool) -> None:
+        async with self.pending.lock:
+            await self._flush_locked(force)
 
-    async def flusher() -> None:
+    async def _flusher(self) -> None:
         """Writes the dataset buffer on age, when idle, and when the app stops or rebalances."""
-        tick = max(0.05, min(0.5, deps.flush_s / 4))
+        tick = max(0.05, min(0.5, self.deps.flush_s / 4))
         while True:
             await asyncio.sleep(tick)
-            if (app.should_stop or app.rebalancing) and sub_acks.held and not sub_busy.locked():
-                drop_unacked(sub_acks.forget(), "submission")
-            elif sub_acks.held and not sub_busy.locked():
-                # Redis is back but no submission batch came to write what it missed
-                async with sub_busy:
-                    flushed: bool = await in_thread(sub_pool, deps.submissions.flush_pending)
-                    if flushed:
-                        sub_acks.release()
             try:
-                async with pending.lock:
-                    await flush_locked(force=app.should_stop or app.rebalancing)
+                await self.flush(force=bool(self.app.should_stop or self.app.rebalancing))
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log.exception("dataset flush failed")
 
-    def process_completions(records: list[Record], now: datetime) -> CompletionBatchResult:
-        return deps.completions.process(records, now, wait_for_join=deps.orphan_grace_s > 0)
 
-    async def handle_completions(events: list[Any]) -> None:
-        t0 = time.perf_counter()
-        records = [record_of(e) for e in events]
-        now = datetime.now(UTC)
-        # one batch at a time with the flusher: a rebalance never sees half a batch
-        async with pending.lock:
-            gate.track(events)
-            res: CompletionBatchResult = await until_done(
-                "apply", comp_pool, process_completions, records, now
-            )
-            if res.dead_letters:
-                await until_done("produce", comp_pool, send_completions, [], res.dead_letters)
-            waiting = {i for i, _c in res.waiting}
-            mono = time.monotonic()
-            pending.add([e for i, e in enumerate(events) if i not in waiting], res.rows)
-            pending.waiting.extend((events[i], records[i], comp, mono) for i, comp in res.waiting)
-            await flush_locked(force=False)
-        topic = cfg.topic_completions
-        m.events_in.labels(topic=topic, outcome="valid").inc(res.valid)
-        m.events_in.labels(topic=topic, outcome="invalid").inc(len(records) - res.valid)
-        count_dead(topic, res.dead_letters)
-        m.completions_duplicate.inc(res.duplicates)
-        m.batch_size.labels(agent="completions").observe(len(records))
-        m.batch_seconds.labels(agent="completions").observe(time.perf_counter() - t0)
-        stats["completions_in"] = stats.get("completions_in", 0) + len(records)
+def exit_unfinished(outputs: list[OutputProducer]) -> NoReturn:
+    """Leave now with status 3: what is not durable stays uncommitted and is redone."""
+    for out in outputs:
+        out.close(5.0)
+    os._exit(EXIT_UNFINISHED)
 
-    @app.agent(completions_topic)
-    async def completions(stream: Any) -> None:
-        task = asyncio.ensure_future(flusher())
-        try:
-            await consume(stream, "completions", handle_completions)
-        finally:
-            task.cancel()
 
-    if deps.model_poll is not None:
-        model_poll = deps.model_poll
+def build_app(deps: WorkerDeps) -> faust.App:
+    """The worker: the completions agent, the submissions loop, the model and lag timers."""
+    cfg = deps.cfg
+    app = new_faust_app(deps)
+    # one producer per consumer of the input, each used from one thread only: a flush then
+    # covers exactly that side's records and delivery reports
+    sub_out, comp_out = deps.make_output(), deps.make_output()
+    agent = CompletionsAgent(app, deps, comp_out)
+    app.agent(app.topic(cfg.topic_completions, key_type=bytes, value_type=bytes, internal=False))(
+        agent.consume
+    )
+    sub_loop = SubmissionLoop(
+        bootstrap=deps.bootstrap,
+        group=cfg.consumer_group,
+        topic=cfg.topic_submissions,
+        processor=deps.submissions,
+        send=lambda rankings, dead: send_all(sub_out, cfg, rankings, dead),
+        on_batch=lambda records, res, took: observe_submissions(deps, records, res, took),
+        on_store_error=lambda op: deps.metrics.redis_errors.labels(op=op).inc(),
+        on_replace=lambda _why: deps.metrics.consumer_replaced.inc(),
+        batch_size=cfg.batch_size,
+        max_held=MAX_HELD,
+        retry_cap_s=deps.retry_cap_s,
+    )
 
-        @app.timer(cfg.model_poll_s)
-        async def reload_model() -> None:
-            try:
-                await in_thread(aux_pool, model_poll)
-            except Exception:
-                log.exception("model poll failed")
+    async def submissions_loop() -> None:
+        sub_loop.start()
+        while sub_loop.running:
+            await asyncio.sleep(0.25)
+        if sub_loop.error is not None:
+            await app.crash(sub_loop.error)
 
-    if deps.lag_poll is not None:
-        lag_poll = deps.lag_poll
+    app.task(submissions_loop)
+    aux = ThreadPoolExecutor(1, thread_name_prefix="leap-aux")
+    for name, interval, poll in (
+        ("model poll", cfg.model_poll_s, deps.model_poll),
+        ("lag poll", deps.lag_interval_s, deps.lag_poll),
+    ):
+        if poll is not None:
+            app.timer(interval, name=name)(_in_aux(aux, name, poll))
 
-        @app.timer(deps.lag_interval_s)
-        async def consumer_lag() -> None:
-            try:
-                await in_thread(aux_pool, lag_poll)
-            except Exception as exc:
-                log.warning("lag poll failed: %r", exc)
+    async def close(app_: Any, **_kw: Any) -> None:
+        agent.stopping.set()
+        # finish the batch in hand, commit what is durable, leave the group
+        await asyncio.get_running_loop().run_in_executor(None, sub_loop.stop)
+        if sub_loop.unfinished:
+            exit_unfinished([sub_out, comp_out])
+        await agent.flush(force=True)
+        sub_out.close()
+        await asyncio.get_running_loop().run_in_executor(agent.pool, comp_out.close)
 
-    @app.on_before_shutdown.connect  # type: ignore[arg-type]
-    async def _close(app_: Any, **_kw: Any) -> None:
-        if sub_loop is not None:
-            # finish the batch in hand, commit what is durable, leave the group
-            await asyncio.get_running_loop().run_in_executor(None, sub_loop.stop)
-            if sub_loop.unfinished:
-                exit_unfinished()
-        async with pending.lock:
-            await flush_locked(force=True)
-        for pool, out in outputs.items():
-            await in_thread(pool, out.close)
-
+    app.on_before_shutdown.connect(close)  # type: ignore[arg-type]
     return app
+
+
+def _in_aux(
+    pool: ThreadPoolExecutor, name: str, poll: Callable[[], object]
+) -> Callable[[], Coroutine[Any, Any, None]]:
+    """A timer body that runs ``poll`` in the auxiliary thread and logs what it raises."""
+
+    async def tick() -> None:
+        try:
+            await asyncio.get_running_loop().run_in_executor(pool, poll)
+        except Exception as exc:
+            log.warning("%s failed: %r", name, exc)
+
+    tick.__name__ = tick.__qualname__ = name.replace(" ", "_")
+    return tick
 
 
 __all__ = ["EXIT_UNFINISHED", "WorkerDeps", "build_app", "faust_broker_url", "record_of"]

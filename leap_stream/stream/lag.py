@@ -143,12 +143,9 @@ class LagReader:
 def worker_groups(group: str, submissions: str, completions: str) -> dict[str, str]:
     """The group that commits each input topic of a worker whose LEAP_CONSUMER_GROUP is
     ``group`` (the submissions loop has its own: stream/submission_loop.py)."""
-    from leap_stream.stream.submission_loop import submissions_group, uses_submission_loop
+    from leap_stream.stream.submission_loop import submissions_group
 
-    return {
-        submissions: submissions_group(group) if uses_submission_loop() else group,
-        completions: group,
-    }
+    return {submissions: submissions_group(group), completions: group}
 
 
 def register(parser: argparse.ArgumentParser) -> None:

@@ -1,13 +1,12 @@
-"""The submissions hot path on a librdkafka consumer in its own thread (``LEAP_SUBMISSIONS_CONSUMER``).
+"""The submissions hot path: a librdkafka consumer read by one thread that ranks and publishes.
 
-Why not the Faust agent: with Faust, every fetched record is parsed by aiokafka in Python, in a
-consumer thread, and handed to the event loop, message by message; that work competes for the
-interpreter lock with the ranking thread. At 1,000 submissions/s the events waited a median
-12 ms to reach the agent and the ranking ran at about twice its CPU time (docs/benchmarks.md,
-"Third round"). librdkafka fetches and parses in C threads; this loop takes whatever it has
-queued in one call, ranks it, publishes, and goes back: one Python thread on the hot path.
+Why not a Faust agent: Faust's consumer (aiokafka) parses every fetched record in Python and
+hands it to the event loop message by message, competing for the interpreter lock with the
+ranking; at 1,000 submissions/s events waited a median 12 ms to reach the agent
+(docs/benchmarks.md). librdkafka fetches and parses in C threads; this loop takes whatever it
+has queued in one call, ranks it, publishes, and goes back: one Python thread on the hot path.
 
-Durability is the agent's contract, unchanged: offsets are stored (``enable.auto.offset.store``
+Durability: offsets are stored (``enable.auto.offset.store``
 is off) only after the batch's rankings and dead letters are acknowledged by the broker and
 the submissions are remembered in Redis, in offset order per partition (`OrderedAcks`);
 librdkafka commits stored offsets every ``LEAP_COMMIT_INTERVAL_S``, on a rebalance and on
@@ -18,9 +17,7 @@ A consumer whose group has not settled for ``LEAP_CONSUMER_STALL_S`` (librdkafka
 group for good without reporting an error. What the old one had not committed is redone.
 
 The loop uses its own consumer group, ``<LEAP_CONSUMER_GROUP>.submissions``: Faust's group
-(completions) uses Faust's own partition assignor, which librdkafka cannot join. On its first
-start a group with no committed offset for a partition starts from the offset Faust's group
-committed there (an upgrade from the Faust agent neither skips nor replays the backlog).
+(completions) uses Faust's own partition assignor, which librdkafka cannot join.
 """
 
 from __future__ import annotations
@@ -34,13 +31,9 @@ from typing import Any, TypeVar
 
 from leap_stream import config
 from leap_stream.stream.acks import HeldAcks, OrderedAcks
-from leap_stream.stream.batch import (
-    Record,
-    SubmissionBatchResult,
-    SubmissionProcessor,
-    store_failed,
-)
+from leap_stream.stream.batch import Record, SubmissionBatchResult, SubmissionProcessor
 from leap_stream.stream.group_health import GroupHealth, group_state, stats_interval_ms
+from leap_stream.stream.retry import Retry, Unfinished
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -54,14 +47,6 @@ def submissions_group(group: str) -> str:
     return group + GROUP_SUFFIX
 
 
-def uses_submission_loop() -> bool:
-    """Whether the worker reads submissions with this loop (else with a Faust agent)."""
-    engine = config.get("LEAP_SUBMISSIONS_CONSUMER")
-    if engine not in ("librdkafka", "faust"):
-        raise ValueError(f"LEAP_SUBMISSIONS_CONSUMER={engine!r}: expected librdkafka or faust")
-    return engine == "librdkafka"
-
-
 def consumer_stall_s() -> float:
     """``LEAP_CONSUMER_STALL_S``: seconds outside a settled group before a replacement; 0 = never."""
     raw = config.get("LEAP_CONSUMER_STALL_S")
@@ -72,10 +57,6 @@ def consumer_stall_s() -> float:
     if not value >= 0 or value == float("inf"):
         raise ValueError(f"LEAP_CONSUMER_STALL_S={raw!r}: expected seconds >= 0 (0 turns it off)")
     return value
-
-
-class Unfinished(RuntimeError):
-    """The worker was asked to stop while a batch could not be made durable."""
 
 
 class SubmissionLoop:
@@ -101,20 +82,18 @@ class SubmissionLoop:
         batch_size: int = 500,
         max_held: int = 100_000,
         retry_cap_s: float = 10.0,
-        seed_group: str | None = None,
         stall_s: float | None = None,
         extra: dict[str, Any] | None = None,
     ) -> None:
         self.topic = topic
         self.group = submissions_group(group)
-        self.seed_group = group if seed_group is None else seed_group
         self.processor = processor
         self.send = send
         self.on_batch = on_batch
-        self.on_store_error = on_store_error
         self.on_replace = on_replace
         self.batch_size = batch_size
-        self.retry_cap_s = retry_cap_s
+        self.retry = Retry(self._stop_requested, self._wait_stop, on_store_error, retry_cap_s)
+        self._stop = threading.Event()
         self.conf: dict[str, Any] = dict(config.kafka_client_config(bootstrap))
         session_s = float(config.get("LEAP_KAFKA_SESSION_TIMEOUT_S"))
         self.conf.update(
@@ -136,7 +115,6 @@ class SubmissionLoop:
         if self.health.watching:
             self.conf["statistics.interval.ms"] = stats_interval_ms(stall_s)
         self.conf.update(extra or {})
-        self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._consumer: Any = None
         self._stored: list[Any] = []  # TopicPartitions whose offsets the gate released
@@ -273,26 +251,18 @@ class SubmissionLoop:
             self._store()
 
     def _until_done(self, what: str, fn: Callable[..., T], *args: Any) -> T:
-        """Retry an infrastructure step with backoff; asked to stop meanwhile: give up, unacked."""
-        delay = 0.2
-        while True:
-            try:
-                return fn(*args)
-            except Exception as exc:
-                if store_failed(exc):
-                    self.on_store_error(what)
-                if self._stop.is_set():
-                    # nothing more is committed: the stored offsets are redone at worst, and a
-                    # commit or a close could block on the very outage that stops this batch
-                    log.error(
-                        "stopping while %s fails (%r): exiting without committing it", what, exc
-                    )
-                    self.unfinished = True
-                    raise Unfinished(what) from exc
-                log.warning("%s failed (%r); retrying in %.1fs", what, exc, delay)
-                if self._stop.wait(delay):
-                    continue  # the next failure gives up
-                delay = min(self.retry_cap_s, delay * 2)
+        """`Retry.run`; giving up at a stop marks the loop unfinished (nothing more committed)."""
+        try:
+            return self.retry.run(what, fn, *args)
+        except Unfinished:
+            self.unfinished = True
+            raise
+
+    def _stop_requested(self) -> bool:
+        return self._stop.is_set()
+
+    def _wait_stop(self, seconds: float) -> bool:
+        return self._stop.wait(seconds)
 
     # --- offsets
     def _release(self, rec: Record) -> None:
@@ -331,28 +301,9 @@ class SubmissionLoop:
 
     # --- rebalance callbacks (they run inside poll/consume, between batches)
     def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
-        """First start of the group: resume where Faust's group stopped (module doc)."""
         if consumer is not self._consumer:
             return
         self.assigned = frozenset((tp.topic, tp.partition) for tp in partitions)
-        if not self.seed_group:
-            return
-        try:
-            mine = consumer.committed(partitions, timeout=10)
-            fresh = [tp for tp in mine if tp.offset < 0]
-            if not fresh:
-                return
-            seeds = _committed_of(self.conf, self.seed_group, fresh)
-        except Exception as exc:
-            log.warning("could not read %s's offsets to start from (%r)", self.seed_group, exc)
-            return
-        if not seeds:
-            return
-        for tp in partitions:
-            if (tp.topic, tp.partition) in seeds:
-                tp.offset = seeds[(tp.topic, tp.partition)]
-        log.info("starting %d partitions at %s's committed offsets", len(seeds), self.seed_group)
-        consumer.assign(partitions)
 
     def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
         """Store what is durable; librdkafka commits it before the partitions move on.
@@ -380,23 +331,10 @@ def _close_quietly(consumer: Any) -> None:
         log.warning("closing the replaced submissions consumer failed (%r)", exc)
 
 
-def _committed_of(conf: dict[str, Any], group: str, tps: list[Any]) -> dict[tuple[str, int], int]:
-    """Offsets another group committed (through a consumer that never joins it, as LagReader)."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    other = Consumer({**conf, "group.id": group, "enable.auto.commit": False})
-    try:
-        got = other.committed([TopicPartition(tp.topic, tp.partition) for tp in tps], timeout=10)
-    finally:
-        other.close()
-    return {(tp.topic, tp.partition): tp.offset for tp in got if tp.offset >= 0}
-
-
 __all__ = [
     "GROUP_SUFFIX",
     "SubmissionLoop",
     "Unfinished",
     "consumer_stall_s",
     "submissions_group",
-    "uses_submission_loop",
 ]

@@ -97,11 +97,10 @@ def run(args: argparse.Namespace) -> int:
 
     faulthandler.enable()  # a crash in a C extension prints every thread's stack
     from leap_stream.stream.compiled import wanted
-    from leap_stream.stream.submission_loop import consumer_stall_s, uses_submission_loop
+    from leap_stream.stream.submission_loop import consumer_stall_s
 
     cfg = config.Config.from_env()
     try:
-        uses_submission_loop()
         consumer_stall_s()
         wanted()
     except ValueError as exc:

@@ -213,35 +213,6 @@ def test_stop_while_publishing_fails_commits_nothing_of_that_batch(
     lag.close()
 
 
-def test_a_new_group_starts_where_fausts_group_committed(
-    kafka_bootstrap: str, topic_factory: Any, redis_url: str, redis_prefix: str, redis_client: Any
-) -> None:
-    from confluent_kafka import Consumer, TopicPartition
-
-    topic = topic_factory("loop-seed", partitions=2)
-    subs = _subs(100)
-    _produce(kafka_bootstrap, topic, subs, 2)
-    group = f"loop-seed-{time.time_ns()}"
-    # the Faust group (LEAP_CONSUMER_GROUP) had done 20 of partition 0 and 30 of partition 1
-    c = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": group})
-    c.commit(
-        offsets=[TopicPartition(topic, 0, 20), TopicPartition(topic, 1, 30)], asynchronous=False
-    )
-    c.close()
-    store = OnlineStore(connect(redis_url), prefix=redis_prefix)
-    sent = Published()
-    seen: list[Record] = []
-    lag = LagReader(kafka_bootstrap, submissions_group(group), [topic])
-    with running(_loop(kafka_bootstrap, group, topic, store, sent, seen)):
-        wait_for("the rest ranked", lambda: len(sent.jobs()) == 50, 60)
-        wait_for("committed", lambda: total_lag(lag.read()) == 0, 30)
-        time.sleep(0.5)
-    assert min(r.offset for r in seen if r.partition == 0) == 20
-    assert min(r.offset for r in seen if r.partition == 1) == 30
-    assert len(seen) == 50
-    lag.close()
-
-
 def test_a_second_loop_takes_partitions_and_nothing_is_lost(
     kafka_bootstrap: str, topic_factory: Any, redis_url: str, redis_prefix: str, redis_client: Any
 ) -> None:

@@ -521,9 +521,8 @@ def test_k8s_keda_scales_on_lag_up_to_partitions(k8s: list[dict[str, Any]]) -> N
         md = t["metadata"]
         assert int(md["lagThreshold"]) > 0
         # the group that commits this topic (stream/lag.py worker_groups, as the worker)
-        engine = cm.get("LEAP_SUBMISSIONS_CONSUMER", config.get("LEAP_SUBMISSIONS_CONSUMER"))
         group = cm["LEAP_CONSUMER_GROUP"]
-        if md["topic"] == cm["LEAP_TOPIC_SUBMISSIONS"] and engine == "librdkafka":
+        if md["topic"] == cm["LEAP_TOPIC_SUBMISSIONS"]:
             group = submissions_group(group)
         assert md["consumerGroup"] == group, md["topic"]
         assert md["bootstrapServers"] == cm["LEAP_KAFKA_BOOTSTRAP"]

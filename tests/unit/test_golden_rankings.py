@@ -58,9 +58,7 @@ def _rank_fixed_set() -> list[bytes]:
         assert isinstance(decoded, Ok), decoded
         submissions.append(decoded.event)
     aggregates = {
-        str(mt): agg
-        for mt, agg in zip(serve["model_type"], served.aggregates, strict=True)
-        if agg
+        str(mt): agg for mt, agg in zip(serve["model_type"], served.aggregates, strict=True) if agg
     }
     # every fifth job ranks as if Redis were down (no history)
     histories = [None if i % 5 == 4 else h for i, h in enumerate(served.histories)]

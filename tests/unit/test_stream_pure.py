@@ -304,23 +304,14 @@ def test_lean_app_has_no_faust_monitor_sensor() -> None:
     assert app.monitor not in set(app.sensors)
 
 
-def test_worker_groups_follow_the_submissions_consumer(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_worker_groups_name_the_group_that_commits_each_input() -> None:
     from leap_stream.stream.lag import worker_groups
-    from leap_stream.stream.submission_loop import uses_submission_loop
 
-    monkeypatch.delenv("LEAP_SUBMISSIONS_CONSUMER", raising=False)
-    assert uses_submission_loop()  # the default
     assert worker_groups("g", "subs", "comps") == {"subs": "g.submissions", "comps": "g"}
-    monkeypatch.setenv("LEAP_SUBMISSIONS_CONSUMER", "faust")
-    assert not uses_submission_loop()
-    assert worker_groups("g", "subs", "comps") == {"subs": "g", "comps": "g"}
-    monkeypatch.setenv("LEAP_SUBMISSIONS_CONSUMER", "kafka-python")
-    with pytest.raises(ValueError, match="librdkafka or faust"):
-        uses_submission_loop()
 
 
 def test_held_acks_wait_for_redis_in_offset_order() -> None:
-    """Shared by the Faust agent and the submissions loop: a batch not in Redis holds its acks
+    """The submissions loop's acks: a batch not in Redis holds its acks
     (and every later one of the partition, in order) until Redis takes it; past max_held the
     oldest go anyway; forget drops everything unacked."""
     from leap_stream.stream.acks import HeldAcks, OrderedAcks
