@@ -1,7 +1,9 @@
 """The `leap-stream` console script.
 
-Each subcommand lives next to the code it drives and exposes ``register(subparsers)``; the
-modules are imported only when their command runs, so `leap-stream --version` stays instant.
+Each subcommand lives next to the code it drives and exposes ``register(parser)`` and
+``run(args, settings) -> int``; the modules are imported only when their command runs, so
+`leap-stream --version` stays instant. The settings are parsed here, once: a bad value stops
+the command with exit 2 before it starts.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from leap_stream import __version__
+from leap_stream.settings import Settings, SettingsError
 
 # subcommand -> (module with register(sub) and run(args) -> int, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -42,6 +45,14 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, str]]:
     return parser, {name: module for name, (module, _h) in COMMANDS.items()}
 
 
+def with_local_services(settings: Settings) -> Settings:
+    """Empty service addresses filled in from `leap-stream dev up` (the entry point is the one
+    place that knows both the service and the dev tooling)."""
+    from leap_stream.dev import with_local_services as fill
+
+    return fill(settings)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser, modules = build_parser()
@@ -56,7 +67,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     module.register(command_parser)
     args = command_parser.parse_args(rest)
-    result: int = module.run(args)
+    try:
+        settings = with_local_services(Settings.from_env())
+        result: int = module.run(args, settings)
+    except SettingsError as exc:
+        print(f"leap-stream {name}: {exc}", file=sys.stderr)
+        return 2
     return result
 
 

@@ -6,7 +6,7 @@ import argparse
 
 import orjson
 
-from leap_stream import config
+from leap_stream.settings import Settings, config_table_markdown
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -16,14 +16,11 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, cfg: Settings) -> int:
     if args.markdown:
-        print(config.config_table_markdown(), end="")
+        print(config_table_markdown(), end="")
         return 0
-    values = {s.env: config.get(s.env) for s in config.SETTINGS}
-    for secret in ("LEAP_KAFKA_SASL_PASSWORD", "LEAP_REDIS_PASSWORD"):
-        if values[secret]:
-            values[secret] = "***"
+    values = cfg.raw()
     if args.json:
         print(orjson.dumps(values).decode())
     else:

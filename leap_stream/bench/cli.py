@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 
 from leap_stream.bench.stats import final_figures
+from leap_stream.settings import Settings
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -46,25 +47,25 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the full figures as JSON too")
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, settings: Settings) -> int:
     from leap_stream.bench import harness as H
     from leap_stream.dev import ensure_services, stop_services
     from leap_stream.stream.compiled import wanted as wanted_compiled
 
     stages = {s.strip() for s in args.only.split(",") if s.strip()}
-    services = ensure_services(kafka=True, redis=True, lease=True)
+    services = ensure_services(kafka=True, redis=True, lease=True, cfg=settings)
     figs: dict[str, Any] = {}
     detail: dict[str, Any] = {}
     world = None
     worker = None
     try:
         world = H.build_world(
-            services.kafka_bootstrap, services.redis_url, args.events, args.candidates
+            services.kafka_bootstrap, services.redis_url, args.events, args.candidates, settings
         )
         figs["hardware_types"] = len(world.types)
         figs["candidates_per_job"] = args.candidates
         figs["workers"] = args.workers
-        compiled = wanted_compiled()
+        compiled = wanted_compiled(settings.compiled_trees)
         figs["compiled_trees"] = compiled
         n = len(world.submissions)
         naive_n = args.naive_events or max(30, n // 500)

@@ -33,8 +33,9 @@ import numpy as np
 import orjson
 import pandas as pd
 
-from leap_stream import config
 from leap_stream.bench.stats import due, percentile_ms, rate, widen_candidates
+from leap_stream.settings import Settings
+from leap_stream.stream.kafka import KafkaClients
 
 SUBMISSION_SCHEMA = "job-submitted"
 
@@ -63,6 +64,7 @@ class BenchWorld:
     lines: list[bytes]
     types: tuple[str, ...]
     candidates: int
+    settings: Settings
     topics: list[str] = field(default_factory=list)
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
 
@@ -91,7 +93,12 @@ class BenchWorld:
 
 
 def build_world(
-    bootstrap: str, redis_url: str, events: int, candidates: int, seed: int = 11
+    bootstrap: str,
+    redis_url: str,
+    events: int,
+    candidates: int,
+    settings: Settings,
+    seed: int = 11,
 ) -> BenchWorld:
     """Simulated fleet: day 1 trains the model and seeds the Redis history, day 2 is the input."""
     from leap_stream.catalog import load_catalog
@@ -152,6 +159,7 @@ def build_world(
         lines=lines,
         types=types,
         candidates=candidates,
+        settings=settings,
     )
 
 
@@ -159,11 +167,9 @@ def build_world(
 
 
 def load_topic(bootstrap: str, topic: str, subs: list[dict[str, Any]], lines: list[bytes]) -> None:
-    from confluent_kafka import Producer
-
-    conf: dict[str, Any] = dict(config.kafka_client_config(bootstrap))
-    conf.update({"linger.ms": 20, "compression.type": "lz4", "batch.num.messages": 5000})
-    p = Producer(conf)
+    p = KafkaClients(bootstrap).producer(
+        {"linger.ms": 20, "compression.type": "lz4", "batch.num.messages": 5000}
+    )
     for s, line in zip(subs, lines, strict=True):
         while True:
             try:
@@ -177,19 +183,13 @@ def load_topic(bootstrap: str, topic: str, subs: list[dict[str, Any]], lines: li
 
 
 def consumer(bootstrap: str, topics: list[str], **extra: Any) -> Any:
-    from confluent_kafka import Consumer
-
-    conf: dict[str, Any] = dict(config.kafka_client_config(bootstrap))
-    conf.update(
-        {
-            "group.id": f"bench-{uuid.uuid4().hex[:10]}",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-            "enable.partition.eof": False,
-        }
-    )
-    conf.update(extra)
-    c = Consumer(conf)
+    conf: dict[str, Any] = {
+        "auto.offset.reset": "earliest",
+        "enable.auto.commit": False,
+        "enable.partition.eof": False,
+        **extra,
+    }
+    c = KafkaClients(bootstrap).consumer(f"bench-{uuid.uuid4().hex[:10]}", conf)
     c.subscribe(topics)
     return c
 
@@ -213,7 +213,7 @@ def batch_loop(
     up to ``poll_s`` for a full batch: keep it short when latency, not throughput, matters."""
     from leap_stream.stream.output import OutputProducer
 
-    out = OutputProducer(bootstrap)
+    out = OutputProducer(KafkaClients(bootstrap))
     c = consumer(bootstrap, [src])
     seen = batches = produced = 0
     t_first: float | None = None
@@ -271,7 +271,7 @@ def pipeline_work(world: BenchWorld) -> tuple[Work, Any]:
     from leap_stream.stream.models import RankerHolder
 
     catalog = load_catalog()
-    compiled = wanted()
+    compiled = wanted(world.settings.compiled_trees)
     holder = RankerHolder(catalog, Registry(world.registry_dir), Metrics(), compile_trees=compiled)
     holder.poll()
     if holder.version is None:
@@ -282,7 +282,7 @@ def pipeline_work(world: BenchWorld) -> tuple[Work, Any]:
     proc = SubmissionProcessor(
         store,
         holder.get,
-        max_bytes=int(config.get("LEAP_MAX_MESSAGE_BYTES")),
+        max_bytes=world.settings.max_message_bytes,
         known_hardware=set(catalog.types),
     )
     stats: dict[str, int] = {"valid": 0, "dead": 0, "model": 0}
@@ -343,8 +343,8 @@ def naive_loop(world: BenchWorld, src: str, dst: str, n: int) -> dict[str, Any]:
     lookup = LookupTable.load(world.model_dir / "lookup.json")
     ranker = Ranker(catalog, model=model, lookup=lookup)  # type: ignore[arg-type]
     store = OnlineStore(connect(world.redis_url), prefix=world.prefix, lua_reads=False)
-    max_bytes = int(config.get("LEAP_MAX_MESSAGE_BYTES"))
-    out = OutputProducer(world.bootstrap)
+    max_bytes = world.settings.max_message_bytes
+    out = OutputProducer(KafkaClients(world.bootstrap))
     c = consumer(world.bootstrap, [src])
     seen = 0
     t_first: float | None = None
@@ -397,7 +397,7 @@ class WorkerProc:
     ports: list[int] = field(default_factory=list)
 
     def env(self, i: int) -> dict[str, str]:
-        # tuning settings (LEAP_BATCH_*, LEAP_GIL_SWITCH_S, …) pass through; where the worker
+        # tuning settings (LEAP_BATCH_*, LEAP_COMPILED_TREES, …) pass through; where the worker
         # reads and writes is the bench's own (set below)
         env = dict(os.environ)
         home = self.world.tmp / f"worker-home-{i}"
@@ -551,7 +551,7 @@ def offered_load(
     world: BenchWorld, worker: WorkerProc, per_s: float, seconds: float
 ) -> dict[str, Any]:
     """Open-loop load at per_s for seconds; latency = ranking received − submission produced."""
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import TopicPartition
 
     from leap_stream.contracts import format_ts
 
@@ -565,15 +565,9 @@ def offered_load(
         for i in range(total)
     ]
     # the reader starts at the end of the rankings topic, assigned before the first send
-    conf: dict[str, Any] = dict(config.kafka_client_config(world.bootstrap))
-    conf.update(
-        {
-            "group.id": f"bench-lat-{uuid.uuid4().hex[:8]}",
-            "enable.auto.commit": False,
-            "fetch.wait.max.ms": 5,
-        }
+    c = KafkaClients(world.bootstrap).consumer(
+        f"bench-lat-{uuid.uuid4().hex[:8]}", {"enable.auto.commit": False, "fetch.wait.max.ms": 5}
     )
-    c = Consumer(conf)
     md = c.list_topics(worker.topics["rank"], timeout=10).topics[worker.topics["rank"]]
     parts = []
     for p in md.partitions:
@@ -591,11 +585,7 @@ def offered_load(
             errors.append(repr(exc))
 
     def produce_paced() -> None:
-        from confluent_kafka import Producer
-
-        pconf: dict[str, Any] = dict(config.kafka_client_config(world.bootstrap))
-        pconf.update({"linger.ms": 1, "acks": "all"})
-        p = Producer(pconf)
+        p = KafkaClients(world.bootstrap).producer({"linger.ms": 1, "acks": "all"})
         t0 = time.perf_counter()
         i = 0
         while i < total:

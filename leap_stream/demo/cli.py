@@ -8,6 +8,8 @@ import signal
 import sys
 from pathlib import Path
 
+from leap_stream.settings import Settings
+
 FAST = {"days_history": 3, "per_day": 1500, "rate": 800.0, "morning": 100}
 
 
@@ -42,7 +44,7 @@ def _terminate(_signum: int, _frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, _settings: Settings) -> int:
     from leap_stream.demo.runner import DemoOptions, run_demo
 
     opts = DemoOptions(out=args.out, seed=args.seed, services=args.services)

@@ -31,7 +31,7 @@ import numpy as np
 import orjson
 import pandas as pd
 
-from leap_stream import config
+from leap_stream.stream.kafka import KafkaClients
 
 KEY = ["job_id", "attempt"]
 MARKER = ".leap-demo-state"  # the state folder is ours to wipe only when it carries this
@@ -195,11 +195,8 @@ def lookup_predictions(
 
 # ------------------------------------------------------------------ Kafka helpers
 def _producer(bootstrap: str) -> Any:
-    from confluent_kafka import Producer
-
-    conf: dict[str, Any] = dict(config.kafka_client_config(bootstrap))
-    conf.update({"linger.ms": 2, "compression.type": "lz4", "enable.idempotence": True})
-    return Producer(conf)
+    kafka = KafkaClients(bootstrap)
+    return kafka.producer({"linger.ms": 2, "compression.type": "lz4", "enable.idempotence": True})
 
 
 def _produce(producer: Any, topic: str, key: str, value: bytes) -> None:
@@ -221,18 +218,13 @@ class RankingCollector:
     """
 
     def __init__(self, bootstrap: str, topic: str) -> None:
-        from confluent_kafka import Consumer
-
-        conf: dict[str, Any] = dict(config.kafka_client_config(bootstrap))
-        conf.update(
-            {
-                "group.id": f"leap-demo-rankings-{uuid.uuid4().hex[:8]}",
-                "enable.auto.commit": False,
-                "auto.offset.reset": "earliest",
-                "fetch.wait.max.ms": 10,
-            }
-        )
-        self._consumer = Consumer(conf)
+        conf: dict[str, Any] = {
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "fetch.wait.max.ms": 10,
+        }
+        group = f"leap-demo-rankings-{uuid.uuid4().hex[:8]}"
+        self._consumer = KafkaClients(bootstrap).consumer(group, conf)
         self._consumer.subscribe([topic])
         self.rankings: list[dict[str, Any]] = []
         self.arrived: dict[str, float] = {}  # submission_event_id -> first arrival (epoch s)
@@ -407,17 +399,10 @@ def stream_events(
 
 
 def count_dead_letters(bootstrap: str, topic: str, idle_s: float = 3.0) -> dict[str, Any]:
-    from confluent_kafka import Consumer
-
-    conf: dict[str, Any] = dict(config.kafka_client_config(bootstrap))
-    conf.update(
-        {
-            "group.id": f"leap-demo-dlq-{uuid.uuid4().hex[:8]}",
-            "enable.auto.commit": False,
-            "auto.offset.reset": "earliest",
-        }
+    consumer = KafkaClients(bootstrap).consumer(
+        f"leap-demo-dlq-{uuid.uuid4().hex[:8]}",
+        {"enable.auto.commit": False, "auto.offset.reset": "earliest"},
     )
-    consumer = Consumer(conf)
     consumer.subscribe([topic])
     kinds: dict[str, int] = {}
     n = 0
@@ -442,14 +427,12 @@ class GroupWatch:
     """One AdminClient for the run's group state and lag (clients are not cheap to make)."""
 
     def __init__(self, bootstrap: str, group: str, topics: list[str]) -> None:
-        from confluent_kafka.admin import AdminClient
-
         from leap_stream.stream.lag import LagReader, worker_groups
 
         submissions, completions = topics
         self.groups = worker_groups(group, submissions, completions)
-        self._admin = AdminClient(dict(config.kafka_client_config(bootstrap)))
-        self._lag = LagReader(bootstrap, self.groups)
+        self._admin = KafkaClients(bootstrap).admin()
+        self._lag = LagReader(KafkaClients(bootstrap), self.groups)
 
     def stable(self) -> bool:
         """The worker's groups have members and finished their rebalance (listing: describe

@@ -11,14 +11,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from leap_stream import config
 from leap_stream.dev import kafka, redis, state
 from leap_stream.dev.state import OWNER_AUTO, OWNER_CLI, Paths, ServiceState
+from leap_stream.settings import Settings
 
 log = logging.getLogger("leap_stream.dev")
 
 SERVICES = ("kafka", "redis")
 _ENV = {"kafka": "LEAP_KAFKA_BOOTSTRAP", "redis": "LEAP_REDIS_URL"}
+
+
+def _configured(cfg: Settings, name: str) -> str:
+    return cfg.kafka_bootstrap if name == "kafka" else cfg.redis_url
+
+
 _MODULES: dict[str, Any] = {"kafka": kafka, "redis": redis}
 
 
@@ -43,13 +49,13 @@ def _running(paths: Paths, name: str) -> ServiceState | None:
     return None
 
 
-def _ensure_one(paths: Paths, name: str, owner: str) -> tuple[str, bool]:
+def _ensure_one(paths: Paths, name: str, owner: str, cfg: Settings) -> tuple[str, bool]:
     """(address, started_now) for one service."""
     module = _MODULES[name]
-    configured = config.get(_ENV[name])
+    configured = _configured(cfg, name)
     recorded = state.load_state(paths, name)
     if configured:
-        if module.is_ready(configured, timeout=3.0):
+        if module.is_ready(configured, timeout=3.0, cfg=cfg):
             return configured, False
         # an export left over from an earlier `dev up` of ours: start it again; anything else is
         # somebody's real service that is down, which we must not paper over with a local one
@@ -60,12 +66,12 @@ def _ensure_one(paths: Paths, name: str, owner: str) -> tuple[str, bool]:
             )
     running = _running(paths, name)
     if running is not None:
-        module.wait_ready(running, float(config.get("LEAP_DEV_READY_TIMEOUT_S")))
+        module.wait_ready(running, cfg.dev_ready_timeout_s)
         if owner == OWNER_CLI and running.owner != OWNER_CLI:
             running.owner = OWNER_CLI  # asked for explicitly: now only `dev down` stops it
             state.save_state(paths, running)
         return running.address, False
-    st = module.start(paths, log, owner, recorded)
+    st = module.start(paths, log, owner, recorded, cfg)
     return st.address, True
 
 
@@ -76,6 +82,7 @@ def ensure_services(
     home: Path | str | None = None,
     lease: bool = False,
     owner: str | None = None,
+    cfg: Settings | None = None,
 ) -> DevServices:
     """Make Kafka and/or Redis answer and return their addresses.
 
@@ -83,7 +90,8 @@ def ensure_services(
     the last lease holder's `stop_services` stops them, so concurrent sessions sharing $LEAP_HOME
     never pull a broker from under each other.
     """
-    paths = Paths.from_env(home)
+    cfg = cfg or Settings.from_env()
+    paths = Paths.from_env(home, cfg)
     owner = owner or (OWNER_AUTO if lease else OWNER_CLI)
     wanted = [n for n, on in (("kafka", kafka), ("redis", redis)) if on]
     addresses = {"kafka": "", "redis": ""}
@@ -91,21 +99,21 @@ def ensure_services(
     leased: list[str] = []
     with state.locked(paths):
         for name in wanted:
-            addresses[name], now = _ensure_one(paths, name, owner)
+            addresses[name], now = _ensure_one(paths, name, owner, cfg)
             if now:
                 started.append(name)
             if lease and _running(paths, name) is not None:
                 state.acquire_lease(paths, name)
                 leased.append(name)
-        _write_env_file(paths)
+        _write_env_file(paths, cfg)
     return DevServices(addresses["kafka"], addresses["redis"], started, paths.home, leased)
 
 
-def _write_env_file(paths: Paths) -> None:
+def _write_env_file(paths: Paths, cfg: Settings) -> None:
     values = {}
     for name in SERVICES:
         st = _running(paths, name)
-        values[_ENV[name]] = st.address if st else config.get(_ENV[name])
+        values[_ENV[name]] = st.address if st else _configured(cfg, name)
     state.atomic_write(paths.env_file, state.render_env(values).encode())
 
 
@@ -115,6 +123,7 @@ def stop_services(
     names: tuple[str, ...] | list[str] | None = None,
     home: Path | str | None = None,
     timeout: float = 20.0,
+    cfg: Settings | None = None,
 ) -> dict[str, str]:
     """Stop what was started here. Returns service -> what happened.
 
@@ -122,7 +131,8 @@ def stop_services(
     was "auto"-owned, unless another live session still holds a lease. Without `services`
     (`dev down`): stop every service recorded under $LEAP_HOME (or only `names`).
     """
-    paths = Paths.from_env(home if home is not None else (services.home if services else None))
+    cfg = cfg or Settings.from_env()
+    paths = Paths.from_env(home if home is not None else (services.home if services else None), cfg)
     result: dict[str, str] = {}
     with state.locked(paths):
         if services is None:
@@ -148,13 +158,16 @@ def stop_services(
                 continue
             result[name] = state.stop_pid(st.pid, st.marker, timeout=timeout)
             state.clear_state(paths, name)
-        _write_env_file(paths)
+        _write_env_file(paths, cfg)
     return result
 
 
-def status(home: Path | str | None = None) -> dict[str, dict[str, Any]]:
+def status(
+    home: Path | str | None = None, cfg: Settings | None = None
+) -> dict[str, dict[str, Any]]:
     """What runs under $LEAP_HOME, for `dev status` (also reports stale pid files)."""
-    paths = Paths.from_env(home)
+    cfg = cfg or Settings.from_env()
+    paths = Paths.from_env(home, cfg)
     out: dict[str, dict[str, Any]] = {}
     for name in SERVICES:
         st = state.load_state(paths, name)
@@ -162,7 +175,7 @@ def status(home: Path | str | None = None) -> dict[str, dict[str, Any]]:
             out[name] = {"running": False, "log": str(paths.log_file(name))}
             continue
         alive = state.pid_alive(st.pid, st.marker)
-        ready = alive and _MODULES[name].is_ready(st.address, timeout=2.0)
+        ready = alive and _MODULES[name].is_ready(st.address, timeout=2.0, cfg=cfg)
         out[name] = {
             "running": alive,
             "ready": ready,
@@ -179,4 +192,20 @@ def status(home: Path | str | None = None) -> dict[str, dict[str, Any]]:
     return out
 
 
-__all__ = ["DevServices", "ensure_services", "status", "stop_services"]
+def with_local_services(cfg: Settings) -> Settings:
+    """``cfg`` with an empty broker or Redis address filled in from the services `leap-stream dev
+    up` runs under its LEAP_HOME (the CLI does this once, before a command runs)."""
+    if cfg.kafka_bootstrap and cfg.redis_url:
+        return cfg
+    try:
+        paths = Paths.from_env(None, cfg)
+        found = {name: st.address for name in SERVICES if (st := _running(paths, name))}
+    except OSError:  # unreadable state: as if nothing ran
+        return cfg
+    return cfg.replace(
+        kafka_bootstrap=cfg.kafka_bootstrap or found.get("kafka", ""),
+        redis_url=cfg.redis_url or found.get("redis", ""),
+    )
+
+
+__all__ = ["DevServices", "ensure_services", "status", "stop_services", "with_local_services"]

@@ -17,6 +17,7 @@ import orjson
 from leap_stream import dev
 from leap_stream.dev import state
 from leap_stream.dev.state import Paths
+from leap_stream.settings import Settings
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -34,7 +35,7 @@ def register(parser: argparse.ArgumentParser) -> None:
         p.add_argument("--home", default=None, help="state folder (default $LEAP_HOME)")
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, cfg: Settings) -> int:
     logging.basicConfig(
         level=logging.WARNING if getattr(args, "env", False) else logging.INFO,
         format="dev: %(message)s",
@@ -42,19 +43,21 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         if args.action == "up":
-            return _up(args)
+            return _up(args, cfg)
         if args.action == "status":
-            return _status(args)
-        return _down(args)
+            return _status(args, cfg)
+        return _down(args, cfg)
     except RuntimeError as e:
         print(f"leap-stream dev {args.action}: {e}", file=sys.stderr)
         return 1
 
 
-def _up(args: argparse.Namespace) -> int:
+def _up(args: argparse.Namespace, cfg: Settings) -> int:
     t0 = time.monotonic()
-    services = dev.ensure_services(kafka=not args.no_kafka, redis=not args.no_redis, home=args.home)
-    paths = Paths.from_env(args.home)
+    services = dev.ensure_services(
+        kafka=not args.no_kafka, redis=not args.no_redis, home=args.home, cfg=cfg
+    )
+    paths = Paths.from_env(args.home, cfg)
     if not args.env:
         started = ", ".join(services.started) or "nothing (already running)"
         print(
@@ -65,8 +68,8 @@ def _up(args: argparse.Namespace) -> int:
     return 0
 
 
-def _status(args: argparse.Namespace) -> int:
-    info = dev.status(args.home)
+def _status(args: argparse.Namespace, cfg: Settings) -> int:
+    info = dev.status(args.home, cfg)
     if args.json:
         print(orjson.dumps(info, option=orjson.OPT_INDENT_2).decode())
         return 0
@@ -87,12 +90,12 @@ def _status(args: argparse.Namespace) -> int:
     return 0
 
 
-def _down(args: argparse.Namespace) -> int:
-    result = dev.stop_services(home=args.home, timeout=args.timeout)
+def _down(args: argparse.Namespace, cfg: Settings) -> int:
+    result = dev.stop_services(home=args.home, timeout=args.timeout, cfg=cfg)
     for name, what in result.items():
         print(f"{name}: {what}")
     if args.purge:
-        paths = Paths.from_env(args.home)
+        paths = Paths.from_env(args.home, cfg)
         for d in (paths.kafka_dir, paths.redis_dir):
             shutil.rmtree(d, ignore_errors=True)
             print(f"purged {d}")

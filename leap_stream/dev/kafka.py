@@ -19,9 +19,10 @@ from pathlib import Path
 
 import orjson
 
-from leap_stream import config
 from leap_stream.dev import state
 from leap_stream.dev.state import Paths, ServiceState
+from leap_stream.settings import Settings
+from leap_stream.stream.kafka import KafkaClients
 
 NAME = "kafka"
 MAIN_CLASS = "kafka.Kafka"
@@ -273,28 +274,31 @@ def tail_file(path: Path, lines: int = 20, since: int = 0) -> str:
         return "(no log yet)"
 
 
-def is_ready(bootstrap: str, timeout: float = 2.0) -> bool:
+def is_ready(bootstrap: str, timeout: float = 2.0, cfg: Settings | None = None) -> bool:
     """A real metadata round trip through librdkafka, not just an open port."""
     from confluent_kafka import KafkaException
-    from confluent_kafka.admin import AdminClient
 
     host, port = state.split_hostport(bootstrap, DEFAULT_PORT)
     if not state.tcp_reachable(host, port, timeout=min(timeout, 1.0)):
         return False
-    conf: dict[str, str | int | float | bool] = dict(config.kafka_client_config(bootstrap))
-    conf["log_level"] = 0  # silent: refused connections are expected while the broker starts
+    kafka = KafkaClients.of(cfg or Settings.from_env(), bootstrap)
     try:
-        md = AdminClient(conf).list_topics(timeout=timeout)
+        # silent: refused connections are expected while the broker starts
+        md = kafka.admin({"log_level": 0}).list_topics(timeout=timeout)
     except KafkaException:
         return False
     return bool(md.brokers)
 
 
 def start(
-    paths: Paths, log: logging.Logger, owner: str, previous: ServiceState | None
+    paths: Paths,
+    log: logging.Logger,
+    owner: str,
+    previous: ServiceState | None,
+    cfg: Settings,
 ) -> ServiceState:
     """Fetch (once), configure, format (once) and start the broker; returns once it answers."""
-    version = config.get("LEAP_KAFKA_VERSION")
+    version = cfg.kafka_version
     lib = fetch_jars(paths, version, log)
     run_dir = paths.kafka_dir
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -303,9 +307,9 @@ def start(
     if ports_file.exists():
         old.update(orjson.loads(ports_file.read_bytes()))
     # the previous ports first: a formatted KRaft directory and clients' dev.env keep working
-    port = state.pick_port(int(config.get("LEAP_KAFKA_PORT")), int(old.get("port", DEFAULT_PORT)))
+    port = state.pick_port(cfg.kafka_port, int(old.get("port", DEFAULT_PORT)))
     controller_port = state.pick_port(
-        int(config.get("LEAP_KAFKA_CONTROLLER_PORT")),
+        cfg.kafka_controller_port,
         int(old.get("controller_port", DEFAULT_CONTROLLER_PORT)),
         avoid=[port],
     )
@@ -318,7 +322,7 @@ def start(
             port=port,
             controller_port=controller_port,
             data_dir=run_dir / "data",
-            auto_create_topics=config.get("LEAP_KAFKA_AUTO_CREATE_TOPICS").lower() == "true",
+            auto_create_topics=cfg.kafka_auto_create_topics,
         )
     )
     log4j_file.write_text(render_log4j2(log_file))
@@ -327,10 +331,10 @@ def start(
     cmd = java_command(
         lib,
         log4j_file,
-        config.get("LEAP_KAFKA_HEAP"),
+        cfg.kafka_heap,
         MAIN_CLASS,
         str(props_file),
-        jvm_opts=config.get("LEAP_KAFKA_JVM_OPTS"),
+        jvm_opts=cfg.kafka_jvm_opts,
     )
     offsets = {"log_offset": _size(log_file), "stdout_offset": _size(out_file)}
     log.info("starting Kafka %s on 127.0.0.1:%d (controller %d)", version, port, controller_port)
@@ -355,7 +359,7 @@ def start(
         },
     )
     state.save_state(paths, st)
-    wait_ready(st, float(config.get("LEAP_DEV_READY_TIMEOUT_S")))
+    wait_ready(st, cfg.dev_ready_timeout_s)
     return st
 
 

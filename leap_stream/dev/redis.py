@@ -9,10 +9,10 @@ import subprocess
 import time
 from pathlib import Path
 
-from leap_stream import config
 from leap_stream.dev import state
 from leap_stream.dev.kafka import _size, spawn_detached, tail_file
 from leap_stream.dev.state import Paths, ServiceState
+from leap_stream.settings import Settings
 
 NAME = "redis"
 DEFAULT_PORT = 6379
@@ -61,13 +61,13 @@ def redis_command(
     ]
 
 
-def is_ready(url: str, timeout: float = 1.0) -> bool:
+def is_ready(url: str, timeout: float = 1.0, cfg: Settings | None = None) -> bool:
     import redis as redis_py
 
     host, port = state.split_hostport(url, DEFAULT_PORT)
     if not state.tcp_reachable(host, port, timeout=timeout):
         return False
-    password = config.get("LEAP_REDIS_PASSWORD") or None
+    password = (cfg or Settings.from_env()).redis_password or None
     client = redis_py.Redis.from_url(
         url, password=password, socket_timeout=timeout, socket_connect_timeout=timeout
     )
@@ -80,7 +80,11 @@ def is_ready(url: str, timeout: float = 1.0) -> bool:
 
 
 def start(
-    paths: Paths, log: logging.Logger, owner: str, previous: ServiceState | None
+    paths: Paths,
+    log: logging.Logger,
+    owner: str,
+    previous: ServiceState | None,
+    cfg: Settings,
 ) -> ServiceState:
     binary = find_redis_server()
     run_dir = paths.redis_dir
@@ -89,7 +93,7 @@ def start(
     old_port = int(previous.port) if previous else DEFAULT_PORT
     if port_file.exists() and port_file.read_text().strip().isdigit():
         old_port = int(port_file.read_text())
-    port = state.pick_port(int(config.get("LEAP_REDIS_PORT")), old_port)
+    port = state.pick_port(cfg.redis_port, old_port)
     state.atomic_write(port_file, f"{port}\n".encode())
     log_file = paths.log_file(NAME)
     paths.logs.mkdir(parents=True, exist_ok=True)
@@ -111,7 +115,7 @@ def start(
         extra={"binary": binary, "stdout": str(paths.logs / "redis.out"), "log_offset": log_offset},
     )
     state.save_state(paths, st)
-    wait_ready(st, float(config.get("LEAP_DEV_READY_TIMEOUT_S")))
+    wait_ready(st, cfg.dev_ready_timeout_s)
     return st
 
 

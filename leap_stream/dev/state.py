@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 
-from leap_stream import config
+from leap_stream.settings import Settings
 
 OWNER_CLI = "cli"  # started by `leap-stream dev up`: only `dev down` stops it
 OWNER_AUTO = "auto"  # started by ensure_services(lease=True): the last lease holder stops it
@@ -34,8 +34,11 @@ class Paths:
     home: Path
 
     @classmethod
-    def from_env(cls, home: Path | str | None = None) -> Paths:
-        return cls(Path(home or config.get("LEAP_HOME")).expanduser().resolve())
+    def from_env(cls, home: Path | str | None = None, cfg: Settings | None = None) -> Paths:
+        """``home``, else LEAP_HOME of ``cfg`` (of the environment when not given)."""
+        if home:
+            return cls(Path(home).expanduser().resolve())
+        return cls((cfg or Settings.from_env()).home)
 
     @property
     def logs(self) -> Path:

@@ -5,36 +5,24 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from leap_stream import config
+from leap_stream.settings import Settings
+from leap_stream.stream.kafka import KafkaClients
 
 if TYPE_CHECKING:
     from confluent_kafka.admin import AdminClient
 
-TOPIC_ENVS = (
-    "LEAP_TOPIC_SUBMISSIONS",
-    "LEAP_TOPIC_COMPLETIONS",
-    "LEAP_TOPIC_RANKINGS",
-    "LEAP_TOPIC_DEAD_LETTER",
-)
 
-
-def configured_topics() -> list[str]:
-    return [config.get(env) for env in TOPIC_ENVS]
-
-
-def topic_config(name: str) -> dict[str, str]:
+def topic_config(name: str, cfg: Settings) -> dict[str, str]:
     """Per-topic settings: the dead-letter topic keeps its evidence longer than the event topics."""
-    if name == config.get("LEAP_TOPIC_DEAD_LETTER"):
-        return {"retention.ms": config.get("LEAP_DLQ_RETENTION_MS")}
-    return {"retention.ms": config.get("LEAP_TOPIC_RETENTION_MS")}
+    if name == cfg.topic_dead_letter:
+        return {"retention.ms": str(cfg.dlq_retention_ms)}
+    return {"retention.ms": str(cfg.topic_retention_ms)}
 
 
-def _admin(bootstrap: str | None) -> AdminClient:
-    from confluent_kafka.admin import AdminClient
-
-    conf: dict[str, str | int | float | bool] = dict(config.kafka_client_config(bootstrap))
-    conf["log_level"] = 3  # errors only: no "connection refused" chatter while a broker starts
-    return AdminClient(conf)
+def _admin(bootstrap: str | None, cfg: Settings) -> AdminClient:
+    # errors only: no "connection refused" chatter while a broker starts
+    admin: AdminClient = KafkaClients.of(cfg, bootstrap).admin({"log_level": 3})
+    return admin
 
 
 def create_topics(
@@ -44,21 +32,25 @@ def create_topics(
     replication: int | None = None,
     extra_config: dict[str, str] | None = None,
     timeout: float = 30.0,
+    cfg: Settings | None = None,
 ) -> dict[str, str]:
-    """Create each topic unless it exists. Returns name -> "created" | "exists"."""
+    """Create each topic (the worker's four by default) unless it exists.
+
+    Returns name -> "created" | "exists"."""
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import NewTopic
 
-    names = list(names or configured_topics())
-    partitions = partitions or int(config.get("LEAP_TOPIC_PARTITIONS"))
-    replication = replication or int(config.get("LEAP_TOPIC_REPLICATION"))
-    admin = _admin(bootstrap)
+    cfg = cfg or Settings.from_env()
+    names = list(names or cfg.topics)
+    partitions = partitions or cfg.topic_partitions
+    replication = replication or cfg.topic_replication
+    admin = _admin(bootstrap, cfg)
     new = [
         NewTopic(
             n,
             num_partitions=partitions,
             replication_factor=replication,
-            config={**topic_config(n), **(extra_config or {})},
+            config={**topic_config(n, cfg), **(extra_config or {})},
         )
         for n in names
     ]
@@ -97,17 +89,12 @@ def _wait_visible(admin: AdminClient, names: list[str], timeout: float) -> None:
     raise RuntimeError(f"topics not visible after {timeout:.0f} s: {missing}")
 
 
-def ensure_topics(
-    bootstrap: str | None = None, names: list[str] | None = None, partitions: int | None = None
-) -> list[str]:
-    """Make sure the topics exist (the four configured ones by default); returns their names."""
-    return list(create_topics(bootstrap, names, partitions))
-
-
-def delete_topics(bootstrap: str | None, names: list[str], timeout: float = 30.0) -> None:
+def delete_topics(
+    bootstrap: str | None, names: list[str], timeout: float = 30.0, cfg: Settings | None = None
+) -> None:
     from confluent_kafka import KafkaError, KafkaException
 
-    admin = _admin(bootstrap)
+    admin = _admin(bootstrap, cfg or Settings.from_env())
     if not names:
         return
     for name, fut in admin.delete_topics(names, operation_timeout=timeout).items():
@@ -119,4 +106,4 @@ def delete_topics(bootstrap: str | None, names: list[str], timeout: float = 30.0
                 raise RuntimeError(f"could not delete topic {name}: {err}") from e
 
 
-__all__ = ["configured_topics", "create_topics", "delete_topics", "ensure_topics", "topic_config"]
+__all__ = ["create_topics", "delete_topics", "topic_config"]

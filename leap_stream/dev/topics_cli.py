@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from leap_stream import config
+from leap_stream.settings import Settings
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -24,10 +24,10 @@ def register(parser: argparse.ArgumentParser) -> None:
     create.add_argument("names", nargs="*", help="topics to create (default: the four configured)")
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, cfg: Settings) -> int:
     from leap_stream.dev.topics import create_topics, topic_config
 
-    bootstrap = args.bootstrap or config.get("LEAP_KAFKA_BOOTSTRAP")
+    bootstrap = args.bootstrap or cfg.kafka_bootstrap
     if not bootstrap:
         print(
             "leap-stream topics create: no broker: pass --bootstrap or set LEAP_KAFKA_BOOTSTRAP "
@@ -37,13 +37,18 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         outcome = create_topics(
-            bootstrap, args.names or None, args.partitions, args.replication, timeout=args.timeout
+            bootstrap,
+            args.names or None,
+            args.partitions,
+            args.replication,
+            timeout=args.timeout,
+            cfg=cfg,
         )
     except RuntimeError as e:
         print(f"leap-stream topics create: {e}", file=sys.stderr)
         return 1
-    partitions = args.partitions or config.get("LEAP_TOPIC_PARTITIONS")
+    partitions = args.partitions or cfg.topic_partitions
     for name, what in outcome.items():
-        retention = topic_config(name)["retention.ms"]
+        retention = topic_config(name, cfg)["retention.ms"]
         print(f"{what:<8} {name}  (partitions {partitions}, retention.ms {retention})")
     return 0

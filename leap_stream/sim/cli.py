@@ -14,7 +14,8 @@ from typing import Any
 
 import orjson
 
-from leap_stream import config
+from leap_stream.settings import Settings
+from leap_stream.stream.kafka import KafkaClients
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -37,7 +38,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, settings: Settings) -> int:
     from leap_stream.sim.events import write_jsonl
     from leap_stream.sim.fleet import SimConfig, simulate
 
@@ -60,38 +61,32 @@ def run(args: argparse.Namespace) -> int:
         summary["out"] = {k: str(v) for k, v in paths.items()}
     if args.to_kafka:
         rate = 2000.0 if args.rate is None else float(args.rate)
-        summary["kafka"] = produce(result, args.bootstrap, rate, progress=not args.no_progress)
+        kafka = KafkaClients.of(settings, args.bootstrap or settings.require_kafka())
+        summary["kafka"] = produce(
+            result, kafka, settings.input_topics, rate, progress=not args.no_progress
+        )
     sys.stdout.write(orjson.dumps(summary).decode() + "\n")
     return 0
 
 
-def _bootstrap(explicit: str) -> str:
-    if explicit:
-        return explicit
-    if env := config.get("LEAP_KAFKA_BOOTSTRAP"):
-        return env
-    from leap_stream.dev import status
-
-    kafka = status().get("kafka", {})
-    if kafka.get("ready") and kafka.get("address"):
-        return str(kafka["address"])
-    raise SystemExit("simulate: no Kafka bootstrap (set LEAP_KAFKA_BOOTSTRAP or run `dev up`)")
-
-
-def produce(result: Any, bootstrap: str, rate: float, progress: bool = True) -> dict[str, Any]:
-    """Produce submissions and completions in time order at ``rate`` events/s, keyed by job_id."""
-    from confluent_kafka import KafkaException, Producer
+def produce(
+    result: Any,
+    kafka: KafkaClients,
+    input_topics: tuple[str, str],
+    rate: float,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Produce submissions and completions in time order at ``rate`` events/s, keyed by job_id;
+    ``input_topics``: (submissions, completions)."""
+    from confluent_kafka import KafkaException
     from tqdm import tqdm
 
     from leap_stream.sim.events import timeline
 
-    topics = {
-        "submission": config.get("LEAP_TOPIC_SUBMISSIONS"),
-        "completion": config.get("LEAP_TOPIC_COMPLETIONS"),
-    }
-    conf: dict[str, Any] = dict(config.kafka_client_config(_bootstrap(bootstrap)))
-    conf.update({"linger.ms": 5, "compression.type": "lz4", "enable.idempotence": True})
-    producer = Producer(conf)
+    topics = {"submission": input_topics[0], "completion": input_topics[1]}
+    producer = kafka.producer(
+        {"linger.ms": 5, "compression.type": "lz4", "enable.idempotence": True}
+    )
     known = producer.list_topics(timeout=10).topics
     missing = [t for t in topics.values() if t not in known]
     if missing:

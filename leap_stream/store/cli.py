@@ -8,7 +8,7 @@ from pathlib import Path
 
 import orjson
 
-from leap_stream import config
+from leap_stream.settings import Settings
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -28,15 +28,16 @@ def register(parser: argparse.ArgumentParser) -> None:
     md.add_argument("--promote", metavar="VERSION", help="make VERSION current (manual rollback)")
 
 
-def run(args: argparse.Namespace) -> int:
-    cfg = config.Config.from_env()
+def run(args: argparse.Namespace, cfg: Settings) -> int:
     if args.action == "rebuild-history":
         from leap_stream.store.offline import completions_from_frame, read_dataset
-        from leap_stream.store.online import OnlineStore, connect
+        from leap_stream.store.online import OnlineStore, connect_with
 
         t0 = time.perf_counter()
         completions = completions_from_frame(read_dataset(args.dataset or cfg.dataset_dir))
-        store = OnlineStore(connect(args.redis_url), args.prefix)
+        if args.prefix is not None:
+            cfg = cfg.replace(redis_prefix=args.prefix)
+        store = OnlineStore.of(cfg, connect_with(cfg, args.redis_url))
         applied, measured = store.rebuild_history(completions)
         dt = time.perf_counter() - t0
         print(f"rebuilt history: {applied} completions, {measured} measurements, {dt:.1f}s")

@@ -19,7 +19,6 @@ import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from leap_stream import config
 from leap_stream.core.history import (
     HISTORY_EWMA_ALPHA,
     LineageHistory,
@@ -28,6 +27,7 @@ from leap_stream.core.history import (
     TypeAggregates,
     is_measurement,
 )
+from leap_stream.settings import Settings
 from leap_stream.store.offline import SUBMISSION_COLUMNS, epoch_s, submission_fields
 
 T = TypeVar("T")
@@ -159,34 +159,17 @@ def decode_submission(raw: bytes | str | None) -> dict[str, Any] | None:
     return None
 
 
-def default_url() -> str:
-    """LEAP_REDIS_URL, else the Redis `leap-stream dev up` runs under $LEAP_HOME, else localhost."""
-    configured = config.get("LEAP_REDIS_URL")
-    if configured:
-        return configured
-    try:
-        from leap_stream.dev import state
-
-        st = state.load_state(state.Paths.from_env(), "redis")
-        if st is not None and state.pid_alive(st.pid, st.marker):
-            return st.address
-    except Exception:  # dev tooling absent or unreadable state: fall through
-        pass
-    return "redis://localhost:6379/0"
-
-
-def connect(url: str | None = None, password: str | None = None) -> redis.Redis:
+def connect(
+    url: str, *, password: str = "", timeout_s: float = 1.0, retries: int = 2
+) -> redis.Redis:
     """A client with short timeouts and a few quick retries: a dead Redis must fail fast.
 
-    ``rediss://`` URLs use TLS (redis-py verifies the server certificate by default).
+    ``rediss://`` URLs use TLS (redis-py verifies the server certificate by default); a
+    password in the URL wins over ``password``.
     """
-    url = url or default_url()
-    password = password or config.get("LEAP_REDIS_PASSWORD") or None
-    timeout = float(config.get("LEAP_REDIS_TIMEOUT_S"))
-    retries = int(config.get("LEAP_REDIS_RETRIES"))
     kwargs: dict[str, Any] = {
-        "socket_timeout": timeout,
-        "socket_connect_timeout": timeout,
+        "socket_timeout": timeout_s,
+        "socket_connect_timeout": timeout_s,
         "retry": Retry(ExponentialBackoff(cap=0.25, base=0.01), retries),
         "retry_on_error": [redis.ConnectionError, redis.TimeoutError],
         "health_check_interval": 30,
@@ -196,24 +179,45 @@ def connect(url: str | None = None, password: str | None = None) -> redis.Redis:
     return redis.Redis.from_url(url, **kwargs)
 
 
+def connect_with(cfg: Settings, url: str | None = None) -> redis.Redis:
+    """`connect` with the configured URL (or ``url``), password, timeout and retries."""
+    return connect(
+        url or cfg.require_redis(),
+        password=cfg.redis_password,
+        timeout_s=cfg.redis_timeout_s,
+        retries=cfg.redis_retries,
+    )
+
+
 class OnlineStore:
     """History reads, submission memory, and idempotent history updates over one Redis client."""
 
     def __init__(
         self,
         client: redis.Redis,
-        prefix: str | None = None,
-        dedup_ttl_s: int | None = None,
-        submission_ttl_s: int | None = None,
+        prefix: str,
+        *,
+        dedup_ttl_s: int = 1_209_600,
+        submission_ttl_s: int = 2_592_000,
         lua_reads: bool = True,
     ) -> None:
         self.r = client
-        self.prefix = config.get("LEAP_REDIS_PREFIX") if prefix is None else prefix
-        self.dedup_ttl_s = dedup_ttl_s or int(config.get("LEAP_DEDUP_TTL_S"))
-        self.submission_ttl_s = submission_ttl_s or int(config.get("LEAP_SUBMISSION_TTL_S"))
+        self.prefix = prefix
+        self.dedup_ttl_s = dedup_ttl_s
+        self.submission_ttl_s = submission_ttl_s
         self._use_scripts(APPLY_LUA, READ_LUA)
         # One EVALSHA beat a pipeline of HGETALLs in benchmarks/bench_stores.py (docs/stores.md).
         self.lua_reads = lua_reads
+
+    @classmethod
+    def of(cls, cfg: Settings, client: redis.Redis | None = None) -> OnlineStore:
+        """The store the settings describe (prefix, retention), over ``client`` or a new one."""
+        return cls(
+            client or connect_with(cfg),
+            cfg.redis_prefix,
+            dedup_ttl_s=cfg.dedup_ttl_s,
+            submission_ttl_s=cfg.submission_ttl_s,
+        )
 
     # --- keys
     def lin_key(self, lineage_id: str) -> str:

@@ -29,7 +29,7 @@ from typing import Any, NoReturn, TypeVar
 import faust
 import orjson
 
-from leap_stream import config
+from leap_stream.settings import Settings
 from leap_stream.stream.acks import OrderedAcks
 from leap_stream.stream.batch import (
     CompletionBatchResult,
@@ -38,6 +38,7 @@ from leap_stream.stream.batch import (
     SubmissionBatchResult,
     SubmissionProcessor,
 )
+from leap_stream.stream.kafka import KafkaClients
 from leap_stream.stream.metrics import Metrics
 from leap_stream.stream.output import OutputProducer
 from leap_stream.stream.retry import Retry, Unfinished
@@ -60,22 +61,22 @@ def faust_broker_url(bootstrap: str) -> str:
     return ";".join(f"kafka://{h}" if "://" not in h else h for h in hosts)
 
 
-def faust_credentials() -> Any:
+def faust_credentials(cfg: Settings) -> Any:
     """SASL/SSL credentials for Faust's aiokafka clients, from the same settings librdkafka uses."""
-    protocol = config.get("LEAP_KAFKA_SECURITY_PROTOCOL").upper()
+    protocol = cfg.kafka_security_protocol
     if protocol == "PLAINTEXT":
         return None
     context = None
     if protocol in ("SSL", "SASL_SSL"):
-        context = ssl.create_default_context(cafile=config.get("LEAP_KAFKA_SSL_CAFILE") or None)
-        if cert := config.get("LEAP_KAFKA_SSL_CERTFILE"):
-            context.load_cert_chain(cert, config.get("LEAP_KAFKA_SSL_KEYFILE") or None)
+        context = ssl.create_default_context(cafile=cfg.kafka_ssl_cafile or None)
+        if cfg.kafka_ssl_certfile:
+            context.load_cert_chain(cfg.kafka_ssl_certfile, cfg.kafka_ssl_keyfile or None)
     if protocol == "SSL":
         return faust.SSLCredentials(context)
     return faust.SASLCredentials(
-        username=config.get("LEAP_KAFKA_SASL_USERNAME"),
-        password=config.get("LEAP_KAFKA_SASL_PASSWORD"),
-        mechanism=config.get("LEAP_KAFKA_SASL_MECHANISM") or "PLAIN",
+        username=cfg.kafka_sasl_username,
+        password=cfg.kafka_sasl_password,
+        mechanism=cfg.kafka_sasl_mechanism or "PLAIN",
         ssl_context=context,
     )
 
@@ -94,8 +95,8 @@ def dead_letter_key(dl: dict[str, Any]) -> bytes:
 class WorkerDeps:
     """Everything the agents use, built by the worker command (or a test) before the app starts."""
 
-    cfg: config.Config
-    bootstrap: str
+    cfg: Settings
+    kafka: KafkaClients
     submissions: SubmissionProcessor
     completions: CompletionProcessor
     dataset_append: Callable[[list[dict[str, Any]]], object]
@@ -103,10 +104,6 @@ class WorkerDeps:
     metrics: Metrics
     model_poll: Callable[[], object] | None = None  # runs in a thread; hot reload
     lag_poll: Callable[[], object] | None = None  # runs in a thread; updates the lag gauge
-    flush_rows: int = 5000
-    flush_s: float = 10.0
-    lag_interval_s: float = 15.0
-    orphan_grace_s: float = 60.0
     retry_cap_s: float = 10.0
     stats: dict[str, float] = field(default_factory=dict)
 
@@ -207,15 +204,12 @@ def new_faust_app(deps: WorkerDeps) -> faust.App:
     cfg = deps.cfg
     datadir = cfg.home / "faust" / cfg.consumer_group
     datadir.mkdir(parents=True, exist_ok=True)
-    tune_consumer_fetch(
-        int(config.get("LEAP_FETCH_MIN_BYTES")),
-        int(config.get("LEAP_COMPLETIONS_FETCH_MAX_WAIT_MS")),
-    )
-    session_s = float(config.get("LEAP_KAFKA_SESSION_TIMEOUT_S"))
+    tune_consumer_fetch(cfg.fetch_min_bytes, cfg.completions_fetch_max_wait_ms)
+    session_s = cfg.kafka_session_timeout_s
     return LeanApp(
         cfg.consumer_group,
-        broker=faust_broker_url(deps.bootstrap),
-        broker_credentials=faust_credentials(),
+        broker=faust_broker_url(deps.kafka.bootstrap),
+        broker_credentials=faust_credentials(cfg),
         key_serializer="raw",
         value_serializer="raw",
         # State lives in Redis: no tables, no changelogs, no leader topic. The broker runs with
@@ -228,7 +222,7 @@ def new_faust_app(deps: WorkerDeps) -> faust.App:
         # a rebalance does not wait for the batch in hand: what it has not acked stays
         # uncommitted and the partition's next owner redoes it (completions are deduplicated)
         stream_wait_empty=False,
-        broker_commit_interval=float(config.get("LEAP_COMMIT_INTERVAL_S")),
+        broker_commit_interval=cfg.commit_interval_s,
         broker_commit_every=cfg.batch_size,
         # a crashed worker's partitions move after this long (aiokafka heartbeats from the
         # event loop, which the executor keeps free, so a long batch does not trip it)
@@ -243,7 +237,7 @@ def new_faust_app(deps: WorkerDeps) -> faust.App:
 
 def send_all(
     out: OutputProducer,
-    topics: config.Config,
+    topics: Settings,
     rankings: list[dict[str, Any]],
     dead: list[dict[str, Any]],
 ) -> int:
@@ -355,7 +349,7 @@ class CompletionsAgent:
         return send_all(self.out, self.deps.cfg, [], dead)
 
     def _process(self, records: list[Record], now: datetime) -> CompletionBatchResult:
-        grace = self.deps.orphan_grace_s
+        grace = self.deps.cfg.orphan_grace_s
         return self.deps.completions.process(records, now, wait_for_join=grace > 0)
 
     async def handle(self, events: list[Any]) -> None:
@@ -392,7 +386,7 @@ class CompletionsAgent:
             return
         mono = time.monotonic()
         items = [(rec, comp) for _e, rec, comp, _t in pending.waiting]
-        give_up = [mono - since >= self.deps.orphan_grace_s for *_x, since in pending.waiting]
+        give_up = [mono - since >= self.deps.cfg.orphan_grace_s for *_x, since in pending.waiting]
         now = datetime.now(UTC)
         join = self.deps.completions.join_waiting
         outcome = await self._step("join", join, items, give_up, now)
@@ -414,7 +408,8 @@ class CompletionsAgent:
         pending, deps = self.pending, self.deps
         if pending.events:
             age = time.monotonic() - (pending.since or time.monotonic())
-            if force or len(pending.rows) >= deps.flush_rows or age >= deps.flush_s:
+            due = len(pending.rows) >= deps.cfg.dataset_flush_rows
+            if force or due or age >= deps.cfg.dataset_flush_s:
                 rows = list(pending.rows.values())
                 if rows:
                     await self._step("dataset", deps.dataset_append, rows)
@@ -436,7 +431,7 @@ class CompletionsAgent:
 
     async def _flusher(self) -> None:
         """Writes the dataset buffer on age, when idle, and when the app stops or rebalances."""
-        tick = max(0.05, min(0.5, self.deps.flush_s / 4))
+        tick = max(0.05, min(0.5, self.deps.cfg.dataset_flush_s / 4))
         while True:
             await asyncio.sleep(tick)
             try:
@@ -466,7 +461,7 @@ def build_app(deps: WorkerDeps) -> faust.App:
         agent.consume
     )
     sub_loop = SubmissionLoop(
-        bootstrap=deps.bootstrap,
+        kafka=deps.kafka,
         group=cfg.consumer_group,
         topic=cfg.topic_submissions,
         processor=deps.submissions,
@@ -477,6 +472,10 @@ def build_app(deps: WorkerDeps) -> faust.App:
         batch_size=cfg.batch_size,
         max_held=MAX_HELD,
         retry_cap_s=deps.retry_cap_s,
+        stall_s=cfg.consumer_stall_s,
+        session_timeout_s=cfg.kafka_session_timeout_s,
+        commit_interval_s=cfg.commit_interval_s,
+        fetch_max_wait_ms=cfg.fetch_max_wait_ms,
     )
 
     async def submissions_loop() -> None:
@@ -490,7 +489,7 @@ def build_app(deps: WorkerDeps) -> faust.App:
     aux = ThreadPoolExecutor(1, thread_name_prefix="leap-aux")
     for name, interval, poll in (
         ("model poll", cfg.model_poll_s, deps.model_poll),
-        ("lag poll", deps.lag_interval_s, deps.lag_poll),
+        ("lag poll", cfg.lag_interval_s, deps.lag_poll),
     ):
         if poll is not None:
             app.timer(interval, name=name)(_in_aux(aux, name, poll))

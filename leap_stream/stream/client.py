@@ -16,8 +16,8 @@ from typing import Any
 
 import orjson
 
-from leap_stream import config
-from leap_stream.stream.env import resolve_bootstrap
+from leap_stream.settings import Settings
+from leap_stream.stream.kafka import KafkaClients
 
 RankingKey = tuple[str, int]
 
@@ -27,27 +27,23 @@ class RankingsClient:
 
     def __init__(
         self,
-        bootstrap: str,
+        kafka: KafkaClients,
         topic: str,
         *,
         from_beginning: bool = True,
         group: str | None = None,
         keep_all: bool = False,
     ) -> None:
-        from confluent_kafka import Consumer
-
-        conf: dict[str, Any] = dict(config.kafka_client_config(bootstrap))
-        conf.update(
+        self.topic = topic
+        self._consumer = kafka.consumer(
+            # a private group: reading rankings must never move anyone else's offsets
+            group or f"leap-rankings-client-{uuid.uuid4().hex[:12]}",
             {
-                # A private group: reading rankings must never move anyone else's offsets.
-                "group.id": group or f"leap-rankings-client-{uuid.uuid4().hex[:12]}",
                 "enable.auto.commit": group is not None,
                 "auto.offset.reset": "earliest" if from_beginning else "latest",
                 "enable.partition.eof": False,
-            }
+            },
         )
-        self.topic = topic
-        self._consumer = Consumer(conf)
         self._consumer.subscribe([topic])
         self._latest: dict[RankingKey, dict[str, Any]] = {}
         self.received = 0  # rankings read, repeats included
@@ -131,11 +127,10 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run(args: argparse.Namespace) -> int:
-    cfg = config.Config.from_env()
-    bootstrap = args.bootstrap or resolve_bootstrap(cfg.kafka_bootstrap)
+def run(args: argparse.Namespace, cfg: Settings) -> int:
+    kafka = KafkaClients.of(cfg, args.bootstrap or cfg.require_kafka())
     client = RankingsClient(
-        bootstrap, args.topic or cfg.topic_rankings, from_beginning=args.from_beginning
+        kafka, args.topic or cfg.topic_rankings, from_beginning=args.from_beginning
     )
     last = time.monotonic()
     try:

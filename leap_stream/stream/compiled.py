@@ -24,7 +24,6 @@ from typing import Any
 
 import numpy as np
 
-from leap_stream import config
 from leap_stream.core.predictor import ThroughputModel
 
 log = logging.getLogger(__name__)
@@ -53,14 +52,10 @@ def available() -> bool:
     return True
 
 
-def wanted() -> bool:
-    """``LEAP_COMPILED_TREES``: whether the worker (and the bench) compile the serving trees."""
-    setting = config.get("LEAP_COMPILED_TREES")
-    if setting == "auto":
-        return available()
-    if setting not in ("0", "1"):
-        raise ValueError(f"LEAP_COMPILED_TREES={setting!r}: expected auto, 1 or 0")
-    return setting == "1"
+def wanted(setting: str) -> bool:
+    """``LEAP_COMPILED_TREES`` (auto, 1 or 0): whether the worker and the bench compile the
+    serving trees; auto means when the compiled extra is installed."""
+    return available() if setting == "auto" else setting == "1"
 
 
 def probe_matrix(model: ThroughputModel, rows: int = PROBE_ROWS, seed: int = 0) -> np.ndarray:

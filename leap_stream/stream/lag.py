@@ -16,8 +16,8 @@ from typing import Any, TypeVar
 
 import orjson
 
-from leap_stream import config
-from leap_stream.stream.env import resolve_bootstrap
+from leap_stream.settings import Settings
+from leap_stream.stream.kafka import KafkaClients
 
 TopicPartitionKey = tuple[str, int]
 T = TypeVar("T")
@@ -94,19 +94,15 @@ class LagReader:
     """
 
     def __init__(
-        self, bootstrap: str, group: str | Mapping[str, str], topics: Iterable[str] = ()
+        self, kafka: KafkaClients, group: str | Mapping[str, str], topics: Iterable[str] = ()
     ) -> None:
         """``group``: one group for ``topics``, or ``{topic: group}`` (`worker_groups`)."""
-        from confluent_kafka import Consumer
-
         by_topic = dict(group) if isinstance(group, Mapping) else dict.fromkeys(topics, group)
         self.groups = by_topic
         self.topics = list(by_topic)
         self._consumers: dict[str, Any] = {}
         for g in dict.fromkeys(by_topic.values()):
-            conf: dict[str, Any] = dict(config.kafka_client_config(bootstrap))
-            conf.update({"group.id": g, "enable.auto.commit": False})
-            self._consumers[g] = Consumer(conf)
+            self._consumers[g] = kafka.consumer(g, {"enable.auto.commit": False})
 
     def read(self, timeout: float = 10.0) -> list[PartitionLag]:
         from confluent_kafka import TopicPartition
@@ -165,9 +161,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
 
 
-def run(args: argparse.Namespace) -> int:
-    cfg = config.Config.from_env()
-    bootstrap = args.bootstrap or resolve_bootstrap(cfg.kafka_bootstrap)
+def run(args: argparse.Namespace, cfg: Settings) -> int:
+    kafka = KafkaClients.of(cfg, args.bootstrap or cfg.require_kafka())
     groups: dict[str, str]
     if args.group:
         topics = args.topic or [cfg.topic_submissions, cfg.topic_completions]
@@ -176,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
         groups = worker_groups(cfg.consumer_group, cfg.topic_submissions, cfg.topic_completions)
         if args.topic:
             groups = {t: groups.get(t, cfg.consumer_group) for t in args.topic}
-    rows = LagReader(bootstrap, groups).read()
+    rows = LagReader(kafka, groups).read()
     total = total_lag(rows)
     if args.json:
         doc = {

@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from leap_stream import config
+from leap_stream.stream.kafka import KafkaClients
 
 log = logging.getLogger(__name__)
 
@@ -53,23 +53,22 @@ class _Reports:
 class OutputProducer:
     def __init__(
         self,
-        bootstrap: str,
+        kafka: KafkaClients,
         extra: dict[str, Any] | None = None,
         *,
-        timeout_s: float | None = None,
+        timeout_s: float = 20.0,
+        max_message_bytes: int = 1_048_576,
         on_reset: Callable[[], object] | None = None,
     ) -> None:
-        self.timeout_s = (
-            float(config.get("LEAP_PRODUCE_TIMEOUT_S")) if timeout_s is None else timeout_s
-        )
-        conf: dict[str, Any] = dict(config.kafka_client_config(bootstrap))
-        conf.update(
+        self.timeout_s = timeout_s
+        self._kafka = kafka
+        conf: dict[str, Any] = dict(
             {
                 "enable.idempotence": True,  # implies acks=all, bounded in-flight, retries
                 "acks": "all",
                 "linger.ms": 2,
                 "compression.type": "lz4",
-                "message.max.bytes": max(1_048_576, int(config.get("LEAP_MAX_MESSAGE_BYTES"))),
+                "message.max.bytes": max(1_048_576, max_message_bytes),
                 # give up on a record after this long; flush() then reports it and the batch
                 # is redone on a fresh producer (message.timeout.ms is the same setting)
                 "delivery.timeout.ms": max(1000, int(self.timeout_s * 1000)),
@@ -83,9 +82,7 @@ class OutputProducer:
         self._producer, self._reports = self._build()
 
     def _build(self) -> tuple[Any, _Reports]:
-        from confluent_kafka import Producer
-
-        return Producer(self._conf), _Reports()
+        return self._kafka.producer(self._conf), _Reports()
 
     def send(self, topic: str, key: bytes | None, value: bytes) -> None:
         while True:

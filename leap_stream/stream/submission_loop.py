@@ -29,10 +29,10 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from leap_stream import config
 from leap_stream.stream.acks import HeldAcks, OrderedAcks
 from leap_stream.stream.batch import Record, SubmissionBatchResult, SubmissionProcessor
 from leap_stream.stream.group_health import GroupHealth, group_state, stats_interval_ms
+from leap_stream.stream.kafka import KafkaClients
 from leap_stream.stream.retry import Retry, Unfinished
 
 log = logging.getLogger(__name__)
@@ -47,18 +47,6 @@ def submissions_group(group: str) -> str:
     return group + GROUP_SUFFIX
 
 
-def consumer_stall_s() -> float:
-    """``LEAP_CONSUMER_STALL_S``: seconds outside a settled group before a replacement; 0 = never."""
-    raw = config.get("LEAP_CONSUMER_STALL_S")
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value >= 0 or value == float("inf"):
-        raise ValueError(f"LEAP_CONSUMER_STALL_S={raw!r}: expected seconds >= 0 (0 turns it off)")
-    return value
-
-
 class SubmissionLoop:
     """Consume → `SubmissionProcessor.process` → publish (flush) → store offsets, in one thread.
 
@@ -71,7 +59,7 @@ class SubmissionLoop:
     def __init__(
         self,
         *,
-        bootstrap: str,
+        kafka: KafkaClients,
         group: str,
         topic: str,
         processor: SubmissionProcessor,
@@ -82,7 +70,10 @@ class SubmissionLoop:
         batch_size: int = 500,
         max_held: int = 100_000,
         retry_cap_s: float = 10.0,
-        stall_s: float | None = None,
+        stall_s: float = 120.0,
+        session_timeout_s: float = 10.0,
+        commit_interval_s: float = 1.0,
+        fetch_max_wait_ms: int = 5,
         extra: dict[str, Any] | None = None,
     ) -> None:
         self.topic = topic
@@ -94,23 +85,20 @@ class SubmissionLoop:
         self.batch_size = batch_size
         self.retry = Retry(self._stop_requested, self._wait_stop, on_store_error, retry_cap_s)
         self._stop = threading.Event()
-        self.conf: dict[str, Any] = dict(config.kafka_client_config(bootstrap))
-        session_s = float(config.get("LEAP_KAFKA_SESSION_TIMEOUT_S"))
-        self.conf.update(
+        self.kafka = kafka
+        session_s = session_timeout_s
+        self.conf: dict[str, Any] = dict(
             {
-                "group.id": self.group,
                 "auto.offset.reset": "earliest",
                 "enable.auto.commit": True,
                 "enable.auto.offset.store": False,  # stored only once durable (see module doc)
-                "auto.commit.interval.ms": int(float(config.get("LEAP_COMMIT_INTERVAL_S")) * 1000),
+                "auto.commit.interval.ms": int(commit_interval_s * 1000),
                 "session.timeout.ms": int(session_s * 1000),
                 "heartbeat.interval.ms": int(min(3.0, session_s / 3) * 1000),
-                "fetch.wait.max.ms": int(config.get("LEAP_FETCH_MAX_WAIT_MS")),
+                "fetch.wait.max.ms": fetch_max_wait_ms,
                 "enable.partition.eof": False,
             }
         )
-        if stall_s is None:
-            stall_s = consumer_stall_s()
         self.health = GroupHealth(stall_s)
         if self.health.watching:
             self.conf["statistics.interval.ms"] = stats_interval_ms(stall_s)
@@ -186,14 +174,12 @@ class SubmissionLoop:
                 closer.join(max(0.0, deadline - time.monotonic()))
 
     def _new_consumer(self) -> Any:
-        from confluent_kafka import Consumer
-
         conf = dict(self.conf)
         self._generation += 1
         if self.health.watching:
             gen = self._generation  # a replaced consumer's last statistics are not this one's
             conf["stats_cb"] = lambda stats_json: self._on_stats(gen, stats_json)
-        consumer = Consumer(conf)
+        consumer = self.kafka.consumer(self.group, conf)
         consumer.subscribe(
             [self.topic],
             on_assign=self._on_assign,
@@ -335,6 +321,5 @@ __all__ = [
     "GROUP_SUFFIX",
     "SubmissionLoop",
     "Unfinished",
-    "consumer_stall_s",
     "submissions_group",
 ]

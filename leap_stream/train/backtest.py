@@ -28,6 +28,7 @@ from leap_stream.core.lookup import LookupTable
 from leap_stream.core.predictor import ThroughputModel
 from leap_stream.core.ranker import SRC_LOOKUP, SRC_NONE, Ranker
 from leap_stream.core.ranking import throughput_per_cost
+from leap_stream.settings import Settings
 from leap_stream.train import pit
 from leap_stream.train.trainer import metrics
 
@@ -556,7 +557,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true")
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, _settings: Settings) -> int:
     ablate = [g.strip() for g in args.ablate.split(",") if g.strip()]
     unknown = [g for g in ablate if g not in F.GROUPS]
     if unknown:

@@ -24,6 +24,7 @@ import pandas as pd
 from leap_stream.core import features as F
 from leap_stream.core.lookup import LookupTable
 from leap_stream.core.predictor import NUM_ROUNDS, ThroughputModel
+from leap_stream.settings import Settings
 from leap_stream.train import pit
 
 # Candidate may be this much below the current model's ±10 % accuracy and still pass (noise).
@@ -252,11 +253,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true")
 
 
-def run(args: argparse.Namespace) -> int:
-    from leap_stream.config import Config
+def run(args: argparse.Namespace, cfg: Settings) -> int:
     from leap_stream.store.offline import read_dataset
 
-    cfg = Config.from_env()
     dataset_dir = args.dataset or cfg.dataset_dir
     registry_dir = args.registry or cfg.registry_dir
     dataset = read_dataset(dataset_dir)

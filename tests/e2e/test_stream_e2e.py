@@ -36,6 +36,7 @@ from leap_stream.sim.fleet import SimConfig, simulate
 from leap_stream.store.offline import DatasetSink, epoch_s, read_dataset
 from leap_stream.store.online import OnlineStore, connect
 from leap_stream.stream.client import RankingsClient
+from leap_stream.stream.kafka import KafkaClients
 from leap_stream.stream.lag import LagReader, total_lag, worker_groups
 
 pytestmark = pytest.mark.e2e
@@ -289,8 +290,8 @@ def test_worker_end_to_end(stack: Stack) -> None:
     # windows therefore rank with the history the earlier ones wrote
     n_windows = 3
     applied: list[dict[str, Any]] = []
-    rankings = RankingsClient(stack.bootstrap, t["rank"], keep_all=True)
-    lag = LagReader(stack.bootstrap, worker_groups(stack.group, t["sub"], t["comp"]))
+    rankings = RankingsClient(KafkaClients(stack.bootstrap), t["rank"], keep_all=True)
+    lag = LagReader(KafkaClients(stack.bootstrap), worker_groups(stack.group, t["sub"], t["comp"]))
     sent_comp = 0
     model_version = None
     t_start = time.monotonic()
@@ -512,8 +513,8 @@ def test_worker_restart_loses_nothing(stack: Stack, sig: int) -> None:
     for s in subs:
         feeder.send(t["sub"], s["job_id"], orjson.dumps(s))
     feeder.flush()
-    rankings = RankingsClient(stack.bootstrap, t["rank"], keep_all=True)
-    lag = LagReader(stack.bootstrap, worker_groups(stack.group, t["sub"], t["comp"]))
+    rankings = RankingsClient(KafkaClients(stack.bootstrap), t["rank"], keep_all=True)
+    lag = LagReader(KafkaClients(stack.bootstrap), worker_groups(stack.group, t["sub"], t["comp"]))
 
     stack.start("worker-1")
 
@@ -609,8 +610,8 @@ def test_worker_without_redis_ranks_and_loses_nothing(stack: Stack) -> None:
     for s in subs:
         feeder.send(t["sub"], s["job_id"], orjson.dumps(s))
     feeder.flush()
-    rankings = RankingsClient(stack.bootstrap, t["rank"])
-    lag = LagReader(stack.bootstrap, worker_groups(stack.group, t["sub"], t["comp"]))
+    rankings = RankingsClient(KafkaClients(stack.bootstrap), t["rank"])
+    lag = LagReader(KafkaClients(stack.bootstrap), worker_groups(stack.group, t["sub"], t["comp"]))
     real_redis = stack.redis_url
     stack.redis_url = f"redis://127.0.0.1:{_free_port()}/0"  # nobody listens there
     stack.start("worker-no-redis")

@@ -18,6 +18,7 @@ import pytest
 from leap_stream.sim.events import submission_events
 from leap_stream.sim.fleet import SimConfig, simulate
 from leap_stream.stream.client import RankingsClient
+from leap_stream.stream.kafka import KafkaClients
 from leap_stream.stream.lag import LagReader, total_lag, worker_groups
 
 pytestmark = [pytest.mark.e2e, pytest.mark.faults]
@@ -83,7 +84,7 @@ def test_worker_survives_a_broker_outage(
         )
         half = len(subs) // 2
         _produce(bootstrap, topics["sub"], subs[:half])
-        with RankingsClient(bootstrap, topics["rank"]) as client:
+        with RankingsClient(KafkaClients(bootstrap), topics["rank"]) as client:
             _wait_ranked(client, half, proc, 90)
 
         assert stop_services(names=["kafka"], home=home)["kafka"]
@@ -93,9 +94,11 @@ def test_worker_survives_a_broker_outage(
         assert again.kafka_bootstrap == bootstrap  # same port, same data
 
         _produce(bootstrap, topics["sub"], subs[half:])
-        with RankingsClient(bootstrap, topics["rank"]) as client:
+        with RankingsClient(KafkaClients(bootstrap), topics["rank"]) as client:
             _wait_ranked(client, len(subs), proc, 120)
-        lag = LagReader(bootstrap, worker_groups("outage-worker", topics["sub"], topics["comp"]))
+        lag = LagReader(
+            KafkaClients(bootstrap), worker_groups("outage-worker", topics["sub"], topics["comp"])
+        )
         end = time.monotonic() + 30
         while total_lag(lag.read()) and time.monotonic() < end:
             time.sleep(0.5)

@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 
 from leap_stream.store.offline import read_dataset
 from leap_stream.stream.client import RankingsClient
+from leap_stream.stream.kafka import KafkaClients
 
 pytestmark = pytest.mark.faults
 
@@ -149,7 +150,7 @@ def test_bad_input_lands_in_the_dlq_and_the_worker_survives(stack: Stack) -> Non
     t = stack.topics
     stack.extra_env["LEAP_ORPHAN_GRACE_S"] = "4"
     feeder = Feeder(stack.bootstrap, **{"message.max.bytes": 20 * 1024 * 1024})
-    rankings = RankingsClient(stack.bootstrap, t["rank"], keep_all=True)
+    rankings = RankingsClient(KafkaClients(stack.bootstrap), t["rank"], keep_all=True)
     stack.start()
     topic = {"sub": t["sub"], "comp": t["comp"]}
 

@@ -9,6 +9,7 @@ import pytest
 from _stack import Feeder, Stack, check_nothing_lost, dead_letters, feed, fleet, wait_for
 
 from leap_stream.stream.client import RankingsClient
+from leap_stream.stream.kafka import KafkaClients
 from leap_stream.stream.lag import LagReader, total_lag, worker_groups
 
 pytestmark = pytest.mark.faults
@@ -20,8 +21,8 @@ def test_kill9_three_times_loses_nothing(stack: Stack) -> None:
     t = stack.topics
     feeder = Feeder(stack.bootstrap)
     feed(feeder, stack, fl.subs, fl.comps)
-    rankings = RankingsClient(stack.bootstrap, t["rank"], keep_all=True)
-    lag = LagReader(stack.bootstrap, worker_groups(stack.group, t["sub"], t["comp"]))
+    rankings = RankingsClient(KafkaClients(stack.bootstrap), t["rank"], keep_all=True)
+    lag = LagReader(KafkaClients(stack.bootstrap), worker_groups(stack.group, t["sub"], t["comp"]))
 
     def done() -> int:
         return fl.events - total_lag(lag.read())

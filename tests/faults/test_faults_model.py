@@ -14,6 +14,7 @@ from _stack import Feeder, Stack, fleet, promote_model, wait_for
 from leap_stream.sim.fleet import SimConfig, simulate
 from leap_stream.store.registry import MANIFEST, Registry, _manifest, _write_atomic
 from leap_stream.stream.client import RankingsClient
+from leap_stream.stream.kafka import KafkaClients
 
 pytestmark = pytest.mark.faults
 
@@ -70,7 +71,7 @@ def test_corrupt_or_truncated_model_keeps_the_old_one(stack: Stack) -> None:
     v1 = promote_model(reg.root, sim.dataset)
     fl = fleet(seed=52, rate=400)
     feeder = Feeder(stack.bootstrap)
-    rankings = RankingsClient(stack.bootstrap, stack.topics["rank"])
+    rankings = RankingsClient(KafkaClients(stack.bootstrap), stack.topics["rank"])
     stack.start()
     wait_for("the worker to serve v1", lambda: stack.alive() and _serving(stack) == {v1}, 60)
     got = _rank_some(stack, feeder, rankings, fl.subs[:50], "before")

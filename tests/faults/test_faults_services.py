@@ -31,6 +31,7 @@ from conftest import make_topics
 
 from leap_stream.dev import redis as dev_redis
 from leap_stream.stream.client import RankingsClient
+from leap_stream.stream.kafka import KafkaClients
 from leap_stream.stream.lag import LagReader, total_lag, worker_groups
 
 pytestmark = pytest.mark.faults
@@ -140,8 +141,8 @@ def test_redis_killed_and_restarted_mid_run(stack: Stack, own_redis: OwnRedis) -
     fl = fleet(seed=41, rate=4000)
     t = stack.topics
     feed(Feeder(stack.bootstrap), stack, fl.subs, fl.comps)
-    rankings = RankingsClient(stack.bootstrap, t["rank"], keep_all=True)
-    lag = LagReader(stack.bootstrap, worker_groups(stack.group, t["sub"], t["comp"]))
+    rankings = RankingsClient(KafkaClients(stack.bootstrap), t["rank"], keep_all=True)
+    lag = LagReader(KafkaClients(stack.bootstrap), worker_groups(stack.group, t["sub"], t["comp"]))
     stack.start()
 
     _wait_ranked(stack, rankings, 0.3, len(fl.subs))
@@ -174,12 +175,12 @@ def own_broker(
     """A second broker (its own LEAP_HOME and ports) that the test may stop and start.
 
     Depends on ``redis_url`` so the session's Redis is resolved before LEAP_HOME moves."""
-    from leap_stream import config
     from leap_stream.dev import ensure_services, stop_services
     from leap_stream.dev.state import Paths, load_state
+    from leap_stream.settings import Settings
 
     home = tmp_path / "broker-home"
-    version = config.get("LEAP_KAFKA_VERSION")
+    version = Settings.from_env().kafka_version
     shared = Paths.from_env().kafka_dist(version)  # the session's jars, before LEAP_HOME moves
     with monkeypatch.context() as mp:
         mp.delenv("LEAP_KAFKA_BOOTSTRAP", raising=False)
@@ -252,14 +253,14 @@ def test_broker_restarted_mid_run(
     feed(feeder, stack, fl.subs[:half_s], fl.comps[:half_c])
     stack.start()
     try:
-        rankings = RankingsClient(bootstrap, t["rank"], keep_all=True)
+        rankings = RankingsClient(KafkaClients(bootstrap), t["rank"], keep_all=True)
 
         _wait_ranked(stack, rankings, 0.25, len(fl.subs))
         ranked_before = len(rankings.latest())
         outage = own_broker["restart"](2.0)
         # the second half arrives after the restart, through the same worker process
         feed(feeder, stack, fl.subs[half_s:], fl.comps[half_c:])
-        lag = LagReader(bootstrap, worker_groups(stack.group, t["sub"], t["comp"]))
+        lag = LagReader(KafkaClients(bootstrap), worker_groups(stack.group, t["sub"], t["comp"]))
         _run_until_caught_up(stack, rankings, lag, timeout=300)
         figures, repeats = _stop_and_check(stack, fl, rankings)
         print(
@@ -299,15 +300,16 @@ def test_broker_frozen_mid_run(
     stack.extra_env["LEAP_CONSUMER_STALL_S"] = "4"
     # completions whose submission is in the second half wait through the freeze: not orphans
     stack.extra_env["LEAP_ORPHAN_GRACE_S"] = "600"
-    fl = fleet(seed=47, rate=4000)
+    # busy: a backlog that a fast worker cannot clear before 5 % of it is seen ranked
+    fl = fleet(seed=47, rate=4000 if when == "idle" else 12000)
     half_s, half_c = len(fl.subs) // 2, len(fl.comps) // 2
     t = stack.topics
     feeder = Feeder(bootstrap)
     feed(feeder, stack, fl.subs[:half_s], fl.comps[:half_c])
-    lag = LagReader(bootstrap, worker_groups(stack.group, t["sub"], t["comp"]))
+    lag = LagReader(KafkaClients(bootstrap), worker_groups(stack.group, t["sub"], t["comp"]))
     stack.start()
     try:
-        rankings = RankingsClient(bootstrap, t["rank"], keep_all=True)
+        rankings = RankingsClient(KafkaClients(bootstrap), t["rank"], keep_all=True)
         if when == "idle":
 
             def submissions_done() -> bool:

@@ -15,8 +15,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from leap_stream import config
 from leap_stream.dev import kafka, state
+from leap_stream.settings import Settings
 
 pytestmark = pytest.mark.services
 
@@ -43,7 +43,7 @@ def _status(home: Path) -> dict:
 
 @pytest.fixture
 def home(tmp_path: Path) -> Path:
-    version = config.get("LEAP_KAFKA_VERSION")
+    version = Settings.from_env().kafka_version
     shared_paths = state.Paths.from_env()
     lib = kafka.fetch_jars(shared_paths, version, logging.getLogger("test"))  # once, shared
     dist = tmp_path / f"kafka-{version}"

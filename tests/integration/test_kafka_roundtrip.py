@@ -9,8 +9,8 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Producer
 
 from leap_stream.cli import main
-from leap_stream.config import kafka_client_config
 from leap_stream.dev.topics import create_topics, delete_topics
+from leap_stream.settings import Settings
 
 pytestmark = pytest.mark.services
 
@@ -22,7 +22,7 @@ def _consume(
 ) -> list[tuple[bytes, bytes]]:
     consumer = Consumer(
         {
-            **kafka_client_config(bootstrap),
+            **Settings.from_env().kafka_client_config(bootstrap),
             "group.id": f"g-{topic}",
             "auto.offset.reset": "earliest",
             "enable.auto.commit": False,
@@ -53,7 +53,10 @@ def test_round_trip_keeps_order_and_carries_a_10mb_message(
 ) -> None:
     topic = topic_factory("roundtrip", partitions=1)
     producer = Producer(
-        {**kafka_client_config(kafka_bootstrap), "message.max.bytes": 16 * 1024 * 1024}
+        {
+            **Settings.from_env().kafka_client_config(kafka_bootstrap),
+            "message.max.bytes": 16 * 1024 * 1024,
+        }
     )
     events = [{"job_id": f"j{i}", "i": i} for i in range(200)]
     for e in events:
@@ -74,7 +77,9 @@ def test_create_topics_is_idempotent(kafka_bootstrap: str) -> None:
         assert create_topics(kafka_bootstrap, [name], partitions=3) == {name: "exists"}
         from confluent_kafka.admin import AdminClient
 
-        md = AdminClient(kafka_client_config(kafka_bootstrap)).list_topics(name, timeout=10)
+        md = AdminClient(Settings.from_env().kafka_client_config(kafka_bootstrap)).list_topics(
+            name, timeout=10
+        )
         assert len(md.topics[name].partitions) == 3
     finally:
         delete_topics(kafka_bootstrap, [name])
@@ -107,7 +112,9 @@ def test_auto_create_is_off_on_the_native_broker(kafka_bootstrap: str) -> None:
         or os.environ.get("LEAP_KAFKA_AUTO_CREATE_TOPICS")
     ):
         pytest.skip("broker not started by leap_stream.dev with default settings")
-    producer = Producer({**kafka_client_config(kafka_bootstrap), "message.timeout.ms": 1000})
+    producer = Producer(
+        {**Settings.from_env().kafka_client_config(kafka_bootstrap), "message.timeout.ms": 1000}
+    )
     errors: list[KafkaError] = []
     producer.produce(
         f"test.nonexistent.{time.time_ns()}", value=b"x", on_delivery=lambda e, _m: errors.append(e)

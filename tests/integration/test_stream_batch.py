@@ -27,6 +27,7 @@ from leap_stream.store.offline import epoch_s
 from leap_stream.store.online import OnlineStore, OnlineStoreUnavailable, connect
 from leap_stream.stream.batch import CompletionProcessor, Record, SubmissionProcessor
 from leap_stream.stream.client import RankingsClient
+from leap_stream.stream.kafka import KafkaClients
 from leap_stream.stream.lag import LagReader, total_lag
 from leap_stream.stream.output import DeliveryError, OutputProducer
 
@@ -198,7 +199,7 @@ def test_output_producer_and_rankings_client_latest_wins(
     kafka_bootstrap: str, topic_factory: Any
 ) -> None:
     topic = topic_factory("rankings", partitions=3)
-    out = OutputProducer(kafka_bootstrap)
+    out = OutputProducer(KafkaClients(kafka_bootstrap))
     base = orjson.loads(
         (
             __import__("pathlib").Path(__file__).resolve().parents[2]
@@ -214,7 +215,7 @@ def test_output_producer_and_rankings_client_latest_wins(
             r = dict(base, job_id=f"job-{i}", attempt=1 + (i % 2), model_version=version)
             out.send(topic, r["job_id"].encode(), orjson.dumps(r))
     assert out.flush(30) == 2 * n
-    with RankingsClient(kafka_bootstrap, topic) as client:
+    with RankingsClient(KafkaClients(kafka_bootstrap), topic) as client:
         client.drain(idle_s=2.0, max_s=60)
         latest = client.latest()
         assert client.received == 2 * n
@@ -234,7 +235,7 @@ def test_lag_reader_counts_uncommitted_and_committed(
         p.produce(topic, value=b"x", partition=i % 2)
     assert p.flush(30) == 0
     group = f"lag-test-{time.time_ns()}"
-    reader = LagReader(kafka_bootstrap, group, [topic])
+    reader = LagReader(KafkaClients(kafka_bootstrap), group, [topic])
     rows = reader.read()
     assert [(r.partition, r.lag, r.committed) for r in rows] == [(0, 5, None), (1, 5, None)]
 
@@ -289,7 +290,9 @@ def test_output_producer_failed_flush_replaces_the_producer(
 
     topic = topic_factory("output-reset", partitions=2)
     resets: list[int] = []
-    out = OutputProducer(kafka_bootstrap, timeout_s=2.0, on_reset=lambda: resets.append(1))
+    out = OutputProducer(
+        KafkaClients(kafka_bootstrap), timeout_s=2.0, on_reset=lambda: resets.append(1)
+    )
     first = out._producer
     # auto-create is off: the records wait for a topic that never appears and time out
     out.send(f"test.missing.{time.time_ns()}", b"k", b"lost")
@@ -323,7 +326,7 @@ def test_output_producer_unreachable_broker_fails_within_timeout() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    out = OutputProducer(f"127.0.0.1:{port}", timeout_s=1.5)
+    out = OutputProducer(KafkaClients(f"127.0.0.1:{port}"), timeout_s=1.5)
     out.send("t", None, b"x")
     with pytest.raises(DeliveryError):
         out.flush()

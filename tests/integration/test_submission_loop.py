@@ -23,6 +23,7 @@ from leap_stream.sim.events import submission_events
 from leap_stream.sim.fleet import SimConfig, SimResult, simulate
 from leap_stream.store.online import OnlineStore, OnlineStoreUnavailable, connect
 from leap_stream.stream.batch import Record, SubmissionBatchResult, SubmissionProcessor
+from leap_stream.stream.kafka import KafkaClients
 from leap_stream.stream.lag import LagReader, total_lag
 from leap_stream.stream.submission_loop import SubmissionLoop, submissions_group
 
@@ -128,7 +129,7 @@ def _loop(
 
     extra = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}
     return SubmissionLoop(
-        bootstrap=bootstrap,
+        kafka=KafkaClients(bootstrap),
         group=group,
         topic=topic,
         processor=processor,
@@ -149,7 +150,7 @@ def test_ranks_publishes_and_commits_everything(
     group = f"loop-{time.time_ns()}"
     store = OnlineStore(connect(redis_url), prefix=redis_prefix)
     sent = Published()
-    lag = LagReader(kafka_bootstrap, submissions_group(group), [topic])
+    lag = LagReader(KafkaClients(kafka_bootstrap), submissions_group(group), [topic])
     assert total_lag(lag.read()) == len(subs)
     with running(_loop(kafka_bootstrap, group, topic, store, sent)) as loop:
         wait_for("every submission ranked", lambda: len(sent.jobs()) == len(subs), 60)
@@ -172,7 +173,7 @@ def test_offsets_wait_for_redis_then_commit(
     store = SwitchableStore(OnlineStore(connect(redis_url), prefix=redis_prefix))
     store.down = True
     sent = Published()
-    lag = LagReader(kafka_bootstrap, submissions_group(group), [topic])
+    lag = LagReader(KafkaClients(kafka_bootstrap), submissions_group(group), [topic])
     with running(_loop(kafka_bootstrap, group, topic, store, sent)):
         wait_for("ranked without Redis", lambda: len(sent.jobs()) == len(subs), 60)
         assert not any(r["history_used"] for r in sent.rankings)
@@ -193,7 +194,7 @@ def test_stop_while_publishing_fails_commits_nothing_of_that_batch(
     group = f"loop-stop-{time.time_ns()}"
     store = OnlineStore(connect(redis_url), prefix=redis_prefix)
     sent = Published()
-    lag = LagReader(kafka_bootstrap, submissions_group(group), [topic])
+    lag = LagReader(KafkaClients(kafka_bootstrap), submissions_group(group), [topic])
     loop = _loop(kafka_bootstrap, group, topic, store, sent)
     loop.start()
     try:
@@ -223,7 +224,7 @@ def test_a_second_loop_takes_partitions_and_nothing_is_lost(
     sent = Published()
     seen_a: list[Record] = []
     seen_b: list[Record] = []
-    lag = LagReader(kafka_bootstrap, submissions_group(group), [topic])
+    lag = LagReader(KafkaClients(kafka_bootstrap), submissions_group(group), [topic])
     a = _loop(kafka_bootstrap, group, topic, store, sent, seen_a)
     b = _loop(kafka_bootstrap, group, topic, store, sent, seen_b)
     with running(a):
@@ -274,7 +275,7 @@ def test_stop_and_rebalance_commit_without_the_timer(
     sent = Published()
     seen_a: list[Record] = []
     seen_b: list[Record] = []
-    lag = LagReader(kafka_bootstrap, submissions_group(group), [topic])
+    lag = LagReader(KafkaClients(kafka_bootstrap), submissions_group(group), [topic])
     no_timer = {"auto.commit.interval.ms": 3_600_000}
     a = _loop(kafka_bootstrap, group, topic, store, sent, seen_a)
     b = _loop(kafka_bootstrap, group, topic, store, sent, seen_b)

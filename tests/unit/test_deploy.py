@@ -1,7 +1,7 @@
 """Static checks of the deploy artefacts: no Docker engine or cluster is needed.
 
 The compose file, the Kubernetes manifests, the alert rules and the dashboard must agree with
-each other and with the interfaces in docs/design.md and leap_stream/config.py; when they drift,
+each other and with the interfaces in docs/design.md and leap_stream/settings.py; when they drift,
 these tests fail instead of a deployment failing at 3 a.m.
 """
 
@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from leap_stream import config
+from leap_stream import settings as config
 from leap_stream.stream.submission_loop import submissions_group
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -212,7 +212,8 @@ def test_compose_two_workers_share_one_consumer_group(compose: dict[str, Any]) -
     found = workers(compose)
     assert len(found) >= 2, "partition scaling needs at least two workers"
     envs = [service_env(svc) for svc in found.values()]
-    groups = {env.get("LEAP_CONSUMER_GROUP", config.get("LEAP_CONSUMER_GROUP")) for env in envs}
+    default_group = config.Settings.from_env({}).consumer_group
+    groups = {env.get("LEAP_CONSUMER_GROUP", default_group) for env in envs}
     assert len(groups) == 1
     assert {env["LEAP_KAFKA_BOOTSTRAP"] for env in envs} == {"kafka:9092"}
     for name, svc in found.items():
@@ -227,7 +228,7 @@ def test_compose_env_uses_only_documented_settings(compose: dict[str, Any]) -> N
     for name, svc in compose["services"].items():
         for key in service_env(svc):
             if key.startswith("LEAP_") and key != "LEAP_IMAGE_TAG":
-                assert key in SETTINGS, f"{name}: {key} is not in leap_stream/config.py"
+                assert key in SETTINGS, f"{name}: {key} is not in leap_stream/settings.py"
 
 
 def volume_sources(svc: dict[str, Any]) -> dict[str, str]:
@@ -742,7 +743,7 @@ def test_dashboard_queries_parse(tmp_path: Path, dashboard: dict[str, Any]) -> N
 def test_docs_name_the_settings_they_configure() -> None:
     ops, sec = OPERATIONS.read_text(), SECURITY.read_text()
     for env in re.findall(r"`(LEAP_[A-Z0-9_]+)", ops + sec):
-        assert env in SETTINGS, f"docs mention {env}, which config.py does not define"
+        assert env in SETTINGS, f"docs mention {env}, which settings.py does not define"
     for env in (
         "LEAP_KAFKA_SECURITY_PROTOCOL",
         "LEAP_KAFKA_SASL_MECHANISM",
@@ -753,3 +754,10 @@ def test_docs_name_the_settings_they_configure() -> None:
         "LEAP_DLQ_RETENTION_MS",
     ):
         assert env in sec, f"docs/security.md does not cover {env}"
+
+
+def test_the_configuration_table_is_generated_from_the_settings() -> None:
+    text = (ROOT / "docs" / "configuration.md").read_text()
+    assert config.config_table_markdown() in text, (
+        "docs/configuration.md is stale: leap-stream config --markdown"
+    )

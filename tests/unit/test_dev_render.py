@@ -8,6 +8,7 @@ import pytest
 
 from leap_stream.cli import main
 from leap_stream.dev import kafka, redis, topics
+from leap_stream.settings import Settings
 
 
 def _props(text: str) -> dict[str, str]:
@@ -65,13 +66,17 @@ def test_redis_command_keeps_nothing_on_disk(tmp_path: Path) -> None:
     assert pairs["--logfile"] == str(tmp_path / "r.log")
 
 
-def test_topic_retention_from_config(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("LEAP_TOPIC_RETENTION_MS", "1000")
-    monkeypatch.setenv("LEAP_DLQ_RETENTION_MS", "2000")
-    monkeypatch.setenv("LEAP_TOPIC_DEAD_LETTER", "my.dlq")
-    assert topics.topic_config("my.dlq") == {"retention.ms": "2000"}
-    assert topics.topic_config("leap.rankings") == {"retention.ms": "1000"}
-    assert topics.configured_topics()[-1] == "my.dlq"
+def test_topic_retention_from_config() -> None:
+    cfg = Settings.from_env(
+        {
+            "LEAP_TOPIC_RETENTION_MS": "1000",
+            "LEAP_DLQ_RETENTION_MS": "2000",
+            "LEAP_TOPIC_DEAD_LETTER": "my.dlq",
+        }
+    )
+    assert topics.topic_config("my.dlq", cfg) == {"retention.ms": "2000"}
+    assert topics.topic_config("leap.rankings", cfg) == {"retention.ms": "1000"}
+    assert cfg.topics[-1] == "my.dlq"
 
 
 def test_dev_status_on_an_empty_home(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -6,30 +6,43 @@ import orjson
 import pytest
 import redis
 
-from leap_stream.store.online import OnlineStore, connect
+from leap_stream.settings import Settings, SettingsError
+from leap_stream.store.online import OnlineStore, connect, connect_with
 
 
-def test_connect_settings(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("LEAP_REDIS_TIMEOUT_S", "0.25")
-    monkeypatch.setenv("LEAP_REDIS_PASSWORD", "s3cret")
-    client = connect("redis://cache.example:6380/2")
+def test_connect_settings() -> None:
+    cfg = Settings.from_env({"LEAP_REDIS_TIMEOUT_S": "0.25", "LEAP_REDIS_PASSWORD": "s3cret"})
+    client = connect_with(cfg, "redis://cache.example:6380/2")
     kw = client.connection_pool.connection_kwargs
     assert (kw["host"], kw["port"], kw["db"]) == ("cache.example", 6380, 2)
     assert kw["password"] == "s3cret"
     assert kw["socket_timeout"] == kw["socket_connect_timeout"] == 0.25
     assert kw["retry"].get_retries() == 2
 
-    in_url = connect("redis://:fromurl@cache.example:6380/0").connection_pool.connection_kwargs
+    in_url = connect_with(cfg, "redis://:fromurl@cache.example:6380/0")
+    in_url = in_url.connection_pool.connection_kwargs
     assert in_url["password"] == "fromurl"  # the URL wins over LEAP_REDIS_PASSWORD
 
     tls = connect("rediss://cache.example:6390/0").connection_pool
     assert issubclass(tls.connection_class, redis.SSLConnection)
 
 
-def test_env_url_is_used(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("LEAP_REDIS_URL", "redis://envhost:7000/3")
-    kw = connect().connection_pool.connection_kwargs
+def test_the_configured_url_is_used() -> None:
+    cfg = Settings.from_env({"LEAP_REDIS_URL": "redis://envhost:7000/3"})
+    kw = connect_with(cfg).connection_pool.connection_kwargs
     assert (kw["host"], kw["port"], kw["db"]) == ("envhost", 7000, 3)
+    with pytest.raises(SettingsError, match="LEAP_REDIS_URL is empty"):
+        connect_with(Settings.from_env({}))
+
+
+def test_the_store_defaults_are_the_documented_settings() -> None:
+    cfg = Settings.from_env({})
+    store, configured = OnlineStore(redis.Redis(), "p:"), OnlineStore.of(cfg, redis.Redis())
+    assert (store.dedup_ttl_s, store.submission_ttl_s) == (
+        configured.dedup_ttl_s,
+        configured.submission_ttl_s,
+    )
+    assert configured.prefix == "leap:"
 
 
 def test_key_layout_is_the_design() -> None:

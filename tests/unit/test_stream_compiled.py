@@ -121,14 +121,15 @@ def test_holder_keeps_lightgbm_when_compiling_fails(
 
 
 def test_the_setting_auto_follows_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("LEAP_COMPILED_TREES", raising=False)
-    assert C.wanted()  # auto, and the extra is installed here
+    from leap_stream.settings import Settings
+
+    def setting(raw: str | None) -> str:
+        return Settings.from_env({} if raw is None else {"LEAP_COMPILED_TREES": raw}).compiled_trees
+
+    assert C.wanted(setting(None))  # auto, and the extra is installed here
     monkeypatch.setattr(C, "available", lambda: False)
-    assert not C.wanted()  # auto without the extra: LightGBM
-    monkeypatch.setenv("LEAP_COMPILED_TREES", "1")
-    assert C.wanted()  # asked for: a missing extra becomes a counted compile failure
-    monkeypatch.setenv("LEAP_COMPILED_TREES", "0")
-    assert not C.wanted()
-    monkeypatch.setenv("LEAP_COMPILED_TREES", "yes")
-    with pytest.raises(ValueError, match="auto, 1 or 0"):
-        C.wanted()
+    assert not C.wanted(setting(None))  # auto without the extra: LightGBM
+    assert C.wanted(setting("1"))  # asked for: a missing extra becomes a counted compile failure
+    assert not C.wanted(setting("0"))
+    with pytest.raises(ValueError, match="'auto', '1', '0'"):
+        setting("yes")

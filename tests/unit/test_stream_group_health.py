@@ -99,14 +99,11 @@ def test_statistics_interval_follows_the_limit() -> None:
     assert stats_interval_ms(1) == 500  # at least 0.5 s apart
 
 
-def test_consumer_stall_setting(monkeypatch: pytest.MonkeyPatch) -> None:
-    from leap_stream.stream.submission_loop import consumer_stall_s
+def test_consumer_stall_setting() -> None:
+    from leap_stream.settings import Settings
 
-    monkeypatch.delenv("LEAP_CONSUMER_STALL_S", raising=False)
-    assert consumer_stall_s() == 120.0  # the documented default
-    monkeypatch.setenv("LEAP_CONSUMER_STALL_S", "0")
-    assert consumer_stall_s() == 0.0  # off
+    assert Settings.from_env({}).consumer_stall_s == 120.0  # the documented default
+    assert Settings.from_env({"LEAP_CONSUMER_STALL_S": "0"}).consumer_stall_s == 0.0  # off
     for bad in ("-1", "soon", "nan", "inf"):
-        monkeypatch.setenv("LEAP_CONSUMER_STALL_S", bad)
         with pytest.raises(ValueError, match="LEAP_CONSUMER_STALL_S"):
-            consumer_stall_s()
+            Settings.from_env({"LEAP_CONSUMER_STALL_S": bad})

@@ -246,29 +246,32 @@ def test_batcher_accumulates_while_busy_and_applies_backpressure() -> None:
     assert blocked
 
 
-def test_faust_credentials_follow_the_kafka_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_faust_credentials_follow_the_kafka_settings() -> None:
     import ssl
 
     import faust
 
+    from leap_stream.settings import Settings
     from leap_stream.stream.app import faust_credentials
 
-    monkeypatch.setenv("LEAP_KAFKA_SECURITY_PROTOCOL", "PLAINTEXT")
-    assert faust_credentials() is None
-    monkeypatch.setenv("LEAP_KAFKA_SECURITY_PROTOCOL", "SASL_PLAINTEXT")
-    monkeypatch.setenv("LEAP_KAFKA_SASL_MECHANISM", "SCRAM-SHA-512")
-    monkeypatch.setenv("LEAP_KAFKA_SASL_USERNAME", "leap")
-    monkeypatch.setenv("LEAP_KAFKA_SASL_PASSWORD", "s3cret")
-    cred = faust_credentials()
+    assert faust_credentials(Settings.from_env({})) is None
+    sasl = {
+        "LEAP_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+        "LEAP_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
+        "LEAP_KAFKA_SASL_USERNAME": "leap",
+        "LEAP_KAFKA_SASL_PASSWORD": "s3cret",
+    }
+    cred = faust_credentials(Settings.from_env(sasl))
     assert isinstance(cred, faust.SASLCredentials)
     assert (cred.username, cred.password) == ("leap", "s3cret")
     assert cred.mechanism.value == "SCRAM-SHA-512" and cred.ssl_context is None
-    monkeypatch.setenv("LEAP_KAFKA_SECURITY_PROTOCOL", "SASL_SSL")
-    cred = faust_credentials()
+    cred = faust_credentials(
+        Settings.from_env({**sasl, "LEAP_KAFKA_SECURITY_PROTOCOL": "SASL_SSL"})
+    )
     assert isinstance(cred.ssl_context, ssl.SSLContext)
     assert cred.protocol.value == "SASL_SSL"
-    monkeypatch.setenv("LEAP_KAFKA_SECURITY_PROTOCOL", "SSL")
-    assert isinstance(faust_credentials(), faust.SSLCredentials)
+    ssl_only = Settings.from_env({"LEAP_KAFKA_SECURITY_PROTOCOL": "SSL"})
+    assert isinstance(faust_credentials(ssl_only), faust.SSLCredentials)
 
 
 def test_consumer_fetch_settings_reach_the_aiokafka_consumer(

@@ -1,0 +1,523 @@
+"""Every setting leap-stream reads from the environment: one frozen, typed `Settings`.
+
+`Settings.from_env()` parses and checks every ``LEAP_*`` variable once, at start (the CLI does
+it before it runs a command), and the result is passed to whatever needs it; nothing else reads
+the environment. ``leap-stream config`` prints the effective values and
+``leap-stream config --markdown`` the table of docs/configuration.md, both made from the field
+declarations below, so the documentation and the code cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+Parser = Callable[[str, str], Any]  # (env name, raw value) -> value; raises SettingsError
+
+SECRETS = ("LEAP_KAFKA_SASL_PASSWORD", "LEAP_REDIS_PASSWORD")
+
+
+class SettingsError(ValueError):
+    """One or more settings do not parse; the message names each variable and what it expects."""
+
+
+def _str(_env: str, raw: str) -> str:
+    return raw
+
+
+def _path(_env: str, raw: str) -> Path:
+    return Path(raw).expanduser() if raw else Path()
+
+
+def _int(minimum: int) -> Parser:
+    def parse(env: str, raw: str) -> int:
+        try:
+            value = int(raw)
+        except ValueError:
+            value = minimum - 1
+        if value < minimum:
+            raise SettingsError(f"{env}={raw!r}: expected a whole number >= {minimum}")
+        return value
+
+    return parse
+
+
+def _port(env: str, raw: str) -> int:
+    value = _int(0)(env, raw)
+    if value > 65535:
+        raise SettingsError(f"{env}={raw!r}: expected a port, 0 to 65535")
+    return value
+
+
+def _float(minimum: float, above: bool = False) -> Parser:
+    def parse(env: str, raw: str) -> float:
+        try:
+            value = float(raw)
+        except ValueError:
+            value = math.nan
+        ok = math.isfinite(value) and (value > minimum if above else value >= minimum)
+        if not ok:
+            bound = f"> {minimum:g}" if above else f">= {minimum:g}"
+            raise SettingsError(f"{env}={raw!r}: expected a finite number of seconds {bound}")
+        return value
+
+    return parse
+
+
+def _choice(*allowed: str, upper: bool = False) -> Parser:
+    def parse(env: str, raw: str) -> str:
+        value = raw.upper() if upper else raw
+        if value not in allowed:
+            names = ", ".join(repr(a) for a in allowed)
+            raise SettingsError(f"{env}={raw!r}: expected one of {names}")
+        return value
+
+    return parse
+
+
+def _bool(true: str, false: str) -> Parser:
+    def parse(env: str, raw: str) -> bool:
+        value = raw.lower()
+        if value not in (true, false):
+            raise SettingsError(f"{env}={raw!r}: expected {true} or {false}")
+        return value == true
+
+    return parse
+
+
+def _setting(env: str, default: str, help: str, parse: Parser = _str) -> Any:
+    """A field of `Settings`: its variable, its default as it would be set, what it is for."""
+    return field(metadata={"env": env, "default": default, "help": help, "parse": parse})
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One documented variable (the rows of docs/configuration.md)."""
+
+    name: str
+    env: str
+    default: str
+    help: str
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The effective configuration of one process (see the module doc)."""
+
+    # --- Kafka
+    kafka_bootstrap: str = _setting(
+        "LEAP_KAFKA_BOOTSTRAP",
+        "",
+        "Kafka bootstrap servers. Empty: `dev up` starts a local broker and tools use it.",
+    )
+    kafka_security_protocol: str = _setting(
+        "LEAP_KAFKA_SECURITY_PROTOCOL",
+        "PLAINTEXT",
+        "PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL.",
+        _choice("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL", upper=True),
+    )
+    kafka_sasl_mechanism: str = _setting(
+        "LEAP_KAFKA_SASL_MECHANISM",
+        "",
+        "PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 when SASL is used.",
+        _choice("", "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", upper=True),
+    )
+    kafka_sasl_username: str = _setting(
+        "LEAP_KAFKA_SASL_USERNAME",
+        "",
+        "SASL user name.",
+    )
+    kafka_sasl_password: str = _setting(
+        "LEAP_KAFKA_SASL_PASSWORD",
+        "",
+        "SASL password (prefer a mounted Secret).",
+    )
+    kafka_ssl_cafile: str = _setting(
+        "LEAP_KAFKA_SSL_CAFILE",
+        "",
+        "CA bundle for SSL.",
+    )
+    kafka_ssl_certfile: str = _setting(
+        "LEAP_KAFKA_SSL_CERTFILE",
+        "",
+        "Client certificate for mutual TLS.",
+    )
+    kafka_ssl_keyfile: str = _setting(
+        "LEAP_KAFKA_SSL_KEYFILE",
+        "",
+        "Client key for mutual TLS.",
+    )
+    topic_submissions: str = _setting(
+        "LEAP_TOPIC_SUBMISSIONS",
+        "leap.job-submissions",
+        "Job-submission events (input).",
+    )
+    topic_completions: str = _setting(
+        "LEAP_TOPIC_COMPLETIONS",
+        "leap.job-completions",
+        "Job-completion telemetry (input).",
+    )
+    topic_rankings: str = _setting(
+        "LEAP_TOPIC_RANKINGS",
+        "leap.rankings",
+        "Hardware rankings (output, read by the scheduler).",
+    )
+    topic_dead_letter: str = _setting(
+        "LEAP_TOPIC_DEAD_LETTER",
+        "leap.dead-letter",
+        "Rejected input with the reason.",
+    )
+    topic_partitions: int = _setting(
+        "LEAP_TOPIC_PARTITIONS",
+        "4",
+        "Partitions per topic for `topics create`.",
+        _int(1),
+    )
+    topic_replication: int = _setting(
+        "LEAP_TOPIC_REPLICATION",
+        "1",
+        "Replication factor for `topics create`.",
+        _int(1),
+    )
+    topic_retention_ms: int = _setting(
+        "LEAP_TOPIC_RETENTION_MS",
+        "604800000",
+        "Retention of the event topics (7 days).",
+        _int(1),
+    )
+    dlq_retention_ms: int = _setting(
+        "LEAP_DLQ_RETENTION_MS",
+        "2592000000",
+        "Retention of the dead-letter topic (30 days).",
+        _int(1),
+    )
+    consumer_group: str = _setting(
+        "LEAP_CONSUMER_GROUP",
+        "leap-stream",
+        "Consumer group (Faust app id) of the worker.",
+    )
+    max_message_bytes: int = _setting(
+        "LEAP_MAX_MESSAGE_BYTES",
+        "1048576",
+        "Largest event accepted; larger ones go to the dead-letter topic.",
+        _int(1),
+    )
+    # --- Redis (online store)
+    redis_url: str = _setting(
+        "LEAP_REDIS_URL",
+        "",
+        "Redis URL (redis:// or rediss://, password in the URL or LEAP_REDIS_PASSWORD). Empty: `dev up` starts one.",
+    )
+    redis_password: str = _setting(
+        "LEAP_REDIS_PASSWORD",
+        "",
+        "Redis AUTH password when not in the URL.",
+    )
+    redis_timeout_s: float = _setting(
+        "LEAP_REDIS_TIMEOUT_S",
+        "1.0",
+        "Redis socket and connect timeout (seconds).",
+        _float(0, above=True),
+    )
+    redis_retries: int = _setting(
+        "LEAP_REDIS_RETRIES",
+        "2",
+        "Quick retries (exponential backoff) on a Redis connection error.",
+        _int(0),
+    )
+    redis_prefix: str = _setting(
+        "LEAP_REDIS_PREFIX",
+        "leap:",
+        "Key prefix of every key leap-stream writes.",
+    )
+    dedup_ttl_s: int = _setting(
+        "LEAP_DEDUP_TTL_S",
+        "1209600",
+        "How long a completion event_id is remembered for de-duplication (14 days).",
+        _int(1),
+    )
+    submission_ttl_s: int = _setting(
+        "LEAP_SUBMISSION_TTL_S",
+        "2592000",
+        "How long a submission's config is kept to join its completion (30 days).",
+        _int(1),
+    )
+    # --- Files
+    home: Path = _setting(
+        "LEAP_HOME",
+        "~/.cache/leap-stream",
+        "Folder for local state: broker and Redis data, pid files, logs.",
+        _path,
+    )
+    dataset_dir: Path = _setting(
+        "LEAP_DATASET_DIR",
+        "",
+        "Training dataset (Parquet, partitioned by day). Empty: $LEAP_HOME/dataset.",
+        _path,
+    )
+    registry_dir: Path = _setting(
+        "LEAP_REGISTRY_DIR",
+        "",
+        "Model registry. Empty: $LEAP_HOME/registry.",
+        _path,
+    )
+    # --- Local services (`leap-stream dev`)
+    kafka_version: str = _setting(
+        "LEAP_KAFKA_VERSION",
+        "4.1.0",
+        "Apache Kafka version fetched from Maven Central by `dev up`.",
+    )
+    kafka_port: int = _setting(
+        "LEAP_KAFKA_PORT",
+        "0",
+        "Broker port for `dev up`; 0 picks 9092 if free, else a free port.",
+        _port,
+    )
+    kafka_heap: str = _setting(
+        "LEAP_KAFKA_HEAP",
+        "-Xms256m -Xmx768m",
+        "JVM heap of the local broker.",
+    )
+    kafka_jvm_opts: str = _setting(
+        "LEAP_KAFKA_JVM_OPTS",
+        "-XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:TieredStopAtLevel=1",
+        "Other JVM options of the local broker (C1 only: starts in about a third of the time).",
+    )
+    redis_port: int = _setting(
+        "LEAP_REDIS_PORT",
+        "0",
+        "Redis port for `dev up`; 0 picks 6379 if free, else a free port.",
+        _port,
+    )
+    kafka_controller_port: int = _setting(
+        "LEAP_KAFKA_CONTROLLER_PORT",
+        "0",
+        "KRaft controller port of the local broker; 0: 9093 or a free one.",
+        _port,
+    )
+    kafka_auto_create_topics: bool = _setting(
+        "LEAP_KAFKA_AUTO_CREATE_TOPICS",
+        "false",
+        "auto.create.topics.enable of the local broker.",
+        _bool("true", "false"),
+    )
+    dev_ready_timeout_s: float = _setting(
+        "LEAP_DEV_READY_TIMEOUT_S",
+        "90",
+        "How long `dev up` waits for a service to answer.",
+        _float(0, above=True),
+    )
+    # --- Worker
+    batch_size: int = _setting(
+        "LEAP_BATCH_SIZE",
+        "500",
+        "Most events taken per batch.",
+        _int(1),
+    )
+    batch_within_s: float = _setting(
+        "LEAP_BATCH_WITHIN_S",
+        "0",
+        "Longest wait to fill a batch (seconds); 0: events go to the batcher as they arrive.",
+        _float(0),
+    )
+    fetch_min_bytes: int = _setting(
+        "LEAP_FETCH_MIN_BYTES",
+        "65536",
+        "fetch_min_bytes of Faust's consumer (the completions): the broker answers a fetch once this much is there, or after LEAP_COMPLETIONS_FETCH_MAX_WAIT_MS.",
+        _int(1),
+    )
+    fetch_max_wait_ms: int = _setting(
+        "LEAP_FETCH_MAX_WAIT_MS",
+        "5",
+        "fetch.wait.max.ms of the submissions consumer (librdkafka answers on the first byte).",
+        _int(0),
+    )
+    completions_fetch_max_wait_ms: int = _setting(
+        "LEAP_COMPLETIONS_FETCH_MAX_WAIT_MS",
+        "100",
+        "Fetch max wait of Faust's consumer (the completions): they are not latency-critical, and each empty fetch is parsed in Python on the interpreter lock the ranking needs.",
+        _int(0),
+    )
+    metrics_port: int = _setting(
+        "LEAP_METRICS_PORT",
+        "9108",
+        "Port of the Prometheus /metrics endpoint; 0 disables it.",
+        _port,
+    )
+    compiled_trees: str = _setting(
+        "LEAP_COMPILED_TREES",
+        "auto",
+        "1: score with the model's trees compiled to machine code (lleaves, the `compiled` extra), checked bit-identical to LightGBM; LightGBM serves while they compile. auto: 1 when the extra is installed (as in the image), else 0. 0: LightGBM's predict.",
+        _choice("auto", "1", "0"),
+    )
+    gc_freeze: bool = _setting(
+        "LEAP_GC_FREEZE",
+        "1",
+        "1: the worker moves everything allocated at start-up (libraries, model, catalog) out of the garbage collector's reach (gc.freeze), so full collections scan only what it made since: shorter pauses (docs/benchmarks.md).",
+        _bool("1", "0"),
+    )
+    model_poll_s: float = _setting(
+        "LEAP_MODEL_POLL_S",
+        "5",
+        "How often the worker checks the registry for a new current model.",
+        _float(0, above=True),
+    )
+    dataset_flush_rows: int = _setting(
+        "LEAP_DATASET_FLUSH_ROWS",
+        "5000",
+        "Rows buffered before the dataset sink writes a Parquet file.",
+        _int(1),
+    )
+    dataset_flush_s: float = _setting(
+        "LEAP_DATASET_FLUSH_S",
+        "10",
+        "Longest time rows wait in the dataset buffer.",
+        _float(0, above=True),
+    )
+    commit_interval_s: float = _setting(
+        "LEAP_COMMIT_INTERVAL_S",
+        "1.0",
+        "How often the worker commits acked offsets.",
+        _float(0, above=True),
+    )
+    lag_interval_s: float = _setting(
+        "LEAP_LAG_INTERVAL_S",
+        "15",
+        "How often the worker measures its consumer lag.",
+        _float(0, above=True),
+    )
+    orphan_grace_s: float = _setting(
+        "LEAP_ORPHAN_GRACE_S",
+        "60",
+        "How long a completion waits for its submission to be joined before it is dead-lettered as orphan_completion.",
+        _float(0),
+    )
+    kafka_session_timeout_s: float = _setting(
+        "LEAP_KAFKA_SESSION_TIMEOUT_S",
+        "10",
+        "Consumer-group session timeout of the worker: how soon a dead worker's partitions move.",
+        _float(0, above=True),
+    )
+    consumer_stall_s: float = _setting(
+        "LEAP_CONSUMER_STALL_S",
+        "120",
+        "Longest time the submissions consumer may stay outside a settled group (e.g. stuck rejoining after a broker restart) before the worker replaces it with a new one.",
+        _float(0),
+    )
+    produce_timeout_s: float = _setting(
+        "LEAP_PRODUCE_TIMEOUT_S",
+        "20",
+        "Worker output: delivery timeout per record; a failed batch is redone on a fresh producer.",
+        _float(0, above=True),
+    )
+    log_level: str = _setting(
+        "LEAP_LOG_LEVEL",
+        "INFO",
+        "Log level.",
+        _choice("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL", upper=True),
+    )
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """Parse every variable (``os.environ`` by default); every bad one is named at once."""
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        errors: list[str] = []
+        for f in dataclasses.fields(cls):
+            meta = f.metadata
+            raw = env.get(meta["env"], meta["default"])
+            try:
+                values[f.name] = meta["parse"](meta["env"], raw)
+            except SettingsError as exc:
+                errors.append(str(exc))
+        if errors:
+            raise SettingsError("; ".join(errors))
+        home = Path(values["home"]).resolve()
+        values["home"] = home
+        for name, sub in (("dataset_dir", "dataset"), ("registry_dir", "registry")):
+            if values[name] == Path():
+                values[name] = home / sub
+        return cls(**values)
+
+    def replace(self, **changes: Any) -> Settings:
+        return dataclasses.replace(self, **changes)
+
+    def raw(self) -> dict[str, str]:
+        """Each variable's effective value as a string, secrets masked (``leap-stream config``)."""
+        out: dict[str, str] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            env = f.metadata["env"]
+            if isinstance(value, bool):
+                true, false = {"LEAP_GC_FREEZE": ("1", "0")}.get(env, ("true", "false"))
+                text = true if value else false
+            else:
+                text = str(value)
+            out[env] = "***" if env in SECRETS and text else text
+        return out
+
+    def require_kafka(self) -> str:
+        """The bootstrap servers; a command that needs a broker stops here when none is set."""
+        if not self.kafka_bootstrap:
+            raise SettingsError(
+                "LEAP_KAFKA_BOOTSTRAP is empty and no `leap-stream dev up` broker runs"
+            )
+        return self.kafka_bootstrap
+
+    def require_redis(self) -> str:
+        """The Redis URL; a command that needs Redis stops here when none is set."""
+        if not self.redis_url:
+            raise SettingsError("LEAP_REDIS_URL is empty and no `leap-stream dev up` Redis runs")
+        return self.redis_url
+
+    def kafka_client_config(self, bootstrap: str | None = None) -> dict[str, Any]:
+        """librdkafka settings shared by every producer, consumer and admin client."""
+        conf: dict[str, Any] = {"bootstrap.servers": bootstrap or self.kafka_bootstrap}
+        if self.kafka_security_protocol != "PLAINTEXT":
+            conf["security.protocol"] = self.kafka_security_protocol
+        optional = {
+            "sasl.mechanism": self.kafka_sasl_mechanism,
+            "sasl.username": self.kafka_sasl_username,
+            "sasl.password": self.kafka_sasl_password,
+            "ssl.ca.location": self.kafka_ssl_cafile,
+            "ssl.certificate.location": self.kafka_ssl_certfile,
+            "ssl.key.location": self.kafka_ssl_keyfile,
+        }
+        conf.update({key: value for key, value in optional.items() if value})
+        return conf
+
+    @property
+    def input_topics(self) -> tuple[str, str]:
+        return (self.topic_submissions, self.topic_completions)
+
+    @property
+    def topics(self) -> tuple[str, str, str, str]:
+        """The worker's four topics, inputs first."""
+        return (
+            self.topic_submissions,
+            self.topic_completions,
+            self.topic_rankings,
+            self.topic_dead_letter,
+        )
+
+
+SETTINGS: tuple[Setting, ...] = tuple(
+    Setting(f.name, f.metadata["env"], f.metadata["default"], f.metadata["help"])
+    for f in dataclasses.fields(Settings)
+)
+
+
+def config_table_markdown() -> str:
+    rows = ["| variable | default | meaning |", "| --- | --- | --- |"]
+    for s in SETTINGS:
+        default = "`" + s.default + "`" if s.default else "(empty)"
+        rows.append(f"| `{s.env}` | {default} | {s.help} |")
+    return "\n".join(rows) + "\n"
+
+
+__all__ = ["SETTINGS", "Setting", "Settings", "SettingsError", "config_table_markdown"]

@@ -1,0 +1,45 @@
+"""The one place Kafka clients are built: librdkafka producers, consumers and admin clients share
+the connection settings (bootstrap servers, TLS, SASL) of `KafkaClients`, made once from the
+`Settings`; each caller adds only what is its own (group, offsets, delivery)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from leap_stream.settings import Settings
+
+
+@dataclass(frozen=True)
+class KafkaClients:
+    bootstrap: str
+    security: Mapping[str, Any] = field(default_factory=dict)  # TLS / SASL, empty: PLAINTEXT
+
+    @classmethod
+    def of(cls, settings: Settings, bootstrap: str | None = None) -> KafkaClients:
+        conf = settings.kafka_client_config(bootstrap)
+        return cls(str(conf.pop("bootstrap.servers")), conf)
+
+    def conf(self, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """librdkafka configuration: the connection, then ``extra``."""
+        return {"bootstrap.servers": self.bootstrap, **self.security, **(extra or {})}
+
+    def producer(self, extra: Mapping[str, Any] | None = None) -> Any:
+        from confluent_kafka import Producer
+
+        return Producer(self.conf(extra))
+
+    def consumer(self, group: str, extra: Mapping[str, Any] | None = None) -> Any:
+        from confluent_kafka import Consumer
+
+        return Consumer(self.conf({"group.id": group, **(extra or {})}))
+
+    def admin(self, extra: Mapping[str, Any] | None = None) -> Any:
+        from confluent_kafka.admin import AdminClient
+
+        return AdminClient(self.conf(extra))
+
+
+__all__ = ["KafkaClients"]
