@@ -20,14 +20,14 @@ from typing import Any
 
 import orjson
 
-from leap_stream.sim.events import (
+from leap_stream.tools.sim.events import (
     completion_events,
     completion_lines,
     submission_events,
     submission_lines,
     write_jsonl,
 )
-from leap_stream.sim.fleet import SimConfig, SimResult, simulate
+from leap_stream.tools.sim.fleet import SimConfig, SimResult, simulate
 
 
 def _timed(fn: Callable[[], Any]) -> tuple[Any, float, float]:

@@ -14,9 +14,9 @@ import time
 import uuid
 from collections.abc import Callable
 
-from leap_stream.store import synthetic
 from leap_stream.store.offline import DatasetSink, flatten, read_dataset
 from leap_stream.store.online import OnlineStore, connect
+from leap_stream.tools import synthetic_events as synthetic
 
 
 def _lat(fn: Callable[[], object], n: int) -> tuple[float, float, float, float]:

@@ -23,7 +23,7 @@ from leap_stream.core import features as F
 from leap_stream.core.history import Measurement
 from leap_stream.core.lookup import LookupTable
 from leap_stream.core.predictor import ThroughputModel
-from leap_stream.sim.real import gavel_catalog, load_gavel
+from leap_stream.tools.sim.real import gavel_catalog, load_gavel
 from leap_stream.train.trainer import metrics
 
 METHODS = ("model", "lookup", "flops_ratio", "bw_ratio", "ratio_table")

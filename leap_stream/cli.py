@@ -19,18 +19,18 @@ from leap_stream.settings import Settings, SettingsError
 # subcommand -> (module with register(sub) and run(args) -> int, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "config": ("leap_stream.config_cli", "print the effective settings"),
-    "dev": ("leap_stream.dev.cli", "start, inspect and stop local Kafka and Redis"),
-    "topics": ("leap_stream.dev.topics_cli", "create the topics the service uses"),
-    "simulate": ("leap_stream.sim.cli", "generate a synthetic fleet (files and/or Kafka)"),
+    "dev": ("leap_stream.tools.dev.cli", "start, inspect and stop local Kafka and Redis"),
+    "topics": ("leap_stream.tools.dev.topics_cli", "create the topics the service uses"),
+    "simulate": ("leap_stream.tools.sim.cli", "generate a synthetic fleet (files and/or Kafka)"),
     "worker": ("leap_stream.stream.worker", "run the stream processor (Faust worker)"),
     "lag": ("leap_stream.stream.lag", "consumer lag of the worker's group per partition"),
     "rankings": ("leap_stream.stream.client", "read rankings (`rankings tail`)"),
     "store": ("leap_stream.store.cli", "Redis history rebuild, dataset compaction, models"),
     "train": ("leap_stream.train.trainer", "nightly training with the promotion gate"),
-    "backtest": ("leap_stream.train.backtest", "nightly retrains against the simulator's truth"),
-    "demo": ("leap_stream.demo.cli", "the whole service on one machine, with a report"),
+    "backtest": ("leap_stream.tools.backtest", "nightly retrains against the simulator's truth"),
+    "demo": ("leap_stream.tools.demo.cli", "the whole service on one machine, with a report"),
     "bench": (
-        "leap_stream.bench.cli",
+        "leap_stream.tools.bench.cli",
         "throughput and latency benchmark against the local services",
     ),
 }
@@ -48,7 +48,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, str]]:
 def with_local_services(settings: Settings) -> Settings:
     """Empty service addresses filled in from `leap-stream dev up` (the entry point is the one
     place that knows both the service and the dev tooling)."""
-    from leap_stream.dev import with_local_services as fill
+    from leap_stream.tools.dev import with_local_services as fill
 
     return fill(settings)
 

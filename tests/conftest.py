@@ -2,7 +2,7 @@
 
 Kafka and Redis come from, in order: LEAP_KAFKA_BOOTSTRAP / LEAP_REDIS_URL when set; testcontainers
 when a Docker engine answers (LEAP_TEST_DOCKER=0 skips the check); else the native services of
-`leap_stream.dev` under $LEAP_HOME. All fixtures are lazy: a pure unit run starts nothing. A
+`leap_stream.tools.dev` under $LEAP_HOME. All fixtures are lazy: a pure unit run starts nothing. A
 session stops only what it started, and not while another session still holds a lease on it.
 """
 
@@ -48,7 +48,7 @@ def _docker_answers() -> bool:
 
 @pytest.fixture(scope="session")
 def kafka_bootstrap() -> Iterator[str]:
-    from leap_stream.dev import ensure_services, kafka, stop_services
+    from leap_stream.tools.dev import ensure_services, kafka, stop_services
 
     configured = os.environ.get("LEAP_KAFKA_BOOTSTRAP", "")
     if configured:
@@ -83,8 +83,8 @@ def kafka_bootstrap() -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
-    from leap_stream.dev import ensure_services, stop_services
-    from leap_stream.dev import redis as dev_redis
+    from leap_stream.tools.dev import ensure_services, stop_services
+    from leap_stream.tools.dev import redis as dev_redis
 
     configured = os.environ.get("LEAP_REDIS_URL", "")
     if configured:
@@ -121,7 +121,7 @@ TopicFactory = Callable[..., str]
 @pytest.fixture
 def topic_factory(kafka_bootstrap: str) -> Iterator[TopicFactory]:
     """make(hint="t", partitions=1, config=None) -> a new, uniquely named topic; deleted after."""
-    from leap_stream.dev.topics import create_topics, delete_topics
+    from leap_stream.tools.dev.topics import create_topics, delete_topics
 
     created: list[str] = []
 

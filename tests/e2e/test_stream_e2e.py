@@ -27,17 +27,17 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from leap_stream.contracts import parse_ts
 from leap_stream.core.history import HistoryBook
-from leap_stream.sim.events import (
-    completion_events,
-    completions_in_arrival_order,
-    submission_events,
-)
-from leap_stream.sim.fleet import SimConfig, simulate
 from leap_stream.store.offline import DatasetSink, epoch_s, read_dataset
 from leap_stream.store.online import OnlineStore, connect
 from leap_stream.stream.client import RankingsClient
 from leap_stream.stream.kafka import KafkaClients
 from leap_stream.stream.lag import LagReader, total_lag, worker_groups
+from leap_stream.tools.sim.events import (
+    completion_events,
+    completions_in_arrival_order,
+    submission_events,
+)
+from leap_stream.tools.sim.fleet import SimConfig, simulate
 
 pytestmark = pytest.mark.e2e
 

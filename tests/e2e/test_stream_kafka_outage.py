@@ -1,6 +1,6 @@
 """The broker goes away under a running worker and comes back: the worker survives (aiokafka
 and librdkafka reconnect), loses nothing, and exits 0 on SIGTERM. Uses a private broker of its
-own (`leap_stream.dev` under a temporary LEAP_HOME) so that stopping it disturbs nobody."""
+own (`leap_stream.tools.dev` under a temporary LEAP_HOME) so that stopping it disturbs nobody."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ from typing import Any
 import orjson
 import pytest
 
-from leap_stream.sim.events import submission_events
-from leap_stream.sim.fleet import SimConfig, simulate
 from leap_stream.stream.client import RankingsClient
 from leap_stream.stream.kafka import KafkaClients
 from leap_stream.stream.lag import LagReader, total_lag, worker_groups
+from leap_stream.tools.sim.events import submission_events
+from leap_stream.tools.sim.fleet import SimConfig, simulate
 
 pytestmark = [pytest.mark.e2e, pytest.mark.faults]
 
@@ -46,8 +46,8 @@ def _wait_ranked(
 def test_worker_survives_a_broker_outage(
     redis_url: str, redis_prefix: str, redis_client: Any, tmp_path: Path, monkeypatch: Any
 ) -> None:
-    from leap_stream.dev import ensure_services, stop_services
-    from leap_stream.dev.topics import create_topics
+    from leap_stream.tools.dev import ensure_services, stop_services
+    from leap_stream.tools.dev.topics import create_topics
 
     monkeypatch.delenv("LEAP_KAFKA_BOOTSTRAP", raising=False)
     monkeypatch.setenv("LEAP_KAFKA_PORT", "0")

@@ -21,14 +21,14 @@ import pandas as pd
 from prometheus_client.parser import text_string_to_metric_families
 
 from leap_stream.core.history import HistoryBook
-from leap_stream.sim.events import (
+from leap_stream.store.offline import epoch_s, read_dataset
+from leap_stream.store.online import OnlineStore, connect
+from leap_stream.tools.sim.events import (
     completion_events,
     completions_in_arrival_order,
     submission_events,
 )
-from leap_stream.sim.fleet import SimConfig, simulate
-from leap_stream.store.offline import epoch_s, read_dataset
-from leap_stream.store.online import OnlineStore, connect
+from leap_stream.tools.sim.fleet import SimConfig, simulate
 
 
 def free_port() -> int:

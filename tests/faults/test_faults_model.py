@@ -11,10 +11,10 @@ import orjson
 import pytest
 from _stack import Feeder, Stack, fleet, promote_model, wait_for
 
-from leap_stream.sim.fleet import SimConfig, simulate
 from leap_stream.store.registry import MANIFEST, Registry, _manifest, _write_atomic
 from leap_stream.stream.client import RankingsClient
 from leap_stream.stream.kafka import KafkaClients
+from leap_stream.tools.sim.fleet import SimConfig, simulate
 
 pytestmark = pytest.mark.faults
 

@@ -29,10 +29,10 @@ from _stack import (
 )
 from conftest import make_topics
 
-from leap_stream.dev import redis as dev_redis
 from leap_stream.stream.client import RankingsClient
 from leap_stream.stream.kafka import KafkaClients
 from leap_stream.stream.lag import LagReader, total_lag, worker_groups
+from leap_stream.tools.dev import redis as dev_redis
 
 pytestmark = pytest.mark.faults
 
@@ -175,9 +175,9 @@ def own_broker(
     """A second broker (its own LEAP_HOME and ports) that the test may stop and start.
 
     Depends on ``redis_url`` so the session's Redis is resolved before LEAP_HOME moves."""
-    from leap_stream.dev import ensure_services, stop_services
-    from leap_stream.dev.state import Paths, load_state
     from leap_stream.settings import Settings
+    from leap_stream.tools.dev import ensure_services, stop_services
+    from leap_stream.tools.dev.state import Paths, load_state
 
     home = tmp_path / "broker-home"
     version = Settings.from_env().kafka_version
@@ -220,7 +220,7 @@ def own_broker(
 
 def _stack_on(bootstrap: str, redis_url: str, redis_prefix: str, tmp_path: Path) -> Stack:
     """A worker stack whose topics live on `bootstrap` (the test's own broker)."""
-    from leap_stream.dev.topics import create_topics
+    from leap_stream.tools.dev.topics import create_topics
 
     def topic_factory(hint: str, partitions: int = 1) -> str:
         name = f"faults.{hint}.{os.urandom(5).hex()}"

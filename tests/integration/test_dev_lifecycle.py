@@ -15,8 +15,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from leap_stream.dev import kafka, state
 from leap_stream.settings import Settings
+from leap_stream.tools.dev import kafka, state
 
 pytestmark = pytest.mark.services
 

@@ -9,8 +9,8 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Producer
 
 from leap_stream.cli import main
-from leap_stream.dev.topics import create_topics, delete_topics
 from leap_stream.settings import Settings
+from leap_stream.tools.dev.topics import create_topics, delete_topics
 
 pytestmark = pytest.mark.services
 
@@ -103,7 +103,7 @@ def test_auto_create_is_off_on_the_native_broker(kafka_bootstrap: str) -> None:
     """The service creates its topics explicitly; a typo in a topic name must not create one."""
     import os
 
-    from leap_stream.dev import state
+    from leap_stream.tools.dev import state
 
     st = state.load_state(state.Paths.from_env(), "kafka")
     if (
@@ -111,7 +111,7 @@ def test_auto_create_is_off_on_the_native_broker(kafka_bootstrap: str) -> None:
         or st.address != kafka_bootstrap
         or os.environ.get("LEAP_KAFKA_AUTO_CREATE_TOPICS")
     ):
-        pytest.skip("broker not started by leap_stream.dev with default settings")
+        pytest.skip("broker not started by leap_stream.tools.dev with default settings")
     producer = Producer(
         {**Settings.from_env().kafka_client_config(kafka_bootstrap), "message.timeout.ms": 1000}
     )

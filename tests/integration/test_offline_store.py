@@ -8,7 +8,6 @@ from pathlib import Path
 import pandas as pd
 import pyarrow.parquet as pq
 
-from leap_stream.store import synthetic
 from leap_stream.store.offline import (
     DATASET_COLUMNS,
     DatasetSink,
@@ -16,6 +15,7 @@ from leap_stream.store.offline import (
     flatten,
     read_dataset,
 )
+from leap_stream.tools import synthetic_events as synthetic
 
 
 def _rows(n: int, seed: int = 0) -> list[dict]:
@@ -144,8 +144,8 @@ def test_simulator_dataset_equals_flattened_simulator_events(tmp_path: Path) -> 
     """The contract both ways: the simulator's dataset.parquet is what the worker would write."""
     import orjson
 
-    from leap_stream.sim.events import write_jsonl
-    from leap_stream.sim.fleet import SimConfig, simulate
+    from leap_stream.tools.sim.events import write_jsonl
+    from leap_stream.tools.sim.fleet import SimConfig, simulate
 
     paths = write_jsonl(simulate(SimConfig(seed=2, days=1, rate=600)), tmp_path / "sim")
     subs = {}

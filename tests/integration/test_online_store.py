@@ -10,7 +10,6 @@ import pytest
 import redis
 
 from leap_stream.core.history import HistoryBook, is_measurement
-from leap_stream.store import synthetic
 from leap_stream.store.offline import epoch_s, flatten, submission_fields
 from leap_stream.store.online import (
     APPLY_LUA,
@@ -19,6 +18,7 @@ from leap_stream.store.online import (
     OnlineStoreUnavailable,
     connect,
 )
+from leap_stream.tools import synthetic_events as synthetic
 
 pytestmark = pytest.mark.services
 
@@ -200,8 +200,8 @@ def test_private_redis_killed_and_restarted(tmp_path) -> None:
     the same client reconnects, reloads its scripts on NOSCRIPT and carries on."""
     import subprocess
 
-    from leap_stream.dev import redis as dev_redis
-    from leap_stream.dev.state import free_port
+    from leap_stream.tools.dev import redis as dev_redis
+    from leap_stream.tools.dev.state import free_port
 
     binary = dev_redis.find_redis_server(install=False)
     port = free_port()

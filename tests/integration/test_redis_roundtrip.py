@@ -25,11 +25,11 @@ def test_round_trip_pipeline_hash_ttl_and_lua(redis_client: redis.Redis, redis_p
 
 
 def test_native_redis_keeps_nothing_on_disk(redis_client: redis.Redis, redis_url: str) -> None:
-    from leap_stream.dev import state
+    from leap_stream.tools.dev import state
 
     st = state.load_state(state.Paths.from_env(), "redis")
     if st is None or st.address != redis_url:
-        pytest.skip("Redis not started by leap_stream.dev")
+        pytest.skip("Redis not started by leap_stream.tools.dev")
     cfg = redis_client.config_get("save") | redis_client.config_get("appendonly")
     assert cfg == {"save": "", "appendonly": "no"}
 

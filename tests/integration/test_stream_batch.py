@@ -17,12 +17,6 @@ from leap_stream.contracts import validate_event
 from leap_stream.core.history import HistoryBook
 from leap_stream.core.lookup import LookupTable
 from leap_stream.core.ranker import Ranker
-from leap_stream.sim.events import (
-    completion_events,
-    completions_in_arrival_order,
-    submission_events,
-)
-from leap_stream.sim.fleet import SimConfig, SimResult, simulate
 from leap_stream.store.offline import epoch_s
 from leap_stream.store.online import OnlineStore, OnlineStoreUnavailable, connect
 from leap_stream.stream.batch import CompletionProcessor, Record, SubmissionProcessor
@@ -30,6 +24,12 @@ from leap_stream.stream.client import RankingsClient
 from leap_stream.stream.kafka import KafkaClients
 from leap_stream.stream.lag import LagReader, total_lag
 from leap_stream.stream.output import DeliveryError, OutputProducer
+from leap_stream.tools.sim.events import (
+    completion_events,
+    completions_in_arrival_order,
+    submission_events,
+)
+from leap_stream.tools.sim.fleet import SimConfig, SimResult, simulate
 
 pytestmark = pytest.mark.services
 

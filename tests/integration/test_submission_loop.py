@@ -18,14 +18,14 @@ from leap_stream.catalog import load_catalog
 from leap_stream.core.history import LineageHistory, TypeAggregates
 from leap_stream.core.lookup import LookupTable
 from leap_stream.core.ranker import Ranker
-from leap_stream.demo.runner import wait_for as _wait_for
-from leap_stream.sim.events import submission_events
-from leap_stream.sim.fleet import SimConfig, SimResult, simulate
 from leap_stream.store.online import OnlineStore, OnlineStoreUnavailable, connect
 from leap_stream.stream.batch import Record, SubmissionBatchResult, SubmissionProcessor
 from leap_stream.stream.kafka import KafkaClients
 from leap_stream.stream.lag import LagReader, total_lag
 from leap_stream.stream.submission_loop import SubmissionLoop, submissions_group
+from leap_stream.tools.demo.runner import wait_for as _wait_for
+from leap_stream.tools.sim.events import submission_events
+from leap_stream.tools.sim.fleet import SimConfig, SimResult, simulate
 
 pytestmark = pytest.mark.services
 

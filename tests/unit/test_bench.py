@@ -7,7 +7,8 @@ import math
 import orjson
 import pytest
 
-from leap_stream.bench.stats import (
+from leap_stream.catalog import load_catalog
+from leap_stream.tools.bench.stats import (
     FINAL_KEYS,
     due,
     final_figures,
@@ -15,7 +16,6 @@ from leap_stream.bench.stats import (
     rate,
     widen_candidates,
 )
-from leap_stream.catalog import load_catalog
 
 
 def test_rate_and_percentiles() -> None:

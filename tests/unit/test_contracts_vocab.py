@@ -38,7 +38,7 @@ def test_vocabulary_is_the_schema_enum_in_order(
 
 def test_simulator_and_features_use_the_same_vocabulary() -> None:
     from leap_stream.core import features
-    from leap_stream.sim import models
+    from leap_stream.tools.sim import models
 
     assert models.FAMILIES is vocab.FAMILIES
     assert features.CATEGORIES["family"] is vocab.FAMILIES

@@ -9,7 +9,7 @@ import pandas as pd
 
 from leap_stream.core import features as F
 from leap_stream.core.history import Measurement, TypeAggregate
-from leap_stream.train import synthetic as S
+from leap_stream.tools import synthetic_rows as S
 
 NOW = 1_800_000_000.0
 

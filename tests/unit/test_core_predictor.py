@@ -10,8 +10,8 @@ import pytest
 
 from leap_stream.core import features as F
 from leap_stream.core.predictor import ThroughputModel
+from leap_stream.tools import synthetic_rows as S
 from leap_stream.train import pit
-from leap_stream.train import synthetic as S
 
 
 @pytest.fixture(scope="module")

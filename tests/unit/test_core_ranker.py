@@ -18,8 +18,8 @@ from leap_stream.core.lookup import LookupTable
 from leap_stream.core.predictor import ThroughputModel
 from leap_stream.core.ranker import Ranker
 from leap_stream.core.ranking import ranking_event_id
+from leap_stream.tools import synthetic_rows as S
 from leap_stream.train import pit
-from leap_stream.train import synthetic as S
 
 SCHEMA = json.loads(
     (Path(__file__).parents[2] / "schemas" / "hardware-ranking.schema.json").read_text()

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from leap_stream.demo import report as R
+from leap_stream.tools.demo import report as R
 
 PRICES = {"a": 2.0, "b": 1.0}
 
@@ -180,8 +180,8 @@ def test_latency_percentiles_and_leak_detector() -> None:
 
 
 def test_text_plots_and_html(inputs: R.DemoInputs, tmp_path: Path) -> None:
-    from leap_stream.demo.html import render_html
-    from leap_stream.demo.plots import all_plots
+    from leap_stream.tools.demo.html import render_html
+    from leap_stream.tools.demo.plots import all_plots
 
     rep, frames = R.build_report(inputs)
     text = R.render_text(rep)

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from leap_stream.cli import main
-from leap_stream.dev import kafka, redis, topics
 from leap_stream.settings import Settings
+from leap_stream.tools.dev import kafka, redis, topics
 
 
 def _props(text: str) -> dict[str, str]:
@@ -89,9 +89,10 @@ def test_dev_status_on_an_empty_home(tmp_path: Path, capsys: pytest.CaptureFixtu
 
 
 def test_topics_create_without_a_broker_says_how(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     monkeypatch.delenv("LEAP_KAFKA_BOOTSTRAP", raising=False)
+    monkeypatch.setenv("LEAP_HOME", str(tmp_path))  # no `dev up` broker to fall back on
     assert main(["topics", "create"]) == 2
     assert "dev up" in capsys.readouterr().err
 
@@ -100,7 +101,7 @@ def test_unreachable_configured_service_is_not_replaced(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Somebody's real Redis being down must be an error, not a silent local substitute."""
-    from leap_stream.dev import ensure_services, state
+    from leap_stream.tools.dev import ensure_services, state
 
     monkeypatch.setenv("LEAP_REDIS_URL", f"redis://127.0.0.1:{state.free_port()}/0")
     with pytest.raises(RuntimeError, match="does not answer"):
@@ -123,7 +124,7 @@ def test_cluster_ids_never_start_with_a_dash(monkeypatch: pytest.MonkeyPatch) ->
     import base64
     import uuid
 
-    from leap_stream.dev import kafka
+    from leap_stream.tools.dev import kafka
 
     # the first draw encodes to an id starting with '-', the second does not
     dash = uuid.UUID(bytes=base64.urlsafe_b64decode("-" + "A" * 21 + "=="))
@@ -138,7 +139,7 @@ def test_cluster_ids_never_start_with_a_dash(monkeypatch: pytest.MonkeyPatch) ->
 def test_format_passes_the_cluster_id_as_one_token(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from leap_stream.dev import kafka
+    from leap_stream.tools.dev import kafka
 
     seen: list[list[str]] = []
 

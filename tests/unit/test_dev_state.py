@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from leap_stream.dev import state
-from leap_stream.dev.kafka import spawn_detached
-from leap_stream.dev.state import Paths, ServiceState
+from leap_stream.tools.dev import state
+from leap_stream.tools.dev.kafka import spawn_detached
+from leap_stream.tools.dev.state import Paths, ServiceState
 
 
 def test_pid_file_round_trip_and_garbage(tmp_path: Path) -> None:
@@ -142,7 +142,7 @@ def _fake_service(paths: Paths, tmp_path: Path, seconds: int, owner: str) -> int
 
 
 def test_auto_service_is_stopped_by_the_last_session_only(tmp_path: Path) -> None:
-    from leap_stream.dev import DevServices, stop_services
+    from leap_stream.tools.dev import DevServices, stop_services
 
     paths = Paths(tmp_path)
     pid = _fake_service(paths, tmp_path, 303, state.OWNER_AUTO)
@@ -161,7 +161,7 @@ def test_auto_service_is_stopped_by_the_last_session_only(tmp_path: Path) -> Non
 
 
 def test_cli_owned_service_outlives_sessions_until_down(tmp_path: Path) -> None:
-    from leap_stream.dev import DevServices, stop_services
+    from leap_stream.tools.dev import DevServices, stop_services
 
     paths = Paths(tmp_path)
     pid = _fake_service(paths, tmp_path, 305, state.OWNER_CLI)

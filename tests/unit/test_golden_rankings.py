@@ -23,8 +23,8 @@ from leap_stream.core import features as F
 from leap_stream.core.lookup import LookupTable
 from leap_stream.core.predictor import ThroughputModel
 from leap_stream.core.ranker import Ranker
+from leap_stream.tools import synthetic_rows as S
 from leap_stream.train import pit
-from leap_stream.train import synthetic as S
 
 GOLDEN = Path(__file__).parents[1] / "golden" / "rankings.jsonl"
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)

@@ -12,7 +12,8 @@ import pytest
 
 from leap_stream.catalog import load_catalog
 from leap_stream.contracts.schemas import validator
-from leap_stream.sim.events import (
+from leap_stream.store.offline import DATASET_COLUMNS, SUBMISSION_COLUMNS
+from leap_stream.tools.sim.events import (
     completion_events,
     completion_lines,
     submission_events,
@@ -20,7 +21,7 @@ from leap_stream.sim.events import (
     timeline,
     write_jsonl,
 )
-from leap_stream.sim.fleet import (
+from leap_stream.tools.sim.fleet import (
     DriftEvent,
     FleetSimulator,
     SimConfig,
@@ -28,9 +29,8 @@ from leap_stream.sim.fleet import (
     jobs_from_frame,
     simulate,
 )
-from leap_stream.sim.models import model_catalog
-from leap_stream.sim.throughput import HardwareArrays, base_throughput, memory_per_device_gib
-from leap_stream.store.offline import DATASET_COLUMNS, SUBMISSION_COLUMNS
+from leap_stream.tools.sim.models import model_catalog
+from leap_stream.tools.sim.throughput import HardwareArrays, base_throughput, memory_per_device_gib
 
 SMALL = SimConfig(seed=5, days=2, rate=2500)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from leap_stream.sim.models import FAMILIES, model_catalog
+from leap_stream.tools.sim.models import FAMILIES, model_catalog
 
 
 def test_at_least_300_model_types_over_all_families() -> None:

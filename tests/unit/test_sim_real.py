@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from leap_stream.sim.real import DATA_DIR, gavel_catalog, load_gavel
 from leap_stream.store.offline import DATASET_COLUMNS
+from leap_stream.tools.sim.real import DATA_DIR, gavel_catalog, load_gavel
 
 
 def test_gavel_loads_in_dataset_shape() -> None:

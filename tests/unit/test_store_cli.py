@@ -8,9 +8,9 @@ import orjson
 import pytest
 
 from leap_stream.cli import main
-from leap_stream.store import synthetic
 from leap_stream.store.offline import DatasetSink, flatten, read_dataset
 from leap_stream.store.registry import Registry
+from leap_stream.tools import synthetic_events as synthetic
 
 
 def test_compact_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

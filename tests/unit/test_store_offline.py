@@ -7,7 +7,6 @@ import math
 import pandas as pd
 import pyarrow as pa
 
-from leap_stream.store import synthetic
 from leap_stream.store.offline import (
     DATASET_COLUMNS,
     SCHEMA,
@@ -19,6 +18,7 @@ from leap_stream.store.offline import (
     submission_fields,
     to_ns,
 )
+from leap_stream.tools import synthetic_events as synthetic
 
 DESIGN_COLUMNS = [
     "event_id",

@@ -8,6 +8,7 @@ import redis
 
 from leap_stream.settings import Settings, SettingsError
 from leap_stream.store.online import OnlineStore, connect, connect_with
+from leap_stream.tools import synthetic_events as synthetic
 
 
 def test_connect_settings() -> None:
@@ -54,7 +55,6 @@ def test_key_layout_is_the_design() -> None:
 
 
 def test_submission_encoding_round_trips() -> None:
-    from leap_stream.store import synthetic
     from leap_stream.store.offline import submission_fields
     from leap_stream.store.online import decode_submission, encode_submission
 

@@ -13,12 +13,12 @@ from prometheus_client import generate_latest
 
 from leap_stream.catalog import load_catalog
 from leap_stream.core.predictor import ThroughputModel
-from leap_stream.sim.events import submission_events
-from leap_stream.sim.fleet import SimConfig, SimResult, simulate
 from leap_stream.store.registry import Registry
 from leap_stream.stream import compiled as C
 from leap_stream.stream.metrics import Metrics
 from leap_stream.stream.models import RankerHolder
+from leap_stream.tools.sim.events import submission_events
+from leap_stream.tools.sim.fleet import SimConfig, SimResult, simulate
 from leap_stream.train.trainer import TrainingRows, fit, training_rows
 
 pytest.importorskip("lleaves")  # the `compiled` extra is in the dev extras (Python < 3.13)

@@ -14,11 +14,11 @@ from prometheus_client import generate_latest
 from leap_stream.catalog import load_catalog
 from leap_stream.core.lookup import LookupTable
 from leap_stream.core.predictor import ThroughputModel
-from leap_stream.sim.events import submission_events
-from leap_stream.sim.fleet import SimConfig, SimResult, simulate
 from leap_stream.store.registry import Registry
 from leap_stream.stream.metrics import Metrics
 from leap_stream.stream.models import LOOKUP_FILE, RankerHolder, lookup_from_dataset
+from leap_stream.tools.sim.events import submission_events
+from leap_stream.tools.sim.fleet import SimConfig, SimResult, simulate
 from leap_stream.train.trainer import fit, training_rows
 
 NOW = datetime(2026, 11, 2, tzinfo=UTC)

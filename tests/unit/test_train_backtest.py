@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from leap_stream.train.backtest import _argmax_per_job, run_backtest
+from leap_stream.tools.backtest import _argmax_per_job, run_backtest
 
 
 def test_argmax_per_job_ignores_non_finite_and_keeps_ties_first() -> None:
@@ -52,9 +52,9 @@ def test_lookup_scores_match_a_lookup_only_ranker() -> None:
     from leap_stream.catalog import load_catalog
     from leap_stream.core.lookup import LookupTable
     from leap_stream.core.ranker import Ranker
-    from leap_stream.sim.fleet import SimConfig, simulate
+    from leap_stream.tools.backtest import _candidates, _lookup_only
+    from leap_stream.tools.sim.fleet import SimConfig, simulate
     from leap_stream.train import pit
-    from leap_stream.train.backtest import _candidates, _lookup_only
 
     res = simulate(SimConfig(seed=5, days=2, rate=500))
     subs = res.submissions.tail(300).reset_index(drop=True)

@@ -11,7 +11,7 @@ import pytest
 from leap_stream.core.lookup import LookupTable
 from leap_stream.core.predictor import ThroughputModel
 from leap_stream.store.registry import Registry
-from leap_stream.train import synthetic as S
+from leap_stream.tools import synthetic_rows as S
 from leap_stream.train import trainer
 
 

@@ -33,9 +33,9 @@ import numpy as np
 import orjson
 import pandas as pd
 
-from leap_stream.bench.stats import due, percentile_ms, rate, widen_candidates
 from leap_stream.settings import Settings
 from leap_stream.stream.kafka import KafkaClients
+from leap_stream.tools.bench.stats import due, percentile_ms, rate, widen_candidates
 
 SUBMISSION_SCHEMA = "job-submitted"
 
@@ -69,7 +69,7 @@ class BenchWorld:
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
 
     def topic(self, hint: str, partitions: int = 4) -> str:
-        from leap_stream.dev.topics import create_topics
+        from leap_stream.tools.dev.topics import create_topics
 
         name = f"bench.{hint}.{self.run_id}"
         create_topics(self.bootstrap, [name], partitions=partitions)
@@ -77,8 +77,8 @@ class BenchWorld:
         return name
 
     def close(self) -> None:
-        from leap_stream.dev.topics import delete_topics
         from leap_stream.store.online import connect
+        from leap_stream.tools.dev.topics import delete_topics
 
         try:
             if self.topics:
@@ -103,10 +103,10 @@ def build_world(
     """Simulated fleet: day 1 trains the model and seeds the Redis history, day 2 is the input."""
     from leap_stream.catalog import load_catalog
     from leap_stream.core.lookup import LookupTable
-    from leap_stream.sim.events import completion_events, submission_events
-    from leap_stream.sim.fleet import SimConfig, simulate
     from leap_stream.store.online import OnlineStore, connect
     from leap_stream.store.registry import Registry
+    from leap_stream.tools.sim.events import completion_events, submission_events
+    from leap_stream.tools.sim.fleet import SimConfig, simulate
     from leap_stream.train.trainer import fit, training_rows
 
     tmp = Path(tempfile.mkdtemp(prefix="leap-bench-"))

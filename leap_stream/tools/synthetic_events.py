@@ -1,6 +1,6 @@
 """Schema-shaped submission/completion pairs for the store tests and `benchmarks/bench_stores.py`.
 
-Not a fleet model (that is `leap_stream.sim`): just varied, valid events, including failed
+Not a fleet model (that is `leap_stream.tools.sim`): just varied, valid events, including failed
 attempts, preemptions, out-of-order completions and repeated lineages.
 """
 

@@ -25,7 +25,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, cfg: Settings) -> int:
-    from leap_stream.dev.topics import create_topics, topic_config
+    from leap_stream.tools.dev.topics import create_topics, topic_config
 
     bootstrap = args.bootstrap or cfg.kafka_bootstrap
     if not bootstrap:

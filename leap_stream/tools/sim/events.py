@@ -18,7 +18,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from leap_stream.sim.fleet import SimResult
+from leap_stream.tools.sim.fleet import SimResult
 
 
 def _epoch_ms(ts: pd.Series) -> npt.NDArray[np.int64]:

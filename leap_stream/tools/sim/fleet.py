@@ -28,7 +28,7 @@ import pandas as pd
 import pyarrow as pa
 
 from leap_stream.catalog import HardwareCatalog, load_catalog
-from leap_stream.sim.models import (
+from leap_stream.tools.sim.models import (
     FAMILIES,
     FRAMEWORKS,
     OPTIMIZERS,
@@ -37,7 +37,7 @@ from leap_stream.sim.models import (
     TOKEN_FAMILIES,
     model_catalog,
 )
-from leap_stream.sim.throughput import (
+from leap_stream.tools.sim.throughput import (
     VENDORS,
     HardwareArrays,
     JobArrays,

@@ -39,8 +39,8 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    from leap_stream.sim.events import write_jsonl
-    from leap_stream.sim.fleet import SimConfig, simulate
+    from leap_stream.tools.sim.events import write_jsonl
+    from leap_stream.tools.sim.fleet import SimConfig, simulate
 
     if args.out is None and not args.to_kafka:
         print("simulate: give --out DIR and/or --to-kafka", file=sys.stderr)
@@ -81,7 +81,7 @@ def produce(
     from confluent_kafka import KafkaException
     from tqdm import tqdm
 
-    from leap_stream.sim.events import timeline
+    from leap_stream.tools.sim.events import timeline
 
     topics = {"submission": input_topics[0], "completion": input_topics[1]}
     producer = kafka.producer(

@@ -2,7 +2,7 @@
 
 Synthetic data can only show that a model learns the simulator; these tables show whether
 cross-hardware prediction from a prior measurement works on numbers nobody here made up.
-Mapping rules are documented in ``leap_stream/sim/data/README.md``.
+Mapping rules are documented in ``leap_stream/tools/sim/data/README.md``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Small synthetic dataset frames for unit tests and `benchmarks/bench_model.py`.
 
-Not the fleet simulator (`leap_stream.sim`): just dataset-shaped rows with a known throughput
+Not the fleet simulator (`leap_stream.tools.sim`): just dataset-shaped rows with a known throughput
 law (roofline × per-(family, vendor) efficiency × per-lineage factor × noise), so tests can check
 that history helps and that intervals cover.
 """

@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from leap_stream.dev import kafka, redis, state
-from leap_stream.dev.state import OWNER_AUTO, OWNER_CLI, Paths, ServiceState
 from leap_stream.settings import Settings
+from leap_stream.tools.dev import kafka, redis, state
+from leap_stream.tools.dev.state import OWNER_AUTO, OWNER_CLI, Paths, ServiceState
 
-log = logging.getLogger("leap_stream.dev")
+log = logging.getLogger("leap_stream.tools.dev")
 
 SERVICES = ("kafka", "redis")
 _ENV = {"kafka": "LEAP_KAFKA_BOOTSTRAP", "redis": "LEAP_REDIS_URL"}

@@ -14,10 +14,10 @@ import time
 
 import orjson
 
-from leap_stream import dev
-from leap_stream.dev import state
-from leap_stream.dev.state import Paths
 from leap_stream.settings import Settings
+from leap_stream.tools import dev
+from leap_stream.tools.dev import state
+from leap_stream.tools.dev.state import Paths
 
 
 def register(parser: argparse.ArgumentParser) -> None:

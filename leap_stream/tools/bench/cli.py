@@ -13,8 +13,8 @@ from typing import Any
 
 import orjson
 
-from leap_stream.bench.stats import final_figures
 from leap_stream.settings import Settings
+from leap_stream.tools.bench.stats import final_figures
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -48,9 +48,9 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    from leap_stream.bench import harness as H
-    from leap_stream.dev import ensure_services, stop_services
     from leap_stream.stream.compiled import wanted as wanted_compiled
+    from leap_stream.tools.bench import harness as H
+    from leap_stream.tools.dev import ensure_services, stop_services
 
     stages = {s.strip() for s in args.only.split(",") if s.strip()}
     services = ensure_services(kafka=True, redis=True, lease=True, cfg=settings)

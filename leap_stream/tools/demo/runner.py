@@ -102,7 +102,7 @@ def bring_up(mode: str) -> tuple[str, str, str]:
     `auto` and an engine answers), through the repository's docker-compose.yml."""
     use_docker = mode == "docker" or (mode == "auto" and docker_answers())
     if use_docker:
-        from leap_stream.dev import kafka, redis
+        from leap_stream.tools.dev import kafka, redis
 
         compose = Path(__file__).resolve().parents[2] / "docker-compose.yml"
         if not compose.exists() or not docker_answers():
@@ -114,7 +114,7 @@ def bring_up(mode: str) -> tuple[str, str, str]:
         wait_for("Kafka (docker)", lambda: kafka.is_ready(bootstrap), 120, 1.0)
         wait_for("Redis (docker)", lambda: redis.is_ready(url), 60, 1.0)
         return bootstrap, url, f"docker compose -f {compose} stop kafka redis"
-    from leap_stream.dev import ensure_services
+    from leap_stream.tools.dev import ensure_services
 
     services = ensure_services()  # owner "cli": they stay up for the next run
     started = ", ".join(services.started) or "nothing, both were running"
@@ -140,7 +140,7 @@ class Fleet:
 
 
 def simulate_fleet(opts: DemoOptions) -> Fleet:
-    from leap_stream.sim.fleet import SimConfig, simulate
+    from leap_stream.tools.sim.fleet import SimConfig, simulate
 
     cfg = SimConfig(seed=opts.seed, days=opts.days_history + 2, rate=opts.per_day)
     res = simulate(cfg)
@@ -280,7 +280,7 @@ class RankingCollector:
 
 def poison_events(stream_comps: pd.DataFrame) -> list[tuple[str, str, bytes]]:
     """(topic kind, key, value): one undecodable, one against the schema, one unknown type."""
-    from leap_stream.sim.events import completion_lines
+    from leap_stream.tools.sim.events import completion_lines
 
     out: list[tuple[str, str, bytes]] = [
         ("submission", "poison-not-json", b'{"job_id": "poison-1", '),
@@ -508,8 +508,8 @@ class Worker:
 
 
 def cleanup(bootstrap: str, redis_url: str, topics: list[str], prefix: str) -> None:
-    from leap_stream.dev.topics import delete_topics
     from leap_stream.store.online import connect
+    from leap_stream.tools.dev.topics import delete_topics
 
     try:
         delete_topics(bootstrap, topics)
@@ -548,13 +548,13 @@ def _prepare_state(out: Path) -> Path:
 # ------------------------------------------------------------------ the whole run
 def run_demo(opts: DemoOptions) -> tuple[dict[str, Any], dict[str, Path]]:
     from leap_stream.catalog import load_catalog
-    from leap_stream.demo import plots
-    from leap_stream.demo.html import render_html
-    from leap_stream.demo.report import DemoInputs, build_report, render_text, worker_metrics
-    from leap_stream.dev.topics import create_topics
-    from leap_stream.sim.events import submission_events, timeline
     from leap_stream.store.offline import DatasetSink, completions_from_frame, read_dataset
     from leap_stream.store.online import OnlineStore, connect
+    from leap_stream.tools.demo import plots
+    from leap_stream.tools.demo.html import render_html
+    from leap_stream.tools.demo.report import DemoInputs, build_report, render_text, worker_metrics
+    from leap_stream.tools.dev.topics import create_topics
+    from leap_stream.tools.sim.events import submission_events, timeline
     from leap_stream.train.trainer import train_and_publish
 
     t_start = time.perf_counter()

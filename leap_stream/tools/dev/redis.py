@@ -9,10 +9,10 @@ import subprocess
 import time
 from pathlib import Path
 
-from leap_stream.dev import state
-from leap_stream.dev.kafka import _size, spawn_detached, tail_file
-from leap_stream.dev.state import Paths, ServiceState
 from leap_stream.settings import Settings
+from leap_stream.tools.dev import state
+from leap_stream.tools.dev.kafka import _size, spawn_detached, tail_file
+from leap_stream.tools.dev.state import Paths, ServiceState
 
 NAME = "redis"
 DEFAULT_PORT = 6379

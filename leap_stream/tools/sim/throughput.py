@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from leap_stream.catalog import HardwareCatalog
-from leap_stream.sim.models import FAMILIES, FRAMEWORKS, OPTIMIZERS, PRECISIONS
+from leap_stream.tools.sim.models import FAMILIES, FRAMEWORKS, OPTIMIZERS, PRECISIONS
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import orjson
 
-from leap_stream.dev import state
-from leap_stream.dev.state import Paths, ServiceState
 from leap_stream.settings import Settings
 from leap_stream.stream.kafka import KafkaClients
+from leap_stream.tools.dev import state
+from leap_stream.tools.dev.state import Paths, ServiceState
 
 NAME = "kafka"
 MAIN_CLASS = "kafka.Kafka"

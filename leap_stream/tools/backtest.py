@@ -279,7 +279,7 @@ def run_backtest(
     from tqdm import tqdm
 
     from leap_stream.catalog import load_catalog
-    from leap_stream.sim.fleet import FleetSimulator, SimConfig
+    from leap_stream.tools.sim.fleet import FleetSimulator, SimConfig
 
     catalog = load_catalog()
     specs = catalog.spec_matrix()
