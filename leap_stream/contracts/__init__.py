@@ -12,9 +12,6 @@ from leap_stream.contracts.codec import (
     decode,
     decode_many,
     encode,
-    format_ts,
-    parse_ts,
-    utc_now_iso,
     validate_event,
 )
 from leap_stream.contracts.dead_letter import dead_letter_event_id, make_dead_letter
@@ -32,6 +29,7 @@ from leap_stream.contracts.events import (
     TrainingSpec,
 )
 from leap_stream.contracts.schemas import SCHEMA_NAMES, load_schema, schema_dir, validator
+from leap_stream.contracts.timestamps import format_ts, parse_ts, utc_now_iso
 
 __all__ = [
     "DLQ_PAYLOAD_LIMIT",

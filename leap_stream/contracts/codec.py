@@ -20,10 +20,8 @@ import base64
 import binascii
 import hashlib
 import json
-import time
 from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any, Final, Generic, Literal, TypeAlias, TypeVar, cast, overload
 
 import fastjsonschema
@@ -38,6 +36,7 @@ from leap_stream.contracts.events import (
     JobSubmitted,
 )
 from leap_stream.contracts.schemas import SCHEMA_NAMES, fast_validator, load_schema, validator
+from leap_stream.contracts.timestamps import parse_ts
 
 MAX_DEPTH: Final = 32
 DLQ_PAYLOAD_LIMIT: Final = 64 * 1024  # bytes of the original payload kept in a dead letter
@@ -72,32 +71,6 @@ class DecodeError:
 
 
 Decoded: TypeAlias = Ok[Any] | DecodeError
-
-
-# --- timestamps
-
-
-def parse_ts(value: str) -> float:
-    """RFC 3339 → epoch seconds. A timestamp without an offset is taken as UTC, never local."""
-    parsed = datetime.fromisoformat(value)
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=UTC)
-    return parsed.timestamp()
-
-
-def format_ts(epoch_s: float) -> str:
-    """Epoch seconds → ``2026-12-02T13:14:00.123Z`` (milliseconds, truncated, UTC).
-
-    Rounded to the microsecond first: 1796217240.003 is 1796217240.00299... as a double, and
-    plain truncation would print .002, so format_ts(parse_ts(s)) would not give s back.
-    """
-    seconds, micros = divmod(round(epoch_s * 1_000_000), 1_000_000)
-    millis = micros // 1000
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{millis:03d}Z"
-
-
-def utc_now_iso() -> str:
-    return format_ts(time.time())
 
 
 # --- encode
@@ -597,8 +570,5 @@ __all__ = [
     "decode",
     "decode_many",
     "encode",
-    "format_ts",
-    "parse_ts",
-    "utc_now_iso",
     "validate_event",
 ]

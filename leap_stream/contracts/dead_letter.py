@@ -16,9 +16,9 @@ from leap_stream.contracts.codec import (
     MAX_MESSAGE_CHARS,
     MAX_PATH_CHARS,
     DecodeError,
-    format_ts,
 )
 from leap_stream.contracts.events import DeadLetter, DeadLetterError, DeadLetterSource
+from leap_stream.contracts.timestamps import format_ts
 
 _MAX_SCHEMA_CHARS = 64
 

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 import pandas as pd
 
+from leap_stream.contracts.timestamps import format_ts, parse_ts
 from leap_stream.core import features as F
 from leap_stream.core.columns import Columns, codes_of
 from leap_stream.core.history import LineageHistory, TypeAggregates
@@ -22,8 +23,6 @@ from leap_stream.core.lookup import LookupTable
 from leap_stream.core.predictor import INTERVAL_LEVEL, ThroughputModel
 from leap_stream.core.ranking import (
     SCHEMA_VERSION,
-    format_ts,
-    parse_ts,
     rank_order,
     ranking_event_id,
     throughput_per_cost,

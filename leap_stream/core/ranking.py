@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
@@ -35,20 +34,6 @@ def throughput_per_cost(
 def rank_order(job: np.ndarray, score: np.ndarray) -> np.ndarray:
     """Row order grouping by job, best score first within a job (ties: input order)."""
     return np.lexsort((np.arange(len(job)), -np.asarray(score, np.float64), job))
-
-
-def format_ts(dt: datetime) -> str:
-    """RFC 3339 UTC with milliseconds, e.g. 2026-12-02T13:14:00.123Z."""
-    dt = dt.astimezone(UTC)
-    return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond // 1000:03d}Z"
-
-
-def parse_ts(s: str) -> float:
-    """Epoch seconds from an RFC 3339 string (naive means UTC)."""
-    dt = datetime.fromisoformat(s)
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=UTC)
-    return dt.timestamp()
 
 
 def candidate_entry(

@@ -13,15 +13,16 @@ import os
 import time
 import uuid
 from collections.abc import Iterable, Mapping
-from datetime import UTC, date, datetime, timedelta
+from datetime import date, datetime
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+
+from leap_stream.contracts.timestamps import to_ns, to_timestamp
 
 _TS = pa.timestamp("ns", tz="UTC")
 
@@ -97,57 +98,6 @@ SUBMISSION_COLUMNS: tuple[str, ...] = (
 )
 
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_US = timedelta(microseconds=1)
-
-
-def to_ns(value: str | date | datetime | pd.Timestamp) -> int:
-    """Epoch nanoseconds (UTC) of an RFC 3339 string or a date/time; naive values are UTC.
-
-    Fast path through ``datetime.fromisoformat``: this runs three times per dataset row.
-    """
-    if isinstance(value, pd.Timestamp):
-        return int(value.value)  # UTC ns for aware values, wall time as UTC for naive ones
-    if isinstance(value, str):
-        dot = value.find(".")
-        if dot != -1 and len(value) > dot + 7 and value[dot + 7].isdigit():
-            return int(pd.Timestamp(value).value)  # sub-µs digits: fromisoformat would truncate
-        dt = datetime.fromisoformat(value)
-    elif isinstance(value, datetime):
-        dt = value
-    else:
-        dt = datetime(value.year, value.month, value.day)
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=UTC)
-    return ((dt - _EPOCH) // _US) * 1000
-
-
-def parse_ts(value: str | date | datetime | pd.Timestamp) -> pd.Timestamp:
-    """RFC 3339 → pandas UTC timestamp; a naive value is taken as UTC."""
-    if isinstance(value, pd.Timestamp) and value.tzinfo is UTC:
-        return value
-    return pd.Timestamp(to_ns(value), tz=UTC)
-
-
-def epoch_s(value: str | date | datetime | pd.Timestamp) -> float:
-    """Epoch seconds, the unit of `Measurement.measured_at`: ``ended_at`` as ns / 1e9.
-
-    The trainer's replay must compute it the same way (``ts.value / 1e9``) to match Redis bit
-    for bit.
-    """
-    return to_ns(value) / 1e9
-
-
-def epoch_seconds(col: pd.Series) -> np.ndarray:
-    """Vectorised `epoch_s` for a timestamp column: the same float64 bit for bit (ns / 1e9).
-
-    Replays that want Redis's ``measured_at`` exactly should use this, not ``total_seconds()``
-    (pandas rounds differently in the last bit for about a quarter of values).
-    """
-    ns = pd.to_datetime(col, utc=True).dt.as_unit("ns").astype("int64").to_numpy()
-    return np.asarray(ns / 1e9, dtype=np.float64)
-
-
 def submission_fields(submission: Mapping[str, Any]) -> dict[str, Any]:
     """The submission side of a dataset row, flat and JSON-friendly (stored in Redis for the join).
 
@@ -205,7 +155,7 @@ def flatten(submission: Mapping[str, Any], completion: Mapping[str, Any]) -> dic
         device_hours=float(completion["device_hours"]),
     )
     for col in TIMESTAMP_COLUMNS:
-        row[col] = parse_ts(row[col])
+        row[col] = to_timestamp(row[col])
     return {col: row[col] for col in DATASET_COLUMNS}
 
 
@@ -316,7 +266,7 @@ class DatasetSink:
     def append(self, rows: Iterable[Mapping[str, Any]]) -> list[Path]:
         by_day: dict[str, list[Mapping[str, Any]]] = {}
         for row in rows:
-            by_day.setdefault(_day_of(parse_ts(row["submitted_at"])), []).append(row)
+            by_day.setdefault(_day_of(to_timestamp(row["submitted_at"])), []).append(row)
         written = []
         for day, day_rows in sorted(by_day.items()):
             table = rows_to_table(day_rows)
@@ -330,7 +280,7 @@ class DatasetSink:
 def _as_day(value: str | date | datetime | pd.Timestamp | None) -> str | None:
     if value is None:
         return None
-    return _day_of(parse_ts(value))
+    return _day_of(to_timestamp(value))
 
 
 def _files(root: Path, start_day: str | None, end_day: str | None) -> list[Path]:
@@ -412,10 +362,10 @@ def read_dataset(
         sub = table.column("submitted_at")
         mask = pa.array([True] * table.num_rows, type=pa.bool_())
         if start is not None:
-            lo = pa.scalar(parse_ts(start).value, pa.int64()).cast(_TS)
+            lo = pa.scalar(to_timestamp(start).value, pa.int64()).cast(_TS)
             mask = pc.and_(mask, pc.greater_equal(sub, lo))
         if end is not None:
-            hi = pa.scalar(parse_ts(end).value, pa.int64()).cast(_TS)
+            hi = pa.scalar(to_timestamp(end).value, pa.int64()).cast(_TS)
             mask = pc.and_(mask, pc.less(sub, hi))
         table = table.filter(mask)
     return to_frame(table)
@@ -453,8 +403,6 @@ __all__ = [
     "DatasetSink",
     "compact",
     "completions_from_frame",
-    "epoch_s",
-    "epoch_seconds",
     "flatten",
     "read_dataset",
     "rows_to_table",

@@ -19,6 +19,7 @@ import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
+from leap_stream.contracts.timestamps import epoch_s
 from leap_stream.core.history import (
     HISTORY_EWMA_ALPHA,
     LineageHistory,
@@ -28,7 +29,7 @@ from leap_stream.core.history import (
     is_measurement,
 )
 from leap_stream.settings import Settings
-from leap_stream.store.offline import SUBMISSION_COLUMNS, epoch_s, submission_fields
+from leap_stream.store.offline import SUBMISSION_COLUMNS, submission_fields
 
 T = TypeVar("T")
 

@@ -23,6 +23,7 @@ import numpy as np
 import orjson
 import pandas as pd
 
+from leap_stream.contracts.timestamps import epoch_seconds
 from leap_stream.core import features as F
 from leap_stream.core.lookup import LookupTable
 from leap_stream.core.predictor import ThroughputModel
@@ -311,7 +312,7 @@ def run_backtest(
             specs,
             snap.now[idx],
         )
-        ended = pit.epoch_s(measured["ended_at"])
+        ended = epoch_seconds(measured["ended_at"])
         train_parts.append((frame, measured, ended))
         datasets.append(ds)
         return snap
@@ -350,7 +351,7 @@ def run_backtest(
             known = np.zeros(len(known), bool)
             known[keep] = True
         all_ds = pd.concat(datasets, ignore_index=True)
-        lookup = LookupTable.fit(all_ds[(pit.epoch_s(all_ds["ended_at"]) < t_n)])
+        lookup = LookupTable.fit(all_ds[(epoch_seconds(all_ds["ended_at"]) < t_n)])
         models: dict[str, ThroughputModel] = {}
         t0 = time.perf_counter()
         for v in variants:
@@ -465,7 +466,7 @@ def _ranked_policy(
         hist = [book.lineage(x) for x in subs["lineage_id"].tolist()]
         aggs_by_type = {m: book.aggregates(m) for m in subs["model_type"].unique()}
         aggs = [aggs_by_type[m] for m in subs["model_type"].tolist()]
-        now = pit.epoch_s(subs["submitted_at"])
+        now = epoch_seconds(subs["submitted_at"])
         fr, _ = Ranker(_SpecCatalog(specs), model, lookup).score_batch(
             subs, _candidates(subs), hist, aggs, now
         )

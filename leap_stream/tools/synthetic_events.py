@@ -10,13 +10,11 @@ import random
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from leap_stream.contracts.timestamps import format_ts
+
 HARDWARE = ("h100-sxm-80g", "a100-sxm-80g", "l4-24g", "mi300x-192g", "tpu-v5e")
 MODEL_TYPES = ("llama-7b", "resnet-50", "dlrm-large", "vit-b16", "t5-base")
 _T0 = datetime(2026, 11, 20, tzinfo=UTC)
-
-
-def _ts(t: datetime) -> str:
-    return t.strftime("%Y-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}Z"
 
 
 def pairs(
@@ -42,7 +40,7 @@ def pairs(
             "job_id": job_id,
             "attempt": 1 + rng.randrange(2),
             "lineage_id": f"lin-{lin:06d}",
-            "submitted_at": _ts(submitted),
+            "submitted_at": format_ts(submitted),
             "team": f"team-{lin % 7}",
             "model": {
                 "family": "dense_llm",
@@ -78,8 +76,8 @@ def pairs(
             "hardware_type": hw,
             "num_devices": devices,
             "steps": rng.randrange(0, 100000),
-            "started_at": _ts(started),
-            "ended_at": _ts(ended),
+            "started_at": format_ts(started),
+            "ended_at": format_ts(ended),
             "status": status,
             "device_hours": devices * (ended - started).total_seconds() / 3600,
         }

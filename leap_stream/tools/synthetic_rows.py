@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from leap_stream.contracts.timestamps import format_ts
+
 SPECS = pd.DataFrame(
     {
         "device_memory_gib": [24.0, 80.0, 80.0, 192.0, 16.0],
@@ -130,10 +132,6 @@ def dataset(
     return frame
 
 
-def _ts(t: pd.Timestamp) -> str:
-    return t.strftime("%Y-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}Z"
-
-
 def submission_event(row: Any, candidates: list[str] | None = None) -> dict[str, Any]:
     """A job-submitted event (schema-shaped) from one dataset row."""
     r: dict[str, Any] = dict(row)
@@ -144,7 +142,7 @@ def submission_event(row: Any, candidates: list[str] | None = None) -> dict[str,
         "job_id": str(r["job_id"]),
         "attempt": int(r["attempt"]),
         "lineage_id": str(r["lineage_id"]),
-        "submitted_at": _ts(pd.Timestamp(r["submitted_at"])),
+        "submitted_at": format_ts(pd.Timestamp(r["submitted_at"])),
         "team": str(r["team"]),
         "model": {
             "family": str(r["family"]),

@@ -12,13 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from leap_stream.contracts.timestamps import epoch_seconds
 from leap_stream.core.history import HistoryBook, LineageHistory, TypeAggregates
-
-
-def epoch_s(col: pd.Series) -> np.ndarray:
-    """Epoch seconds of a timestamp column (tz-aware or naive UTC, any unit)."""
-    ts = pd.to_datetime(col, utc=True)
-    return np.asarray((ts - pd.Timestamp(0, tz="UTC")).dt.total_seconds().to_numpy(np.float64))
 
 
 @dataclass
@@ -42,7 +37,7 @@ def replay(
     read-only.
     """
     book = book or HistoryBook()
-    c_end = epoch_s(completions["ended_at"])
+    c_end = epoch_seconds(completions["ended_at"])
     c_order = np.argsort(c_end, kind="stable")
     c_end = c_end[c_order]
     c_lin = completions["lineage_id"].to_numpy(object)[c_order]
@@ -52,7 +47,7 @@ def replay(
     c_sps = completions["samples_per_s"].to_numpy(np.float64)[c_order]
     c_nd = completions["num_devices"].to_numpy(np.int64)[c_order]
 
-    q_now = epoch_s(queries["submitted_at"])
+    q_now = epoch_seconds(queries["submitted_at"])
     q_order = np.argsort(q_now, kind="stable")
     q_lin = queries["lineage_id"].to_numpy(object)
     q_mt = queries["model_type"].to_numpy(object)
@@ -113,12 +108,12 @@ class Replayer:
     def add_completions(self, completions: pd.DataFrame) -> None:
         cols = ["lineage_id", "model_type", "hardware_type", "status", "samples_per_s"]
         part = completions[[*cols, "num_devices"]].copy()
-        part["ended_s"] = epoch_s(completions["ended_at"])
+        part["ended_s"] = epoch_seconds(completions["ended_at"])
         self._pending.append(part)
 
     def snapshot(self, queries: pd.DataFrame) -> Snapshots:
         """Histories as of each query's submitted_at (queries no earlier than the last ones)."""
-        q_now = epoch_s(queries["submitted_at"])
+        q_now = epoch_seconds(queries["submitted_at"])
         if len(q_now) and q_now.min() < self._last_query:
             raise ValueError("queries must come in time order")
         pending = pd.concat(self._pending, ignore_index=True) if self._pending else pd.DataFrame()

@@ -21,6 +21,7 @@ import numpy as np
 import orjson
 import pandas as pd
 
+from leap_stream.contracts.timestamps import isoformat_z
 from leap_stream.core import features as F
 from leap_stream.core.lookup import LookupTable
 from leap_stream.core.predictor import NUM_ROUNDS, ThroughputModel
@@ -85,7 +86,7 @@ def fit(
     progress: bool = False,
 ) -> ThroughputModel:
     window = (
-        (_iso(tr.rows["submitted_at"].min()), _iso(tr.rows["submitted_at"].max()))
+        (isoformat_z(tr.rows["submitted_at"].min()), isoformat_z(tr.rows["submitted_at"].max()))
         if len(tr.rows)
         else None
     )
@@ -159,10 +160,6 @@ def gate(cand: dict[str, float], cur: dict[str, float] | None) -> tuple[bool, st
         f"accuracy {cand['accuracy']:.4f} vs current {cur['accuracy']:.4f}, "
         f"MAPE {cand['mape']:.4f} vs {cur['mape']:.4f}"
     )
-
-
-def _iso(ts: Any) -> str:
-    return str(pd.Timestamp(ts).isoformat()).replace("+00:00", "Z")
 
 
 def train_and_publish(

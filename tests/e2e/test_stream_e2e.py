@@ -26,8 +26,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from leap_stream.contracts import parse_ts
+from leap_stream.contracts.timestamps import epoch_s
 from leap_stream.core.history import HistoryBook
-from leap_stream.store.offline import DatasetSink, epoch_s, read_dataset
+from leap_stream.store.offline import DatasetSink, read_dataset
 from leap_stream.store.online import OnlineStore, connect
 from leap_stream.stream.client import RankingsClient
 from leap_stream.stream.kafka import KafkaClients

@@ -20,8 +20,9 @@ import orjson
 import pandas as pd
 from prometheus_client.parser import text_string_to_metric_families
 
+from leap_stream.contracts.timestamps import epoch_s
 from leap_stream.core.history import HistoryBook
-from leap_stream.store.offline import epoch_s, read_dataset
+from leap_stream.store.offline import read_dataset
 from leap_stream.store.online import OnlineStore, connect
 from leap_stream.tools.sim.events import (
     completion_events,

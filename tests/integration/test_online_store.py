@@ -9,8 +9,9 @@ import time
 import pytest
 import redis
 
+from leap_stream.contracts.timestamps import epoch_s
 from leap_stream.core.history import HistoryBook, is_measurement
-from leap_stream.store.offline import epoch_s, flatten, submission_fields
+from leap_stream.store.offline import flatten, submission_fields
 from leap_stream.store.online import (
     APPLY_LUA,
     READ_LUA,

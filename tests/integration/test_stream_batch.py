@@ -14,10 +14,10 @@ import pytest
 
 from leap_stream.catalog import load_catalog
 from leap_stream.contracts import validate_event
+from leap_stream.contracts.timestamps import epoch_s
 from leap_stream.core.history import HistoryBook
 from leap_stream.core.lookup import LookupTable
 from leap_stream.core.ranker import Ranker
-from leap_stream.store.offline import epoch_s
 from leap_stream.store.online import OnlineStore, OnlineStoreUnavailable, connect
 from leap_stream.stream.batch import CompletionProcessor, Record, SubmissionProcessor
 from leap_stream.stream.client import RankingsClient

@@ -7,16 +7,14 @@ import math
 import pandas as pd
 import pyarrow as pa
 
+from leap_stream.contracts.timestamps import epoch_s, to_ns, to_timestamp
 from leap_stream.store.offline import (
     DATASET_COLUMNS,
     SCHEMA,
     SUBMISSION_COLUMNS,
-    epoch_s,
     flatten,
-    parse_ts,
     rows_to_table,
     submission_fields,
-    to_ns,
 )
 from leap_stream.tools import synthetic_events as synthetic
 
@@ -125,17 +123,17 @@ def test_timestamps_parse_like_pandas() -> None:
         want = pd.Timestamp(text)
         want = want.tz_localize("UTC") if want.tzinfo is None else want.tz_convert("UTC")
         assert to_ns(text) == want.value, text
-        assert parse_ts(text) == want and str(parse_ts(text).tz) == "UTC"
+        assert to_timestamp(text) == want and str(to_timestamp(text).tz) == "UTC"
     assert epoch_s("2026-11-20T10:11:12.5Z") == to_ns("2026-11-20T10:11:12.5Z") / 1e9
 
 
 def test_vectorised_epoch_seconds_match_scalar_bit_for_bit() -> None:
     import numpy as np
 
-    from leap_stream.store.offline import epoch_seconds
+    from leap_stream.contracts.timestamps import epoch_seconds
 
     texts = [c["ended_at"] for _s, c in synthetic.pairs(2000, seed=12)]
-    col = pd.Series([parse_ts(t) for t in texts])
+    col = pd.Series([to_timestamp(t) for t in texts])
     got = epoch_seconds(col)
     want = np.array([epoch_s(t) for t in texts])
     assert np.array_equal(got, want)

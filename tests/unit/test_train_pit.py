@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from leap_stream.contracts.timestamps import epoch_s
 from leap_stream.train import pit
 
 
@@ -38,3 +39,16 @@ def test_row_sees_only_completions_ended_before_its_submission() -> None:
     assert snap.histories[3]["l4"].samples_per_s == 20.0 and snap.histories[3]["l4"].count == 2
     assert snap.aggregates[3]["l4"].count == 2
     assert len(pit.measured(d)) == 4
+
+
+def test_replayed_measured_at_is_what_redis_stores_bit_for_bit() -> None:
+    """Redis stores ``measured_at`` as epoch_s(ended_at) (ns / 1e9); the replay must too, or
+    training sees a history that serving never does (pandas' total_seconds() differs in the
+    last bit for about a quarter of millisecond timestamps)."""
+    ends = pd.Timestamp("2026-11-01T00:00:00.001Z") + pd.to_timedelta(range(0, 4000, 7), "ms")
+    rows = [_row(f"l{i}", "l4", "2026-10-31T00:00", str(end), 10.0) for i, end in enumerate(ends)]
+    d = pd.DataFrame(rows)
+    later = d.assign(submitted_at=pd.Timestamp("2026-12-01", tz="UTC"))
+    snap = pit.replay(d, later)
+    got = [h["l4"].measured_at for h in snap.histories]
+    assert got == [epoch_s(end) for end in ends]

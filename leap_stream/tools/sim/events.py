@@ -12,25 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 import orjson
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from leap_stream.contracts.timestamps import epoch_ms, format_column
 from leap_stream.tools.sim.fleet import SimResult
-
-
-def _epoch_ms(ts: pd.Series) -> npt.NDArray[np.int64]:
-    naive = ts.dt.tz_convert("UTC").dt.tz_localize(None).to_numpy()
-    return np.asarray(naive.astype("datetime64[ms]").astype(np.int64))
-
-
-def rfc3339(ts: pd.Series) -> list[str]:
-    """UTC timestamps → ``2026-11-01T00:00:02.234Z`` (millisecond precision, like the sim)."""
-    values = ts.dt.tz_convert("UTC").dt.tz_localize(None).to_numpy().astype("datetime64[ms]")
-    strings = np.datetime_as_string(values, unit="ms")
-    return [s + "Z" for s in strings.tolist()]
 
 
 def submission_events(subs: pd.DataFrame) -> list[dict[str, Any]]:
@@ -47,7 +35,7 @@ def submission_events(subs: pd.DataFrame) -> list[dict[str, Any]]:
         subs["job_id"].tolist(),
         subs["attempt"].tolist(),
         subs["lineage_id"].tolist(),
-        rfc3339(subs["submitted_at"]),
+        format_column(subs["submitted_at"]),
         subs["team"].tolist(),
         subs["family"].tolist(),
         subs["model_type"].tolist(),
@@ -147,8 +135,8 @@ def completion_events(comp: pd.DataFrame) -> list[dict[str, Any]]:
         comp["hardware_type"].tolist(),
         comp["num_devices"].tolist(),
         comp["steps"].tolist(),
-        rfc3339(comp["started_at"]),
-        rfc3339(comp["ended_at"]),
+        format_column(comp["started_at"]),
+        format_column(comp["ended_at"]),
         comp["status"].tolist(),
         comp["device_hours"].tolist(),
         comp["samples_per_s"].tolist(),
@@ -216,7 +204,7 @@ def _ints(values: pd.Series) -> pa.Array:
 
 
 def _timestamps(values: pd.Series) -> pa.Array:
-    return pa.array(rfc3339(values), type=_LS)
+    return pa.array(format_column(values), type=_LS)
 
 
 def _join(pieces: list[str | pa.Array]) -> pa.Array:
@@ -409,8 +397,8 @@ def timeline(result: SimResult) -> Iterator[tuple[str, str, bytes]]:
     comp_lines = completion_lines(comp)
     sub_keys = subs["job_id"].tolist()
     comp_keys = comp["job_id"].tolist()
-    t_sub = _epoch_ms(subs["submitted_at"])
-    t_comp = _epoch_ms(comp["ended_at"])
+    t_sub = epoch_ms(subs["submitted_at"])
+    t_comp = epoch_ms(comp["ended_at"])
     times = np.concatenate([t_sub, t_comp])
     kind = np.concatenate([np.zeros(len(t_sub), np.int8), np.ones(len(t_comp), np.int8)])
     idx = np.concatenate([np.arange(len(t_sub)), np.arange(len(t_comp))])
@@ -461,7 +449,6 @@ __all__ = [
     "completion_events",
     "completion_lines",
     "completions_in_arrival_order",
-    "rfc3339",
     "submission_events",
     "submission_lines",
     "timeline",
