@@ -28,8 +28,8 @@ from leap_stream.core.history import (
     TypeAggregates,
     is_measurement,
 )
+from leap_stream.core.rows import SUBMISSION_COLUMNS, submission_fields
 from leap_stream.settings import Settings
-from leap_stream.store.offline import SUBMISSION_COLUMNS, submission_fields
 
 T = TypeVar("T")
 

@@ -11,7 +11,8 @@ import redis
 
 from leap_stream.contracts.timestamps import epoch_s
 from leap_stream.core.history import HistoryBook, is_measurement
-from leap_stream.store.offline import flatten, submission_fields
+from leap_stream.core.rows import submission_fields
+from leap_stream.store.offline import flatten
 from leap_stream.store.online import (
     APPLY_LUA,
     READ_LUA,

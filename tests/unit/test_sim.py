@@ -12,7 +12,8 @@ import pytest
 
 from leap_stream.catalog import load_catalog
 from leap_stream.contracts.schemas import validator
-from leap_stream.store.offline import DATASET_COLUMNS, SUBMISSION_COLUMNS
+from leap_stream.core.rows import SUBMISSION_COLUMNS
+from leap_stream.store.offline import DATASET_COLUMNS
 from leap_stream.tools.sim.events import (
     completion_events,
     completion_lines,

@@ -55,7 +55,7 @@ def test_key_layout_is_the_design() -> None:
 
 
 def test_submission_encoding_round_trips() -> None:
-    from leap_stream.store.offline import submission_fields
+    from leap_stream.core.rows import submission_fields
     from leap_stream.store.online import decode_submission, encode_submission
 
     for sub, _c in synthetic.pairs(20, seed=3):
