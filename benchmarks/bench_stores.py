@@ -59,12 +59,9 @@ def main() -> int:
         print(
             f"read_batch, {len(ids)} lineages (avg {filled:.1f} hw each) + {len(types)} aggregates:"
         )
-        pipe = OnlineStore(client, prefix, lua_reads=False)
         for name, fn in (
-            ("read_batch        pipeline HGETALL", lambda: pipe.read_batch(ids, types)),
-            ("read_batch        Lua HGETALL     ", lambda: store.read_batch(ids, types)),
-            ("read_and_remember pipeline        ", lambda: pipe.read_and_remember(subs)),
-            ("read_and_remember Lua             ", lambda: store.read_and_remember(subs)),
+            ("read_batch       ", lambda: store.read_batch(ids, types)),
+            ("read_and_remember", lambda: store.read_and_remember(subs)),
         ):
             best, p50, p99, mean = _lat(fn, args.iterations)
             print(f"  {name}: min {best:6.2f}  p50 {p50:6.2f}  p99 {p99:6.2f}  mean {mean:6.2f} ms")

@@ -126,13 +126,6 @@ def fast_validator(name: str) -> FastCheck | None:
     return compile_fast(inline_defs(doc, doc.get("$defs", {})), FORMATS)
 
 
-def warm_up() -> None:
-    """Compile every schema now (about 50 ms each) so the first batch does not pay for it."""
-    for name in SCHEMA_NAMES:
-        validator(name)
-        fast_validator(name)
-
-
 __all__ = [
     "FORMATS",
     "SCHEMA_NAMES",
@@ -142,5 +135,4 @@ __all__ = [
     "load_schema",
     "schema_dir",
     "validator",
-    "warm_up",
 ]

@@ -23,27 +23,6 @@ from leap_stream.core.columns import Frame as Jobs
 from leap_stream.core.history import LineageHistory, TypeAggregates
 
 # Columns of a job frame (the dataset's column names; `ranker.jobs_frame` builds it from events).
-JOB_COLUMNS = (
-    "lineage_id",
-    "family",
-    "model_type",
-    "parameters",
-    "active_parameters",
-    "layers",
-    "hidden_size",
-    "sequence_length",
-    "precision",
-    "optimizer",
-    "framework",
-    "global_batch_size",
-    "micro_batch_size",
-    "num_devices",
-    "data_parallel",
-    "tensor_parallel",
-    "pipeline_parallel",
-    "activation_checkpointing",
-)
-
 CATEGORIES: dict[str, tuple[str, ...]] = {
     "precision": PRECISIONS,
     "family": FAMILIES,

@@ -25,13 +25,6 @@ class Measurement:
     measured_at: float  # epoch seconds (ended_at of the completion)
     count: int  # measurements of this lineage on this type so far
 
-    def to_list(self) -> list[float | int]:
-        return [self.samples_per_s, self.num_devices, self.measured_at, self.count]
-
-    @classmethod
-    def from_list(cls, v: list[float | int]) -> Measurement:
-        return cls(float(v[0]), int(v[1]), float(v[2]), int(v[3]))
-
 
 @dataclass(frozen=True, slots=True)
 class TypeAggregate:
@@ -40,13 +33,6 @@ class TypeAggregate:
     ewma_log_per_device: float  # EWMA of log(samples_per_s / num_devices)
     count: int
     last_at: float
-
-    def to_list(self) -> list[float | int]:
-        return [self.ewma_log_per_device, self.count, self.last_at]
-
-    @classmethod
-    def from_list(cls, v: list[float | int]) -> TypeAggregate:
-        return cls(float(v[0]), int(v[1]), float(v[2]))
 
 
 LineageHistory = dict[str, Measurement]  # hardware_type -> last measurement

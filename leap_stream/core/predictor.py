@@ -84,7 +84,6 @@ def holdout_mask(lineage_ids: np.ndarray | pd.Series, fraction: float, seed: int
 
 KINDS = ("self", "transfer", "model")
 KIND_SELF, KIND_TRANSFER, KIND_MODEL = 0, 1, 2
-N_KINDS = len(KINDS)
 
 
 def anchor_kind(frame: Frame, groups: Sequence[str]) -> np.ndarray:

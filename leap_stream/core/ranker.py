@@ -32,7 +32,6 @@ log = logging.getLogger(__name__)
 
 # source codes of a scored row
 SRC_MODEL, SRC_LOOKUP, SRC_NONE = 0, 1, 2
-SOURCES = ("model", "lookup", "none")
 
 
 class Catalog(Protocol):
@@ -222,13 +221,13 @@ class Ranker:
         bad_start = np.concatenate([[0], np.cumsum(np.diff(starts) - n_ok)]).tolist()
         rank = (np.arange(len(order)) - starts[job_o] + 1)[ok_o].tolist()
         o_ok = order[ok_o]
-        # intervals clipped at 0 here (as `ranking.candidate_entry` does)
+        # intervals clipped at 0: a throughput is never negative
         low = np.fmax(np.asarray(frame["low"], np.float64)[o_ok], 0.0).tolist()
         high = np.fmax(np.asarray(frame["high"], np.float64)[o_ok], 0.0).tolist()
         nd_rows = np.asarray(jobs["num_devices"], np.int64)[job]
         is_model = (source[o_ok] == SRC_MODEL).tolist()
         hw_all = np.asarray(frame["hardware_type"], object)
-        # the dict of `ranking.candidate_entry`, built inline (the hot loop)
+        # one candidate entry of the schema, built inline (the hot loop)
         entries = [
             {
                 "hardware_type": t,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-from typing import Any
 
 import numpy as np
 
@@ -34,30 +33,3 @@ def throughput_per_cost(
 def rank_order(job: np.ndarray, score: np.ndarray) -> np.ndarray:
     """Row order grouping by job, best score first within a job (ties: input order)."""
     return np.lexsort((np.arange(len(job)), -np.asarray(score, np.float64), job))
-
-
-def candidate_entry(
-    hardware_type: str,
-    predicted: float,
-    low: float | None,
-    high: float | None,
-    level: float,
-    cost: float,
-    num_devices: int,
-    tpc: float,
-    rank: int,
-) -> dict[str, Any]:
-    interval = (
-        None
-        if low is None or high is None
-        else {"low": max(0.0, low), "high": max(0.0, high), "level": level}
-    )
-    return {
-        "hardware_type": hardware_type,
-        "predicted_throughput": predicted,
-        "interval": interval,
-        "cost_per_device_hour": cost,
-        "num_devices": num_devices,
-        "throughput_per_cost": tpc,
-        "rank": rank,
-    }

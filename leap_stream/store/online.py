@@ -119,11 +119,6 @@ def _text(v: bytes | str) -> str:
 Hash = tuple[Sequence[Any], Sequence[Any]]  # (fields, values) of one HGETALL
 
 
-def _from_dict(raw: Mapping[Any, Any] | None) -> Hash:
-    raw = raw or {}
-    return list(raw.keys()), list(raw.values())
-
-
 def _from_flat(flat: Sequence[Any]) -> Hash:
     return flat[0::2], flat[1::2]
 
@@ -148,8 +143,6 @@ def decode_submission(raw: bytes | str | None) -> dict[str, Any] | None:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError:
         return None
-    if isinstance(value, dict):  # written as an object (readable by hand): accept as is
-        return value
     if (
         isinstance(value, list)
         and value
@@ -200,15 +193,12 @@ class OnlineStore:
         *,
         dedup_ttl_s: int = 1_209_600,
         submission_ttl_s: int = 2_592_000,
-        lua_reads: bool = True,
     ) -> None:
         self.r = client
         self.prefix = prefix
         self.dedup_ttl_s = dedup_ttl_s
         self.submission_ttl_s = submission_ttl_s
         self._use_scripts(APPLY_LUA, READ_LUA)
-        # One EVALSHA beat a pipeline of HGETALLs in benchmarks/bench_stores.py (docs/stores.md).
-        self.lua_reads = lua_reads
 
     @classmethod
     def of(cls, cfg: Settings, client: redis.Redis | None = None) -> OnlineStore:
@@ -276,14 +266,6 @@ class OnlineStore:
         return self._guard(op, run)
 
     # --- reads
-    def _queue_reads(
-        self, pipe: Any, lineage_ids: Sequence[str], model_types: Sequence[str]
-    ) -> None:
-        for lid in lineage_ids:
-            pipe.hgetall(self.lin_key(lid))
-        for mt in model_types:
-            pipe.hgetall(self.agg_key(mt))
-
     def _decode_reads(
         self, hashes: Sequence[Hash], lineage_ids: Sequence[str], model_types: Sequence[str]
     ) -> tuple[list[LineageHistory], dict[str, TypeAggregates]]:
@@ -318,34 +300,26 @@ class OnlineStore:
         self, lineage_ids: Sequence[str], model_types: Iterable[str]
     ) -> tuple[list[LineageHistory], dict[str, TypeAggregates]]:
         """History of every lineage (in order) and aggregates of every model type, one round trip."""
-        return self._read(lineage_ids, _unique(model_types), [], self.lua_reads)
+        return self._read(lineage_ids, _unique(model_types), [])
 
     def _read(
         self,
         lineage_ids: Sequence[str],
         types: Sequence[str],
         remember: Sequence[dict[str, Any]],
-        lua: bool,
     ) -> tuple[list[LineageHistory], dict[str, TypeAggregates]]:
-        if lua:
-            keys = [self.lin_key(x) for x in lineage_ids] + [self.agg_key(t) for t in types]
-            n_read = len(keys)
-            keys += [self.sub_key(f["job_id"], f["attempt"]) for f in remember]
-            values = [encode_submission(f) for f in remember]
+        """One EVALSHA: every HGETALL and every SET of the batch (it beat a pipeline of
+        HGETALLs, docs/stores.md)."""
+        keys = [self.lin_key(x) for x in lineage_ids] + [self.agg_key(t) for t in types]
+        n_read = len(keys)
+        keys += [self.sub_key(f["job_id"], f["attempt"]) for f in remember]
+        values = [encode_submission(f) for f in remember]
 
-            def build(p: Any) -> None:
-                p.evalsha(self._read_sha, len(keys), *keys, n_read, self.submission_ttl_s, *values)
+        def build(p: Any) -> None:
+            p.evalsha(self._read_sha, len(keys), *keys, n_read, self.submission_ttl_s, *values)
 
-            results = self._execute("read", build)
-            return self._decode_reads([_from_flat(x) for x in results[0]], lineage_ids, types)
-
-        def build_pipe(p: Any) -> None:
-            self._queue_reads(p, lineage_ids, types)
-            self._queue_remember(p, remember)
-
-        results = self._execute("read", build_pipe)
-        reads = results[: len(lineage_ids) + len(types)]  # the rest are the SET replies
-        return self._decode_reads([_from_dict(x) for x in reads], lineage_ids, types)
+        results = self._execute("read", build)
+        return self._decode_reads([_from_flat(x) for x in results[0]], lineage_ids, types)
 
     # --- submissions
     def _queue_remember(self, pipe: Any, fields: Iterable[dict[str, Any]]) -> None:
@@ -360,13 +334,13 @@ class OnlineStore:
             self._execute("remember", lambda p: self._queue_remember(p, fields))
 
     def read_and_remember(
-        self, submissions: Sequence[Mapping[str, Any]], lua: bool | None = None
+        self, submissions: Sequence[Mapping[str, Any]]
     ) -> tuple[list[LineageHistory], dict[str, TypeAggregates]]:
         """The submissions hot path: history reads and submission SETs in one round trip."""
         fields = [submission_fields(s) for s in submissions]
         lineage_ids = [f["lineage_id"] for f in fields]
         types = _unique(f["model_type"] for f in fields)
-        return self._read(lineage_ids, types, fields, self.lua_reads if lua is None else lua)
+        return self._read(lineage_ids, types, fields)
 
     def fetch_submissions(self, keys: Sequence[tuple[str, int]]) -> list[dict[str, Any] | None]:
         """Stored submission fields for (job_id, attempt) pairs; None when unknown or expired."""

@@ -86,27 +86,27 @@ def test_shuffled_duplicated_completions_match_history_book(store: OnlineStore) 
         assert aggregates[mt] == want
 
 
-def test_lua_read_equals_pipeline_read(store: OnlineStore, redis_client: redis.Redis) -> None:
+def test_reads_match_the_history_and_remember_submissions(
+    store: OnlineStore, redis_client: redis.Redis
+) -> None:
     completions = [c for _s, c in synthetic.pairs(300, seed=5, lineages=50)]
     store.apply_completions(completions)
+    book = _replay(completions)
     ids = [f"lin-{i:06d}" for i in range(60)]  # some never seen
-    store.lua_reads = True
     by_lua = store.read_batch(ids, synthetic.MODEL_TYPES)
-    store.lua_reads = False
-    assert by_lua == store.read_batch(ids, synthetic.MODEL_TYPES)
+    assert by_lua[0] == [book.lineage(x) for x in ids]
     assert sum(len(h) for h in by_lua[0]) > 50
     histories, aggs = store.read_batch(ids, ["no-such-type"])
     assert histories[-1] == {} and aggs == {"no-such-type": {}}
 
     subs = [s for s, _c in synthetic.pairs(30, seed=6, lineages=50)]
-    for lua in (True, False):
-        redis_client.delete(*[store.sub_key(s["job_id"], s["attempt"]) for s in subs])
-        got = store.read_and_remember(subs, lua=lua)
-        assert got[0] == store.read_batch([s["lineage_id"] for s in subs], [])[0]
-        assert store.fetch_submissions([(s["job_id"], s["attempt"]) for s in subs]) == [
-            submission_fields(s) for s in subs
-        ]
-        assert redis_client.ttl(store.sub_key(subs[0]["job_id"], subs[0]["attempt"])) > 7000
+    redis_client.delete(*[store.sub_key(s["job_id"], s["attempt"]) for s in subs])
+    got = store.read_and_remember(subs)
+    assert got[0] == store.read_batch([s["lineage_id"] for s in subs], [])[0]
+    assert store.fetch_submissions([(s["job_id"], s["attempt"]) for s in subs]) == [
+        submission_fields(s) for s in subs
+    ]
+    assert redis_client.ttl(store.sub_key(subs[0]["job_id"], subs[0]["attempt"])) > 7000
 
 
 def test_unmeasured_completions_are_marked_but_change_nothing(store: OnlineStore) -> None:

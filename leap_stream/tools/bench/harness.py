@@ -342,7 +342,7 @@ def naive_loop(world: BenchWorld, src: str, dst: str, n: int) -> dict[str, Any]:
     model = PerRowModel(ThroughputModel.load(world.model_dir))
     lookup = LookupTable.load(world.model_dir / "lookup.json")
     ranker = Ranker(catalog, model=model, lookup=lookup)  # type: ignore[arg-type]
-    store = OnlineStore(connect(world.redis_url), prefix=world.prefix, lua_reads=False)
+    store = OnlineStore(connect(world.redis_url), prefix=world.prefix)
     max_bytes = world.settings.max_message_bytes
     out = OutputProducer(KafkaClients(world.bootstrap))
     c = consumer(world.bootstrap, [src])
