@@ -11,7 +11,6 @@ import hashlib
 import math
 import os
 import time
-import uuid
 from collections.abc import Iterable, Mapping
 from datetime import date, datetime
 from pathlib import Path
@@ -24,6 +23,7 @@ import pyarrow.parquet as pq
 
 from leap_stream.contracts.timestamps import to_ns, to_timestamp
 from leap_stream.core.rows import SUBMISSION_COLUMNS, submission_fields
+from leap_stream.store.files import fsync_dir, write_atomic
 
 _TS = pa.timestamp("ns", tz="UTC")
 
@@ -145,14 +145,6 @@ def conform(table: pa.Table) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=SCHEMA)
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _batch_name(event_ids: Iterable[str]) -> str:
     digest = hashlib.sha256("\n".join(sorted(event_ids)).encode()).hexdigest()[:32]
     return f"part-{digest}.parquet"
@@ -169,22 +161,9 @@ def _stamp() -> bytes:
     return str(_last_stamp).encode()
 
 
-def _write_atomic(table: pa.Table, folder: Path, name: str) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
+def _write_table(table: pa.Table, folder: Path, name: str) -> Path:
     table = table.replace_schema_metadata({_WRITTEN_KEY: _stamp()})
-    final = folder / name
-    tmp = folder / f".tmp-{uuid.uuid4().hex}.parquet"
-    try:
-        with open(tmp, "wb") as fh:
-            pq.write_table(table, fh, compression="zstd")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, final)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(folder)
-    return final
+    return write_atomic(folder / name, lambda fh: pq.write_table(table, fh, compression="zstd"))
 
 
 def _day_of(ts: pd.Timestamp) -> str:
@@ -205,9 +184,9 @@ class DatasetSink:
         for day, day_rows in sorted(by_day.items()):
             table = rows_to_table(day_rows)
             name = _batch_name(str(r["event_id"]) for r in day_rows)
-            written.append(_write_atomic(table, self.root / f"day={day}", name))
+            written.append(_write_table(table, self.root / f"day={day}", name))
         if written:
-            _fsync_dir(self.root)
+            fsync_dir(self.root)
         return written
 
 
@@ -322,11 +301,11 @@ def compact(root: str | os.PathLike[str], day: str | date | datetime | pd.Timest
     name = _batch_name(table.column("event_id").to_pylist())
     if len(files) == 1 and files[0].name == name:
         return files[0]
-    final = _write_atomic(table, folder, name)
+    final = _write_table(table, folder, name)
     for path in files:
         if path != final:
             path.unlink(missing_ok=True)
-    _fsync_dir(folder)
+    fsync_dir(folder)
     return final
 
 

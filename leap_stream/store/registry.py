@@ -27,6 +27,8 @@ from typing import Any, Generic, TypeVar
 
 import orjson
 
+from leap_stream.store.files import fsync_dir, fsync_file, write_atomic
+
 T = TypeVar("T")
 M = TypeVar("M")
 
@@ -49,39 +51,12 @@ class ModelLoadError(Exception):
         self.reason = reason
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb") as fh:
-        os.fsync(fh.fileno())
-
-
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
 
 
 def read_metadata(model_dir: Path) -> dict[str, Any]:
@@ -142,13 +117,13 @@ class Registry:
             (tmp / MANIFEST).write_bytes(orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
             for p in tmp.rglob("*"):
                 if p.is_file():
-                    _fsync_file(p)
-            _fsync_dir(tmp)
+                    fsync_file(p)
+            fsync_dir(tmp)
             os.rename(tmp, final)  # atomic; fails if a concurrent publish won the race
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        _fsync_dir(self.versions)
+        fsync_dir(self.versions)
         return version
 
     def prune(self, keep: int = 10) -> list[str]:
@@ -172,7 +147,7 @@ class Registry:
             for p in self.versions.iterdir():
                 if p.name.startswith((".tmp-", ".del-")) and p.stat().st_mtime < stale:
                     shutil.rmtree(p, ignore_errors=True)
-            _fsync_dir(self.versions)
+            fsync_dir(self.versions)
         return doomed
 
     # --- promote
@@ -183,7 +158,7 @@ class Registry:
         """
         self.verify(version)
         previous = self.current_version()
-        _write_atomic(self.pointer, version.encode() + b"\n")
+        write_atomic(self.pointer, version.encode() + b"\n")
         line = {
             "version": version,
             "previous": previous,

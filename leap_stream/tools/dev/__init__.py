@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from leap_stream.settings import Settings
+from leap_stream.store.files import write_atomic
 from leap_stream.tools.dev import kafka, redis, state
 from leap_stream.tools.dev.state import OWNER_AUTO, OWNER_CLI, Paths, ServiceState
 
@@ -114,7 +115,7 @@ def _write_env_file(paths: Paths, cfg: Settings) -> None:
     for name in SERVICES:
         st = _running(paths, name)
         values[_ENV[name]] = st.address if st else _configured(cfg, name)
-    state.atomic_write(paths.env_file, state.render_env(values).encode())
+    write_atomic(paths.env_file, state.render_env(values).encode())
 
 
 def stop_services(

@@ -20,6 +20,7 @@ from pathlib import Path
 import orjson
 
 from leap_stream.settings import Settings
+from leap_stream.store.files import write_atomic
 from leap_stream.stream.kafka import KafkaClients
 from leap_stream.tools.dev import state
 from leap_stream.tools.dev.state import Paths, ServiceState
@@ -313,7 +314,7 @@ def start(
         int(old.get("controller_port", DEFAULT_CONTROLLER_PORT)),
         avoid=[port],
     )
-    state.atomic_write(ports_file, orjson.dumps({"port": port, "controller_port": controller_port}))
+    write_atomic(ports_file, orjson.dumps({"port": port, "controller_port": controller_port}))
     log_file = paths.log_file(NAME)
     props_file = run_dir / "server.properties"
     log4j_file = run_dir / "log4j2.properties"

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from leap_stream.settings import Settings
+from leap_stream.store.files import write_atomic
 from leap_stream.tools.dev import state
 from leap_stream.tools.dev.kafka import _size, spawn_detached, tail_file
 from leap_stream.tools.dev.state import Paths, ServiceState
@@ -94,7 +95,7 @@ def start(
     if port_file.exists() and port_file.read_text().strip().isdigit():
         old_port = int(port_file.read_text())
     port = state.pick_port(cfg.redis_port, old_port)
-    state.atomic_write(port_file, f"{port}\n".encode())
+    write_atomic(port_file, f"{port}\n".encode())
     log_file = paths.log_file(NAME)
     paths.logs.mkdir(parents=True, exist_ok=True)
     redis_pid_file = run_dir / "redis-server.pid"  # redis writes this one itself

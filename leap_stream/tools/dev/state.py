@@ -22,6 +22,7 @@ from typing import Any
 import orjson
 
 from leap_stream.settings import Settings
+from leap_stream.store.files import write_atomic
 
 OWNER_CLI = "cli"  # started by `leap-stream dev up`: only `dev down` stops it
 OWNER_AUTO = "auto"  # started by ensure_services(lease=True): the last lease holder stops it
@@ -110,7 +111,7 @@ class ServiceState:
 
 def save_state(paths: Paths, state: ServiceState) -> None:
     paths.ensure()
-    atomic_write(paths.state_file(state.name), state.to_json())
+    write_atomic(paths.state_file(state.name), state.to_json())
     write_pid(paths.pid_file(state.name), state.pid)
 
 
@@ -126,18 +127,11 @@ def clear_state(paths: Paths, service: str) -> None:
         f.unlink(missing_ok=True)
 
 
-def atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
 # --- pid files -------------------------------------------------------------------------------
 
 
 def write_pid(path: Path, pid: int) -> None:
-    atomic_write(path, f"{pid}\n".encode())
+    write_atomic(path, f"{pid}\n".encode())
 
 
 def read_pid(path: Path) -> int | None:
