@@ -7,12 +7,9 @@ answer when a finer one has no data: (model_type, hw, bucket) → (model_type, h
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-import orjson
 import pandas as pd
 
 from leap_stream.core.history import MEASURED_STATUSES
@@ -100,13 +97,6 @@ class LookupTable:
     def to_dict(self) -> dict[str, Any]:
         return {"format": "leap-lookup/1", "min_count": self.min_count, "tables": self.tables}
 
-    def save(self, path: str | os.PathLike[str]) -> Path:
-        p = Path(path)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_bytes(orjson.dumps(self.to_dict()))
-        return p
-
     @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> LookupTable:
-        d = orjson.loads(Path(path).read_bytes())
+    def from_dict(cls, d: dict[str, Any]) -> LookupTable:
         return cls({lv: d["tables"].get(lv, {}) for lv in LEVELS}, int(d.get("min_count", 1)))

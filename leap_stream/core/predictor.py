@@ -16,8 +16,9 @@ Intervals: split-conformal quantiles of the log residual per kind, on lineages h
 booster fit; every held-out row also contributes a transfer residual when it has a prior on
 another type (the case the ranker meets most: candidates the lineage never ran on).
 
-Artefact: a directory with `model.txt` (LightGBM text format, never pickle) and
-`metadata.json` (version, trained_at, data window, features, categories, intervals, metrics).
+On disk (store/artefact.py) the model is LightGBM's text format (`model_text`, never pickle)
+and its metadata (version, trained_at, data window, features, categories, intervals, metrics);
+this module does no file I/O.
 """
 
 from __future__ import annotations
@@ -28,12 +29,10 @@ import re
 import zlib
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import lightgbm as lgb
 import numpy as np
-import orjson
 import pandas as pd
 
 from leap_stream.core import features as F
@@ -330,24 +329,15 @@ class ThroughputModel:
         p50 = np.exp(log_total)
         return p50, np.exp(log_total + self._qlo[kind]), np.exp(log_total + self._qhi[kind])
 
-    # --- artefact
-    def save(self, directory: str | os.PathLike[str]) -> Path:
-        d = Path(directory)
-        d.mkdir(parents=True, exist_ok=True)
-        self.booster.save_model(str(d / "model.txt"))
-        (d / "metadata.json").write_bytes(
-            orjson.dumps(self.metadata, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)
-        )
-        return d
+    # --- artefact (files: store/artefact.py)
+    def model_text(self) -> str:
+        """The booster in LightGBM's text format."""
+        return str(self.booster.model_to_string())
 
     @classmethod
-    def load(cls, directory: str | os.PathLike[str]) -> ThroughputModel:
-        d = Path(directory)
-        metadata = orjson.loads((d / "metadata.json").read_bytes())
-        text = (d / "model.txt").read_bytes()
+    def from_text(cls, text: bytes, metadata: dict[str, Any]) -> ThroughputModel:
         check_model_text(text)  # before LightGBM sees it: its parser can crash or hang
-        booster = lgb.Booster(model_str=text.decode("utf-8"))
-        return cls(booster, metadata)
+        return cls(lgb.Booster(model_str=text.decode("utf-8")), metadata)
 
 
 _TREE_SIZES = re.compile(rb"\ntree_sizes=([0-9 ]+)\n")

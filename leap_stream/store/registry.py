@@ -2,7 +2,7 @@
 
 Layout under ``root``::
 
-    versions/<version>/      LightGBM text model files + metadata.json (+ MANIFEST.json, ours)
+    versions/<version>/      model.txt, metadata.json, lookup.json (+ MANIFEST.json, ours)
     current                  the promoted version, one line (temp file + os.replace)
     history.jsonl            one line per promotion
 
@@ -32,7 +32,10 @@ from leap_stream.store.files import fsync_dir, fsync_file, write_atomic
 T = TypeVar("T")
 M = TypeVar("M")
 
+# the files of a model artefact (read and written by store/artefact.py) and the registry's own
+MODEL_TEXT = "model.txt"
 METADATA = "metadata.json"
+LOOKUP = "lookup.json"
 MANIFEST = "MANIFEST.json"
 REQUIRED_METADATA = ("version", "trained_at")
 _VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")

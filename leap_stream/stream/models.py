@@ -26,18 +26,11 @@ from leap_stream.contracts import parse_ts
 from leap_stream.core.lookup import LookupTable
 from leap_stream.core.predictor import ThroughputModel
 from leap_stream.core.ranker import Ranker
+from leap_stream.store.artefact import read_artefact
 from leap_stream.store.registry import CurrentModel, ModelLoadError, Registry
 from leap_stream.stream.metrics import Metrics
 
 log = logging.getLogger(__name__)
-
-LOOKUP_FILE = "lookup.json"
-
-
-def load_model_dir(path: Path) -> tuple[ThroughputModel, LookupTable | None]:
-    model = ThroughputModel.load(path)
-    lookup = LookupTable.load(path / LOOKUP_FILE) if (path / LOOKUP_FILE).exists() else None
-    return model, lookup
 
 
 def lookup_from_dataset(dataset_dir: Path) -> LookupTable | None:
@@ -69,7 +62,7 @@ class RankerHolder:
         self.compiling: threading.Thread | None = None
         self._swap = threading.Lock()  # a compile finishing must not replace a newer model
         self.fallback_lookup = fallback_lookup
-        self._current = CurrentModel(registry, load_model_dir) if registry is not None else None
+        self._current = CurrentModel(registry, read_artefact) if registry is not None else None
         self.ranker = Ranker(catalog, model=None, lookup=fallback_lookup)
         self.version: str | None = None
         metrics.set_model(None, None, time.time())
@@ -140,4 +133,4 @@ class RankerHolder:
         self.metrics.set_model(self.version, trained_at, time.time())
 
 
-__all__ = ["LOOKUP_FILE", "RankerHolder", "load_model_dir", "lookup_from_dataset"]
+__all__ = ["RankerHolder", "lookup_from_dataset"]

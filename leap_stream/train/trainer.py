@@ -26,12 +26,12 @@ from leap_stream.core import features as F
 from leap_stream.core.lookup import LookupTable
 from leap_stream.core.predictor import NUM_ROUNDS, ThroughputModel
 from leap_stream.settings import Settings
+from leap_stream.store.artefact import read_model, write_model
 from leap_stream.train import pit
 
 # Candidate may be this much below the current model's ±10 % accuracy and still pass (noise).
 GATE_TOLERANCE = 0.005
 MIN_GATE_ROWS = 200
-LOOKUP_FILE = "lookup.json"
 
 
 @dataclass
@@ -185,7 +185,7 @@ def train_and_publish(
     cutoff = now - pd.Timedelta(days=holdout_days)
     current: ThroughputModel | None = None
     try:
-        loaded = registry.load_current(ThroughputModel.load)
+        loaded = registry.load_current(read_model)
         current = loaded[1] if loaded else None
     except ModelLoadError as exc:
         report["current_error"] = str(exc)
@@ -228,8 +228,7 @@ def train_and_publish(
     model.metadata["gate"] = {"candidate": cand_metrics, "current": cur_metrics, "reason": why}
     lookup = LookupTable.fit(dataset)
     with tempfile.TemporaryDirectory() as tmp:
-        d = model.save(Path(tmp) / model.version)
-        lookup.save(d / LOOKUP_FILE)
+        d = write_model(Path(tmp) / model.version, model, lookup)
         version = registry.publish(d)
     report["version"] = version
     if promote:

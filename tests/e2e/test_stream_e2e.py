@@ -28,6 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from leap_stream.contracts import parse_ts
 from leap_stream.contracts.timestamps import epoch_s
 from leap_stream.core.history import HistoryBook
+from leap_stream.store.artefact import write_model
 from leap_stream.store.offline import DatasetSink, read_dataset
 from leap_stream.store.online import OnlineStore, connect
 from leap_stream.stream.client import RankingsClient
@@ -223,8 +224,7 @@ def _promote_model(registry_dir: Path, dataset: pd.DataFrame) -> str:
     from leap_stream.train.trainer import fit, training_rows
 
     model = fit(training_rows(dataset), num_rounds=60)
-    d = model.save(registry_dir.parent / "build")
-    LookupTable.fit(dataset).save(d / "lookup.json")
+    d = write_model(registry_dir.parent / "build", model, LookupTable.fit(dataset))
     reg = Registry(registry_dir)
     version = reg.publish(d)
     reg.promote(version)

@@ -22,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from leap_stream.contracts.timestamps import epoch_s
 from leap_stream.core.history import HistoryBook
+from leap_stream.store.artefact import write_model
 from leap_stream.store.offline import read_dataset
 from leap_stream.store.online import OnlineStore, connect
 from leap_stream.tools.sim.events import (
@@ -293,8 +294,7 @@ def promote_model(registry_dir: Path, dataset: pd.DataFrame, rounds: int = 30) -
     from leap_stream.train.trainer import fit, training_rows
 
     model = fit(training_rows(dataset), num_rounds=rounds)
-    d = model.save(registry_dir.parent / f"build-{model.version}")
-    LookupTable.fit(dataset).save(d / "lookup.json")
+    d = write_model(registry_dir.parent / f"build-{model.version}", model, LookupTable.fit(dataset))
     reg = Registry(registry_dir)
     version = reg.publish(d)
     reg.promote(version)

@@ -15,8 +15,8 @@ from pathlib import Path
 import orjson
 import pytest
 
+from leap_stream.store.artefact import read_artefact, write_model
 from leap_stream.store.registry import ModelLoadError, Registry
-from leap_stream.stream.models import load_model_dir
 
 PACKAGE = Path(__file__).resolve().parents[2] / "leap_stream"
 
@@ -49,7 +49,7 @@ def test_a_pickle_in_the_registry_is_refused_not_unpickled(tmp_path: Path, name:
     version = reg.publish(_version_dir(tmp_path, f"v-{name.replace('.', '-')}", {name: bomb}))
     reg.promote(version)  # checksums match: only the loader stands between the file and us
     with pytest.raises(ModelLoadError):
-        reg.load_current(load_model_dir)
+        reg.load_current(read_artefact)
     assert not marker.exists(), "the pickle was executed"
 
 
@@ -66,7 +66,7 @@ def test_a_pickle_next_to_a_good_model_is_never_read(
 
     sim = simulate(SimConfig(seed=3, days=1, rate=1500))
     model = fit(training_rows(sim.dataset), num_rounds=5)
-    built = model.save(tmp_path / "build")
+    built = write_model(tmp_path / "build", model)
     (built / "extra.pkl").write_bytes(pickle.dumps(_Bomb(tmp_path / "unpickled")))
 
     def refuse(*_a: object, **_k: object) -> None:
@@ -78,7 +78,7 @@ def test_a_pickle_next_to_a_good_model_is_never_read(
     monkeypatch.setattr(np, "load", refuse)
     reg = Registry(tmp_path / "registry")
     reg.promote(reg.publish(built))
-    loaded = reg.load_current(load_model_dir)
+    loaded = reg.load_current(read_artefact)
     assert loaded is not None and loaded[0] == model.version
     assert not (tmp_path / "unpickled").exists()
 

@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from leap_stream.core.lookup import LookupTable, device_bucket
+from leap_stream.store.artefact import read_lookup, write_lookup
 
 
 def _rows() -> pd.DataFrame:
@@ -40,8 +41,8 @@ def test_levels_and_fallbacks(tmp_path: Path) -> None:
     # unknown model type → family×hw (only b on y: 7 per device) × 4
     assert math.isclose(pred[2], 28.0) and level[2] == 2
     assert math.isnan(pred[3]) and level[3] == -1
-    path = lk.save(tmp_path / "lookup.json")
-    again = LookupTable.load(path)
+    path = write_lookup(tmp_path / "lookup.json", lk)
+    again = read_lookup(path)
     p2, l2 = again.predict(["a"], ["f"], ["x"], [2])
     assert math.isclose(p2[0], 24.0) and l2[0] == 0
 

@@ -10,6 +10,7 @@ import pytest
 
 from leap_stream.core import features as F
 from leap_stream.core.predictor import ThroughputModel
+from leap_stream.store.artefact import read_model, write_model
 from leap_stream.tools import synthetic_rows as S
 from leap_stream.train import pit
 
@@ -55,10 +56,10 @@ def test_save_load_round_trip_is_text_and_identical(
     model = ThroughputModel.fit(
         fr, m["samples_per_s"].to_numpy(), m["lineage_id"], num_rounds=30, data_window=("a", "b")
     )
-    d = model.save(tmp_path / "m")
+    d = write_model(tmp_path / "m", model)
     assert sorted(p.name for p in d.iterdir()) == ["metadata.json", "model.txt"]
     assert (d / "model.txt").read_text().startswith("tree")
-    again = ThroughputModel.load(d)
+    again = read_model(d)
     assert again.version == model.version
     assert again.metadata["data_window"] == ["a", "b"]
     a = model.predict(fr.iloc[:500])

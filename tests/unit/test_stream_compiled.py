@@ -13,6 +13,7 @@ from prometheus_client import generate_latest
 
 from leap_stream.catalog import load_catalog
 from leap_stream.core.predictor import ThroughputModel
+from leap_stream.store.artefact import write_model
 from leap_stream.store.registry import Registry
 from leap_stream.stream import compiled as C
 from leap_stream.stream.metrics import Metrics
@@ -83,7 +84,7 @@ def test_trees_that_disagree_with_lightgbm_are_refused(monkeypatch: pytest.Monke
 
 def _holder(tmp_path: Path, compile_trees: bool) -> tuple[RankerHolder, Metrics]:
     reg = Registry(tmp_path / "registry")
-    d = _model().save(tmp_path / "build")
+    d = write_model(tmp_path / "build", _model())
     reg.promote(reg.publish(d))
     m = Metrics()
     return RankerHolder(load_catalog(), reg, m, compile_trees=compile_trees), m

@@ -13,10 +13,10 @@ from prometheus_client import generate_latest
 
 from leap_stream.catalog import load_catalog
 from leap_stream.core.lookup import LookupTable
-from leap_stream.core.predictor import ThroughputModel
+from leap_stream.store.artefact import read_model, write_model
 from leap_stream.store.registry import Registry
 from leap_stream.stream.metrics import Metrics
-from leap_stream.stream.models import LOOKUP_FILE, RankerHolder, lookup_from_dataset
+from leap_stream.stream.models import RankerHolder, lookup_from_dataset
 from leap_stream.tools.sim.events import submission_events
 from leap_stream.tools.sim.fleet import SimConfig, SimResult, simulate
 from leap_stream.train.trainer import fit, training_rows
@@ -33,10 +33,8 @@ def _model_dir(tmp: Path, version: str, trained_at: str, with_lookup: bool = Tru
     model = fit(training_rows(_sim().dataset), num_rounds=15)
     model.metadata["version"] = version
     model.metadata["trained_at"] = trained_at
-    d = model.save(tmp / f"build-{version}")
-    if with_lookup:
-        LookupTable.fit(_sim().dataset).save(d / LOOKUP_FILE)
-    return d
+    lookup = LookupTable.fit(_sim().dataset) if with_lookup else None
+    return write_model(tmp / f"build-{version}", model, lookup)
 
 
 def _text(m: Metrics) -> str:
@@ -99,4 +97,4 @@ def test_model_load_is_the_registry_format(tmp_path: Path) -> None:
     assert orjson.loads((d / "metadata.json").read_bytes())["version"] == "v9"
     copy = tmp_path / "copy"
     shutil.copytree(d, copy)
-    assert ThroughputModel.load(copy).version == "v9"
+    assert read_model(copy).version == "v9"

@@ -8,9 +8,8 @@ import orjson
 import pandas as pd
 import pytest
 
-from leap_stream.core.lookup import LookupTable
-from leap_stream.core.predictor import ThroughputModel
-from leap_stream.store.registry import Registry
+from leap_stream.store.artefact import read_lookup, read_model
+from leap_stream.store.registry import LOOKUP, Registry
 from leap_stream.tools import synthetic_rows as S
 from leap_stream.train import trainer
 
@@ -47,9 +46,9 @@ def test_train_publish_promote_then_gate(tmp_path: Path) -> None:
     assert first["promoted"] is True and first["reason"] == "no current model"
     r = Registry(reg)
     assert r.current_version() == first["version"]
-    loaded = r.load_current(ThroughputModel.load)
+    loaded = r.load_current(read_model)
     assert loaded is not None and loaded[1].version == first["version"]
-    assert LookupTable.load(r.versions / first["version"] / trainer.LOOKUP_FILE).tables
+    assert read_lookup(r.versions / first["version"] / LOOKUP).tables
     # two more days: candidate and current are compared on the rows neither trained on
     second = trainer.train_and_publish(d, reg, holdout_days=2, progress=False)
     assert second["current"] is not None and second["candidate"] is not None

@@ -103,6 +103,7 @@ def build_world(
     """Simulated fleet: day 1 trains the model and seeds the Redis history, day 2 is the input."""
     from leap_stream.catalog import load_catalog
     from leap_stream.core.lookup import LookupTable
+    from leap_stream.store.artefact import write_model
     from leap_stream.store.online import OnlineStore, connect
     from leap_stream.store.registry import Registry
     from leap_stream.tools.sim.events import completion_events, submission_events
@@ -117,8 +118,7 @@ def build_world(
     past = sim.dataset[sim.dataset["submitted_at"] < first_day]
     day2 = sim.submissions[sim.submissions["submitted_at"] >= first_day]
     model = fit(training_rows(past), num_rounds=80)
-    built = model.save(tmp / "build")
-    LookupTable.fit(past).save(built / "lookup.json")
+    built = write_model(tmp / "build", model, LookupTable.fit(past))
     registry = Registry(tmp / "registry")
     registry.promote(registry.publish(built))
     log(f"fleet simulated and model {model.version} trained in {time.perf_counter() - t0:.1f}s")
@@ -331,16 +331,15 @@ def naive_loop(world: BenchWorld, src: str, dst: str, n: int) -> dict[str, Any]:
     for remembering it, features, one predict call per candidate row, produce."""
     from leap_stream.catalog import load_catalog
     from leap_stream.contracts import Ok, decode
-    from leap_stream.core.lookup import LookupTable
-    from leap_stream.core.predictor import ThroughputModel
     from leap_stream.core.ranker import Ranker
+    from leap_stream.store.artefact import read_artefact
     from leap_stream.store.online import OnlineStore, connect
     from leap_stream.stream.output import OutputProducer
 
     catalog = load_catalog()
     known = set(catalog.types)
-    model = PerRowModel(ThroughputModel.load(world.model_dir))
-    lookup = LookupTable.load(world.model_dir / "lookup.json")
+    base, lookup = read_artefact(world.model_dir)
+    model = PerRowModel(base)
     ranker = Ranker(catalog, model=model, lookup=lookup)  # type: ignore[arg-type]
     store = OnlineStore(connect(world.redis_url), prefix=world.prefix)
     max_bytes = world.settings.max_message_bytes
