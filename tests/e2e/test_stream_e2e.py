@@ -9,12 +9,8 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +19,6 @@ import orjson
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from leap_stream.contracts import parse_ts
 from leap_stream.contracts.timestamps import epoch_s
@@ -34,6 +29,7 @@ from leap_stream.store.online import OnlineStore, connect
 from leap_stream.stream.client import RankingsClient
 from leap_stream.stream.kafka import KafkaClients
 from leap_stream.stream.lag import LagReader, total_lag, worker_groups
+from leap_stream.tools.harness import WorkerStack, free_port, wait_for
 from leap_stream.tools.sim.events import (
     completion_events,
     completions_in_arrival_order,
@@ -46,96 +42,21 @@ pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = int(s.getsockname()[1])
-    s.close()
-    return port
-
-
-def wait_for(what: str, cond: Callable[[], bool], timeout: float, every: float = 0.5) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+# quick timers: the tests wait for flushes, lag and reloads
+E2E_SETTINGS = {
+    "LEAP_DATASET_FLUSH_S": "1",
+    "LEAP_LAG_INTERVAL_S": "1",
+    "LEAP_MODEL_POLL_S": "1",
+    "LEAP_COMMIT_INTERVAL_S": "0.5",
+    "LEAP_ORPHAN_GRACE_S": "3",
+}
 
 
 @dataclass
-class Stack:
-    """One worker's world: topics, group, prefix, folders, and the worker process."""
+class Stack(WorkerStack):
+    """One worker's world (tools/harness.py) with the e2e tests' settings."""
 
-    bootstrap: str
-    redis_url: str
-    prefix: str
-    tmp: Path
-    topics: dict[str, str]
-    group: str
-    metrics_port: int = field(default_factory=_free_port)
-    proc: subprocess.Popen[bytes] | None = None
-    log_path: Path | None = None
-
-    @property
-    def env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("LEAP_")}
-        env.update(
-            LEAP_KAFKA_BOOTSTRAP=self.bootstrap,
-            LEAP_REDIS_URL=self.redis_url,
-            LEAP_REDIS_PREFIX=self.prefix,
-            LEAP_TOPIC_SUBMISSIONS=self.topics["sub"],
-            LEAP_TOPIC_COMPLETIONS=self.topics["comp"],
-            LEAP_TOPIC_RANKINGS=self.topics["rank"],
-            LEAP_TOPIC_DEAD_LETTER=self.topics["dlq"],
-            LEAP_CONSUMER_GROUP=self.group,
-            LEAP_HOME=str(self.tmp / "home"),
-            LEAP_DATASET_DIR=str(self.tmp / "dataset"),
-            LEAP_REGISTRY_DIR=str(self.tmp / "registry"),
-            LEAP_METRICS_PORT=str(self.metrics_port),
-            LEAP_DATASET_FLUSH_S="1",
-            LEAP_LAG_INTERVAL_S="1",
-            LEAP_MODEL_POLL_S="1",
-            LEAP_COMMIT_INTERVAL_S="0.5",
-            LEAP_ORPHAN_GRACE_S="3",
-        )
-        return env
-
-    def start(self, name: str = "worker") -> None:
-        self.log_path = self.tmp / f"{name}.log"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "leap_stream", "worker", "-l", "info"],
-            env=self.env,
-            cwd=self.tmp,
-            stdout=open(self.log_path, "wb"),  # noqa: SIM115 - closed with the process
-            stderr=subprocess.STDOUT,
-        )
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def log_tail(self, n: int = 60) -> str:
-        if self.log_path is None or not self.log_path.exists():
-            return ""
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
-        assert self.proc is not None
-        self.proc.send_signal(sig)
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            raise AssertionError("worker did not stop:\n" + self.log_tail()) from None
-
-    def metrics(self) -> dict[str, list[tuple[dict[str, str], float, str]]]:
-        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
-        text = urllib.request.urlopen(url, timeout=5).read().decode()
-        out: dict[str, list[tuple[dict[str, str], float, str]]] = {}
-        for fam in text_string_to_metric_families(text):
-            for s in fam.samples:
-                out.setdefault(fam.name, []).append((s.labels, s.value, s.name))
-        return out
+    extra_env: dict[str, str] = field(default_factory=lambda: dict(E2E_SETTINGS))
 
 
 @pytest.fixture
@@ -614,7 +535,7 @@ def test_worker_without_redis_ranks_and_loses_nothing(stack: Stack) -> None:
     rankings = RankingsClient(KafkaClients(stack.bootstrap), t["rank"])
     lag = LagReader(KafkaClients(stack.bootstrap), worker_groups(stack.group, t["sub"], t["comp"]))
     real_redis = stack.redis_url
-    stack.redis_url = f"redis://127.0.0.1:{_free_port()}/0"  # nobody listens there
+    stack.redis_url = f"redis://127.0.0.1:{free_port()}/0"  # nobody listens there
     stack.start("worker-no-redis")
 
     def all_ranked() -> bool:

@@ -5,26 +5,21 @@ say "nothing lost, nothing doubled" (rankings, dataset, Redis history against a 
 from __future__ import annotations
 
 import os
-import signal
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pandas as pd
-from prometheus_client.parser import text_string_to_metric_families
 
 from leap_stream.contracts.timestamps import epoch_s
 from leap_stream.core.history import HistoryBook
 from leap_stream.store.artefact import write_model
 from leap_stream.store.offline import read_dataset
 from leap_stream.store.online import OnlineStore, connect
+from leap_stream.tools.harness import WorkerStack
 from leap_stream.tools.sim.events import (
     completion_events,
     completions_in_arrival_order,
@@ -32,117 +27,25 @@ from leap_stream.tools.sim.events import (
 )
 from leap_stream.tools.sim.fleet import SimConfig, simulate
 
-
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = int(s.getsockname()[1])
-    s.close()
-    return port
-
-
-def wait_for(what: str, cond: Callable[[], bool], timeout: float, every: float = 0.2) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+# quick timers and short timeouts: faults must show within a test's patience
+FAULT_SETTINGS = {
+    "LEAP_DATASET_FLUSH_S": "1",
+    "LEAP_LAG_INTERVAL_S": "1",
+    "LEAP_MODEL_POLL_S": "1",
+    "LEAP_COMMIT_INTERVAL_S": "0.5",
+    "LEAP_ORPHAN_GRACE_S": "60",
+    "LEAP_KAFKA_SESSION_TIMEOUT_S": "6",
+    "LEAP_CONSUMER_STALL_S": "20",
+    "LEAP_REDIS_TIMEOUT_S": "0.5",
+}
 
 
 @dataclass
-class Stack:
-    bootstrap: str
-    redis_url: str
-    prefix: str
-    tmp: Path
-    topics: dict[str, str]
-    group: str
-    extra_env: dict[str, str] = field(default_factory=dict)
-    metrics_port: int = field(default_factory=free_port)
-    proc: subprocess.Popen[bytes] | None = None
-    log_path: Path | None = None
-    starts: int = 0
+class Stack(WorkerStack):
+    """One worker's world (tools/harness.py) with the fault tests' settings; a test changes
+    ``extra_env`` before ``start``."""
 
-    @property
-    def env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("LEAP_")}
-        env.update(
-            LEAP_KAFKA_BOOTSTRAP=self.bootstrap,
-            LEAP_REDIS_URL=self.redis_url,
-            LEAP_REDIS_PREFIX=self.prefix,
-            LEAP_TOPIC_SUBMISSIONS=self.topics["sub"],
-            LEAP_TOPIC_COMPLETIONS=self.topics["comp"],
-            LEAP_TOPIC_RANKINGS=self.topics["rank"],
-            LEAP_TOPIC_DEAD_LETTER=self.topics["dlq"],
-            LEAP_CONSUMER_GROUP=self.group,
-            LEAP_HOME=str(self.tmp / "home"),
-            LEAP_DATASET_DIR=str(self.tmp / "dataset"),
-            LEAP_REGISTRY_DIR=str(self.tmp / "registry"),
-            LEAP_METRICS_PORT=str(self.metrics_port),
-            LEAP_DATASET_FLUSH_S="1",
-            LEAP_LAG_INTERVAL_S="1",
-            LEAP_MODEL_POLL_S="1",
-            LEAP_COMMIT_INTERVAL_S="0.5",
-            LEAP_ORPHAN_GRACE_S="60",
-            LEAP_KAFKA_SESSION_TIMEOUT_S="6",
-            LEAP_CONSUMER_STALL_S="20",
-            LEAP_REDIS_TIMEOUT_S="0.5",
-        )
-        env.update(self.extra_env)
-        return env
-
-    def start(self) -> None:
-        self.starts += 1
-        self.log_path = self.tmp / f"worker-{self.starts}.log"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "leap_stream", "worker", "-l", "info"],
-            env=self.env,
-            cwd=self.tmp,
-            stdout=open(self.log_path, "wb"),  # noqa: SIM115 - closed with the process
-            stderr=subprocess.STDOUT,
-        )
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def log_tail(self, n: int = 60) -> str:
-        if self.log_path is None or not self.log_path.exists():
-            return ""
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
-        assert self.proc is not None
-        self.proc.send_signal(sig)
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
-            raise AssertionError("worker did not stop:\n" + self.log_tail()) from None
-
-    def metrics_text(self) -> str:
-        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
-        return str(urllib.request.urlopen(url, timeout=5).read().decode())
-
-    def metric(self, name: str, **labels: str) -> float:
-        """Sum of the samples of one metric (counters: the ``_total`` sample) with these labels."""
-        total = 0.0
-        for fam in text_string_to_metric_families(self.metrics_text()):
-            for s in fam.samples:
-                if s.name not in (name, name + "_total"):
-                    continue
-                if all(s.labels.get(k) == v for k, v in labels.items()):
-                    total += s.value
-        return total
-
-    def metric_labels(self, name: str) -> list[dict[str, str]]:
-        out = []
-        for fam in text_string_to_metric_families(self.metrics_text()):
-            for s in fam.samples:
-                if s.name == name:
-                    out.append(dict(s.labels))
-        return out
+    extra_env: dict[str, str] = field(default_factory=lambda: dict(FAULT_SETTINGS))
 
 
 class Feeder:

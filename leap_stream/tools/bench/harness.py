@@ -16,8 +16,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -36,16 +34,9 @@ import pandas as pd
 from leap_stream.settings import Settings
 from leap_stream.stream.kafka import KafkaClients
 from leap_stream.tools.bench.stats import due, percentile_ms, rate, widen_candidates
+from leap_stream.tools.harness import WorkerProcess, free_port, wait_for, worker_env
 
 SUBMISSION_SCHEMA = "job-submitted"
-
-
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = int(s.getsockname()[1])
-    s.close()
-    return port
 
 
 def log(msg: str) -> None:
@@ -391,79 +382,67 @@ class WorkerProc:
     topics: dict[str, str]
     count: int = 1
     group: str = field(default_factory=lambda: f"bench-worker-{uuid.uuid4().hex[:8]}")
-    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
-
-    ports: list[int] = field(default_factory=list)
+    procs: list[WorkerProcess] = field(default_factory=list)
 
     def env(self, i: int) -> dict[str, str]:
         # tuning settings (LEAP_BATCH_*, LEAP_COMPILED_TREES, …) pass through; where the worker
-        # reads and writes is the bench's own (set below)
-        env = dict(os.environ)
-        home = self.world.tmp / f"worker-home-{i}"
-        env.update(
-            LEAP_KAFKA_BOOTSTRAP=self.world.bootstrap,
-            LEAP_REDIS_URL=self.world.redis_url,
-            LEAP_REDIS_PREFIX=self.world.prefix,
-            LEAP_TOPIC_SUBMISSIONS=self.topics["sub"],
-            LEAP_TOPIC_COMPLETIONS=self.topics["comp"],
-            LEAP_TOPIC_RANKINGS=self.topics["rank"],
-            LEAP_TOPIC_DEAD_LETTER=self.topics["dlq"],
-            LEAP_CONSUMER_GROUP=self.group,
-            LEAP_HOME=str(home),
-            LEAP_DATASET_DIR=str(self.world.tmp / "dataset"),
-            LEAP_REGISTRY_DIR=str(self.world.registry_dir),
-            LEAP_METRICS_PORT=str(free_port()),
+        # reads and writes is the bench's own
+        return worker_env(
+            bootstrap=self.world.bootstrap,
+            redis_url=self.world.redis_url,
+            prefix=self.world.prefix,
+            topics=self.topics,
+            group=self.group,
+            home=self.world.tmp / f"worker-home-{i}",
+            dataset_dir=self.world.tmp / "dataset",
+            registry_dir=self.world.registry_dir,
+            metrics_port=free_port(),
+            inherit_leap=True,
         )
-        self.ports.append(int(env["LEAP_METRICS_PORT"]))
-        return env
 
     def wait_compiled(self, timeout: float = 180.0) -> float:
         """Seconds until every worker serves compiled trees (`leap_model_compiled 1`)."""
-        import urllib.request
+        pending = list(self.procs)
 
-        t0 = time.monotonic()
-        pending = set(self.ports)
-        while pending:
-            if time.monotonic() - t0 > timeout or not self.alive():
-                raise RuntimeError(
-                    f"compiled trees not serving after {timeout:.0f}s:\n" + self.log_tail()
-                )
-            for port in list(pending):
+        def all_compiled() -> bool:
+            for w in list(pending):
                 try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
-                        if b"\nleap_model_compiled 1.0" in r.read():
-                            pending.discard(port)
+                    if w.metric("leap_model_compiled") == 1.0:
+                        pending.remove(w)
                 except OSError:
                     pass
-            time.sleep(0.2)
-        return time.monotonic() - t0
+            return not pending
+
+        def guard() -> None:
+            if not self.alive():
+                raise RuntimeError("a worker died:\n" + self.log_tail())
+
+        try:
+            return wait_for("compiled trees in every worker", all_compiled, timeout, guard=guard)
+        except TimeoutError as exc:
+            raise RuntimeError(f"{exc}:\n{self.log_tail()}") from None
 
     def start(self) -> None:
         if self.procs:
             return
-        self.ports = []
         for i in range(self.count):
-            logf = open(self.world.tmp / f"worker-{i}.log", "wb")  # noqa: SIM115 - lives with it
-            self.procs.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "leap_stream", "worker", "-l", "warning"],
-                    env=self.env(i),
-                    cwd=self.world.tmp,
-                    stdout=logf,
-                    stderr=subprocess.STDOUT,
-                )
+            w = WorkerProcess(
+                self.env(i), self.world.tmp / f"worker-{i}.log", self.world.tmp, "warning"
             )
+            w.start()
+            self.procs.append(w)
 
     def alive(self) -> bool:
-        return bool(self.procs) and all(p.poll() is None for p in self.procs)
+        return bool(self.procs) and all(w.alive() for w in self.procs)
 
     def cpu_s(self) -> float:
         """utime + stime of the worker processes so far (Linux /proc; 0 elsewhere)."""
         total = 0.0
         tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-        for p in self.procs:
+        for w in self.procs:
             try:
-                fields = Path(f"/proc/{p.pid}/stat").read_text().rsplit(")", 1)[1].split()
+                assert w.proc is not None
+                fields = Path(f"/proc/{w.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
                 total += (int(fields[11]) + int(fields[12])) / tick
             except (OSError, IndexError, ValueError):
                 return 0.0
@@ -471,22 +450,16 @@ class WorkerProc:
 
     def log_tail(self, n: int = 30) -> str:
         out = []
-        for i in range(len(self.procs)):
-            p = self.world.tmp / f"worker-{i}.log"
-            if p.exists():
-                out += [f"--- worker {i}", *p.read_text(errors="replace").splitlines()[-n:]]
+        for i, w in enumerate(self.procs):
+            out += [f"--- worker {i}", w.log_tail(n)]
         return "\n".join(out)
 
     def stop(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in self.procs:
-            try:
-                p.wait(60)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(10)
+        for w in self.procs:
+            if w.alive() and w.proc is not None:
+                w.proc.send_signal(signal.SIGTERM)
+        for w in self.procs:
+            w.stop()
         self.procs = []
 
 

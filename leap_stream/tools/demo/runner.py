@@ -11,17 +11,13 @@ output folder), so reruns start clean and never touch the service's defaults. Ti
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -32,6 +28,7 @@ import orjson
 import pandas as pd
 
 from leap_stream.stream.kafka import KafkaClients
+from leap_stream.tools.harness import WorkerProcess, free_port, wait_for, worker_env
 
 KEY = ["job_id", "attempt"]
 MARKER = ".leap-demo-state"  # the state folder is ours to wipe only when it carries this
@@ -56,34 +53,8 @@ def say(msg: str) -> None:
     print(f"demo: {msg}", file=sys.stderr, flush=True)
 
 
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = int(s.getsockname()[1])
-    s.close()
-    return port
-
-
 class WorkerDied(RuntimeError):
     pass
-
-
-def wait_for(
-    what: str,
-    cond: Callable[[], bool],
-    timeout: float,
-    every: float = 0.5,
-    guard: Callable[[], None] | None = None,
-) -> float:
-    """Seconds it took; TimeoutError after `timeout`; `guard` raises to stop waiting early."""
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        if guard is not None:
-            guard()
-        if cond():
-            return time.monotonic() - t0
-        time.sleep(every)
-    raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 # ------------------------------------------------------------------ services
@@ -453,58 +424,13 @@ class GroupWatch:
 
 
 # ------------------------------------------------------------------ the worker process
-@dataclass
-class Worker:
-    env: dict[str, str]
-    log_path: Path
-    metrics_port: int
-    proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "leap_stream", "worker", "-l", "warning"],
-            env=self.env,
-            stdout=open(self.log_path, "wb"),  # noqa: SIM115 - closed with the process
-            stderr=subprocess.STDOUT,
-        )
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def log_tail(self, n: int = 30) -> str:
-        if not self.log_path.exists():
-            return ""
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
-
-    def metrics_text(self) -> str:
-        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
-        return str(urllib.request.urlopen(url, timeout=3).read().decode())
-
-    def model_versions(self) -> dict[str, float]:
-        from prometheus_client.parser import text_string_to_metric_families
-
-        try:
-            text = self.metrics_text()
-        except OSError:
-            return {}
-        out: dict[str, float] = {}
-        for fam in text_string_to_metric_families(text):
-            if fam.name == "leap_model_info":
-                for s in fam.samples:
-                    out[s.labels.get("version", "")] = s.value
-        return out
-
-    def stop(self, timeout: float = 60.0) -> int | None:
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        return self.proc.returncode
+def model_versions(worker: WorkerProcess) -> dict[str, float]:
+    """``leap_model_info`` by version; empty while the worker does not answer yet."""
+    try:
+        samples = worker.samples().get("leap_model_info", [])
+    except OSError:
+        return {}
+    return {labels.get("version", ""): value for labels, value, _name in samples}
 
 
 def cleanup(bootstrap: str, redis_url: str, topics: list[str], prefix: str) -> None:
@@ -616,28 +542,30 @@ def run_demo(opts: DemoOptions) -> tuple[dict[str, Any], dict[str, Path]]:
             cleanup(bootstrap, redis_url, list(topics.values()), prefix)
         raise
 
-    metrics_port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LEAP_")}
-    env.update(
-        LEAP_KAFKA_BOOTSTRAP=bootstrap,
-        LEAP_REDIS_URL=redis_url,
-        LEAP_REDIS_PREFIX=prefix,
-        LEAP_TOPIC_SUBMISSIONS=topics["submission"],
-        LEAP_TOPIC_COMPLETIONS=topics["completion"],
-        LEAP_TOPIC_RANKINGS=topics["ranking"],
-        LEAP_TOPIC_DEAD_LETTER=topics["dead_letter"],
-        LEAP_CONSUMER_GROUP=group,
-        LEAP_HOME=str(state / "home"),
-        LEAP_DATASET_DIR=str(dataset_dir),
-        LEAP_REGISTRY_DIR=str(registry_dir),
-        LEAP_METRICS_PORT=str(metrics_port),
-        LEAP_DATASET_FLUSH_S="2",
-        LEAP_LAG_INTERVAL_S="2",
-        LEAP_MODEL_POLL_S="1",
-        LEAP_COMMIT_INTERVAL_S="0.5",
-        LEAP_ORPHAN_GRACE_S="5",
+    env = worker_env(
+        bootstrap=bootstrap,
+        redis_url=redis_url,
+        prefix=prefix,
+        topics={
+            "sub": topics["submission"],
+            "comp": topics["completion"],
+            "rank": topics["ranking"],
+            "dlq": topics["dead_letter"],
+        },
+        group=group,
+        home=state / "home",
+        dataset_dir=dataset_dir,
+        registry_dir=registry_dir,
+        metrics_port=free_port(),
+        settings={
+            "LEAP_DATASET_FLUSH_S": "2",
+            "LEAP_LAG_INTERVAL_S": "2",
+            "LEAP_MODEL_POLL_S": "1",
+            "LEAP_COMMIT_INTERVAL_S": "0.5",
+            "LEAP_ORPHAN_GRACE_S": "5",
+        },
     )
-    worker = Worker(env, state / "worker.log", metrics_port)
+    worker = WorkerProcess(env, state / "worker.log", loglevel="warning")
     in_topics = [topics["submission"], topics["completion"]]
     collector: RankingCollector | None = None
     run: dict[str, Any] = {}
@@ -653,7 +581,7 @@ def run_demo(opts: DemoOptions) -> tuple[dict[str, Any], dict[str, Path]]:
 
         def ready() -> bool:
             guard()
-            return watch.stable() and bool(worker.model_versions())
+            return watch.stable() and bool(model_versions(worker))
 
         watch = GroupWatch(bootstrap, group, in_topics)
         wait_for("the worker to join its group", ready, 90, 0.5)
@@ -746,7 +674,7 @@ def run_demo(opts: DemoOptions) -> tuple[dict[str, Any], dict[str, Path]]:
                 reload["seconds_to_metrics"] = round(
                     wait_for(
                         "leap_model_info to show the new version",
-                        lambda: worker.model_versions().get(new_version) == 1.0,
+                        lambda: model_versions(worker).get(new_version) == 1.0,
                         30,
                         0.25,
                     ),
@@ -754,7 +682,7 @@ def run_demo(opts: DemoOptions) -> tuple[dict[str, Any], dict[str, Path]]:
                 )
             except TimeoutError as exc:
                 reload["metrics_error"] = str(exc)
-        reload["metrics_versions"] = worker.model_versions()
+        reload["metrics_versions"] = model_versions(worker)
         morning_ids = set(fleet.morning["submission_event_id"].astype(str))
         if len(fleet.morning):
             morning = replace(

@@ -1,0 +1,239 @@
+"""Running the real worker from outside: one harness for the tests, the demo and the bench.
+
+`worker_env` says where one worker reads and writes (its topics, group, key prefix, folders and
+metrics port) as ``LEAP_*`` variables; `WorkerProcess` runs ``python -m leap_stream worker``
+with them and reads its log and its ``/metrics``; `WorkerStack` is one worker's whole world for
+a test (it can be stopped and started again on the same state). `wait_for` and `free_port` are
+the polling and port helpers they all use (`free_port` is the dev tooling's).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from leap_stream.tools.dev.state import free_port
+
+Samples = dict[str, list[tuple[dict[str, str], float, str]]]
+
+
+def wait_for(
+    what: str,
+    cond: Callable[[], bool],
+    timeout: float,
+    every: float = 0.2,
+    guard: Callable[[], None] | None = None,
+) -> float:
+    """Seconds until ``cond()`` held; TimeoutError after ``timeout``; ``guard`` may raise to stop
+    waiting early (a worker that died)."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if guard is not None:
+            guard()
+        if cond():
+            return time.monotonic() - t0
+        time.sleep(every)
+    raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def worker_env(
+    *,
+    bootstrap: str,
+    redis_url: str,
+    prefix: str,
+    topics: Mapping[str, str],
+    group: str,
+    home: Path,
+    dataset_dir: Path,
+    registry_dir: Path,
+    metrics_port: int,
+    settings: Mapping[str, str] | None = None,
+    inherit_leap: bool = False,
+) -> dict[str, str]:
+    """The environment of one worker. ``topics`` has the keys sub, comp, rank and dlq;
+    ``settings``: more LEAP_* values, by variable name; ``inherit_leap``: keep this process's
+    other LEAP_* settings (the bench's tuning knobs)."""
+    env = {k: v for k, v in os.environ.items() if inherit_leap or not k.startswith("LEAP_")}
+    env.update(
+        LEAP_KAFKA_BOOTSTRAP=bootstrap,
+        LEAP_REDIS_URL=redis_url,
+        LEAP_REDIS_PREFIX=prefix,
+        LEAP_TOPIC_SUBMISSIONS=topics["sub"],
+        LEAP_TOPIC_COMPLETIONS=topics["comp"],
+        LEAP_TOPIC_RANKINGS=topics["rank"],
+        LEAP_TOPIC_DEAD_LETTER=topics["dlq"],
+        LEAP_CONSUMER_GROUP=group,
+        LEAP_HOME=str(home),
+        LEAP_DATASET_DIR=str(dataset_dir),
+        LEAP_REGISTRY_DIR=str(registry_dir),
+        LEAP_METRICS_PORT=str(metrics_port),
+    )
+    env.update(settings or {})
+    return env
+
+
+@dataclass
+class WorkerProcess:
+    """One ``leap-stream worker`` subprocess, its log file and its metrics endpoint."""
+
+    env: dict[str, str]
+    log_path: Path
+    cwd: Path | None = None
+    loglevel: str = "info"
+    proc: subprocess.Popen[bytes] | None = None
+    killed: bool = False
+
+    @property
+    def metrics_port(self) -> int:
+        return int(self.env["LEAP_METRICS_PORT"])
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "leap_stream", "worker", "-l", self.loglevel],
+            env=self.env,
+            cwd=self.cwd,
+            stdout=open(self.log_path, "wb"),  # noqa: SIM115 - closed with the process
+            stderr=subprocess.STDOUT,
+        )
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_tail(self, n: int = 60) -> str:
+        if not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int | None:
+        """Send ``sig`` and wait; a worker that does not stop in ``timeout`` is killed (and
+        ``killed`` set). The exit status; None when it never started."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.killed = True
+                self.proc.kill()
+                self.proc.wait(10)
+        return self.proc.returncode
+
+    def metrics_text(self) -> str:
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        return str(urllib.request.urlopen(url, timeout=5).read().decode())
+
+    def samples(self) -> Samples:
+        """Every sample by family name: (labels, value, sample name)."""
+        out: Samples = {}
+        for fam in text_string_to_metric_families(self.metrics_text()):
+            for s in fam.samples:
+                out.setdefault(fam.name, []).append((dict(s.labels), s.value, s.name))
+        return out
+
+    def metric(self, name: str, **labels: str) -> float:
+        """Sum of the samples of one metric (counters: the ``_total`` sample) with these labels."""
+        total = 0.0
+        for fam in text_string_to_metric_families(self.metrics_text()):
+            for s in fam.samples:
+                if s.name in (name, name + "_total") and all(
+                    s.labels.get(k) == v for k, v in labels.items()
+                ):
+                    total += s.value
+        return total
+
+    def metric_labels(self, name: str) -> list[dict[str, str]]:
+        return [
+            dict(s.labels)
+            for fam in text_string_to_metric_families(self.metrics_text())
+            for s in fam.samples
+            if s.name == name
+        ]
+
+
+@dataclass
+class WorkerStack:
+    """One worker's world in a test: topics (sub, comp, rank, dlq), group, key prefix and
+    folders under ``tmp``; ``start`` runs a worker on it (again after a stop, on the same state)."""
+
+    bootstrap: str
+    redis_url: str
+    prefix: str
+    tmp: Path
+    topics: dict[str, str]
+    group: str
+    extra_env: dict[str, str] = field(default_factory=dict)
+    metrics_port: int = field(default_factory=free_port)
+    worker: WorkerProcess | None = None
+    starts: int = 0
+
+    @property
+    def env(self) -> dict[str, str]:
+        return worker_env(
+            bootstrap=self.bootstrap,
+            redis_url=self.redis_url,
+            prefix=self.prefix,
+            topics=self.topics,
+            group=self.group,
+            home=self.tmp / "home",
+            dataset_dir=self.tmp / "dataset",
+            registry_dir=self.tmp / "registry",
+            metrics_port=self.metrics_port,
+            settings=self.extra_env,
+        )
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes] | None:
+        return self.worker.proc if self.worker is not None else None
+
+    @property
+    def log_path(self) -> Path | None:
+        return self.worker.log_path if self.worker is not None else None
+
+    def start(self, name: str | None = None) -> None:
+        self.starts += 1
+        log = self.tmp / f"{name or f'worker-{self.starts}'}.log"
+        self.worker = WorkerProcess(self.env, log, cwd=self.tmp)
+        self.worker.start()
+
+    def alive(self) -> bool:
+        return self.worker is not None and self.worker.alive()
+
+    def log_tail(self, n: int = 60) -> str:
+        return self.worker.log_tail(n) if self.worker is not None else ""
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
+        assert self.worker is not None and self.worker.proc is not None, "no worker started"
+        code = self.worker.stop(sig, timeout)
+        if self.worker.killed:
+            raise AssertionError("worker did not stop:\n" + self.log_tail())
+        assert code is not None
+        return code
+
+    def _started(self) -> WorkerProcess:
+        assert self.worker is not None, "no worker started"
+        return self.worker
+
+    def metrics_text(self) -> str:
+        return self._started().metrics_text()
+
+    def metrics(self) -> Samples:
+        return self._started().samples()
+
+    def metric(self, name: str, **labels: str) -> float:
+        return self._started().metric(name, **labels)
+
+    def metric_labels(self, name: str) -> list[dict[str, str]]:
+        return self._started().metric_labels(name)
+
+
+__all__ = ["WorkerProcess", "WorkerStack", "free_port", "wait_for", "worker_env"]
