@@ -12,7 +12,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -20,6 +20,23 @@ from leap_stream.settings import Settings
 from leap_stream.stream.kafka import KafkaClients
 
 RankingKey = tuple[str, int]
+
+
+class Arrival(NamedTuple):
+    """One ranking as read: arrival here and the producer's Kafka timestamp (epoch s)."""
+
+    arrived: float
+    produced: float
+    ranking: dict[str, Any]
+
+
+def decode_ranking(value: bytes | None) -> dict[str, Any] | None:
+    """A ranking event, or None when the value is not a JSON object with a job_id."""
+    try:
+        ranking = orjson.loads(value) if value is not None else None
+    except orjson.JSONDecodeError:
+        return None
+    return ranking if isinstance(ranking, dict) and "job_id" in ranking else None
 
 
 class RankingsClient:
@@ -33,6 +50,7 @@ class RankingsClient:
         from_beginning: bool = True,
         group: str | None = None,
         keep_all: bool = False,
+        consumer_extra: dict[str, Any] | None = None,
     ) -> None:
         self.topic = topic
         self._consumer = kafka.consumer(
@@ -42,6 +60,7 @@ class RankingsClient:
                 "enable.auto.commit": group is not None,
                 "auto.offset.reset": "earliest" if from_beginning else "latest",
                 "enable.partition.eof": False,
+                **(consumer_extra or {}),
             },
         )
         self._consumer.subscribe([topic])
@@ -50,23 +69,47 @@ class RankingsClient:
         self.undecodable = 0
         self.all: list[dict[str, Any]] | None = [] if keep_all else None  # every one, in order
 
+    def start_at_end(self, timeout: float = 10.0) -> None:
+        """Read only what is produced from now on: every partition assigned at its high
+        watermark, with no group join to wait for (the bench measures latency from here)."""
+        from confluent_kafka import TopicPartition
+
+        self._consumer.unsubscribe()
+        meta = self._consumer.list_topics(self.topic, timeout=timeout).topics[self.topic]
+        parts = []
+        for p in meta.partitions:
+            tp = TopicPartition(self.topic, p)
+            _low, high = self._consumer.get_watermark_offsets(tp, timeout=timeout)
+            parts.append(TopicPartition(self.topic, p, high))
+        self._consumer.assign(parts)
+
     def poll(self, timeout: float = 1.0, max_messages: int = 1000) -> list[dict[str, Any]]:
         """Rankings that arrived now (repeats included); the latest view is updated too."""
-        out: list[dict[str, Any]] = []
-        for msg in self._consumer.consume(num_messages=max_messages, timeout=timeout):
+        return [r.ranking for r in self.poll_stamped(timeout, max_messages)]
+
+    def poll_stamped(self, timeout: float = 1.0, max_messages: int = 1000) -> list[Arrival]:
+        """Like `poll`, each ranking with when it arrived here and when it was produced.
+
+        Waits up to ``timeout`` for the first message only, then takes what is already queued
+        (``consume(n, timeout)`` would wait for n or the timeout, blurring every arrival)."""
+        first = self._consumer.poll(timeout)
+        if first is None:
+            return []
+        msgs = [first]
+        if max_messages > 1:
+            msgs += self._consumer.consume(num_messages=max_messages - 1, timeout=0)
+        now = time.time()
+        out: list[Arrival] = []
+        for msg in msgs:
             if msg.error() is not None:
                 continue
-            value = msg.value()
-            try:
-                ranking = orjson.loads(value) if value is not None else None
-            except orjson.JSONDecodeError:
-                ranking = None
-            if not isinstance(ranking, dict) or "job_id" not in ranking:
+            ranking = decode_ranking(msg.value())
+            if ranking is None:
                 self.undecodable += 1
                 continue
             self.received += 1
             self._latest[(str(ranking["job_id"]), int(ranking.get("attempt", 1)))] = ranking
-            out.append(ranking)
+            out.append(Arrival(now, msg.timestamp()[1] / 1000.0, ranking))
             if self.all is not None:
                 self.all.append(ranking)
         return out
@@ -150,4 +193,4 @@ def run(args: argparse.Namespace, cfg: Settings) -> int:
         client.close()
 
 
-__all__ = ["RankingsClient", "summary_line"]
+__all__ = ["Arrival", "RankingsClient", "decode_ranking", "summary_line"]

@@ -20,13 +20,14 @@ from typing import Any
 
 import orjson
 import pytest
-from _stack import Feeder, Stack, dead_letters, wait_for
+from _stack import Feeder, Stack, dead_letters
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from leap_stream.store.offline import read_dataset
 from leap_stream.stream.client import RankingsClient
 from leap_stream.stream.kafka import KafkaClients
+from leap_stream.tools.harness import wait_for
 
 pytestmark = pytest.mark.faults
 

@@ -9,11 +9,13 @@ from typing import Any
 
 import orjson
 import pytest
-from _stack import Feeder, Stack, fleet, promote_model, wait_for
+from _stack import Feeder, Stack, fleet, promote_model
 
-from leap_stream.store.registry import MANIFEST, Registry, _manifest, _write_atomic
+from leap_stream.store.files import write_atomic
+from leap_stream.store.registry import MANIFEST, Registry, _manifest
 from leap_stream.stream.client import RankingsClient
 from leap_stream.stream.kafka import KafkaClients
+from leap_stream.tools.harness import wait_for
 from leap_stream.tools.sim.fleet import SimConfig, simulate
 
 pytestmark = pytest.mark.faults
@@ -96,7 +98,7 @@ def test_corrupt_or_truncated_model_keeps_the_old_one(stack: Stack) -> None:
     for version, what in cases:
         # the pointer is switched the way promote() does, minus its verify() (a bad disk,
         # a hand edit): the worker is the last line of defence
-        _write_atomic(reg.pointer, version.encode() + b"\n")
+        write_atomic(reg.pointer, version.encode() + b"\n")
         wait_for(
             f"a load failure for {what}",
             lambda f=failures: stack.alive() and stack.metric("leap_model_load_failures") > f,

@@ -16,23 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _stack import (
-    Feeder,
-    Fleet,
-    Stack,
-    check_nothing_lost,
-    dead_letters,
-    feed,
-    fleet,
-    free_port,
-    wait_for,
-)
+from _stack import Feeder, Fleet, Stack, check_nothing_lost, dead_letters, feed, fleet
 from conftest import make_topics
 
 from leap_stream.stream.client import RankingsClient
 from leap_stream.stream.kafka import KafkaClients
 from leap_stream.stream.lag import LagReader, total_lag, worker_groups
 from leap_stream.tools.dev import redis as dev_redis
+from leap_stream.tools.harness import free_port, wait_for
 
 pytestmark = pytest.mark.faults
 

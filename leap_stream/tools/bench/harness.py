@@ -32,6 +32,7 @@ import orjson
 import pandas as pd
 
 from leap_stream.settings import Settings
+from leap_stream.stream.client import RankingsClient
 from leap_stream.stream.kafka import KafkaClients
 from leap_stream.tools.bench.stats import due, percentile_ms, rate, widen_candidates
 from leap_stream.tools.harness import WorkerProcess, free_port, wait_for, worker_env
@@ -467,21 +468,19 @@ def read_rankings(
     bootstrap: str, topic: str, n: int, alive: Callable[[], bool], timeout: float = 600
 ) -> Iterator[tuple[float, dict[str, Any]]]:
     """(receive time, ranking) until n rankings are read."""
-    c = consumer(bootstrap, [topic])
+    client = RankingsClient(KafkaClients(bootstrap), topic)
     got = 0
     end = time.monotonic() + timeout
     try:
         while got < n and time.monotonic() < end:
-            msgs = c.consume(num_messages=1000, timeout=0.2)
-            now = time.time()
-            for m in msgs:
-                if m.error() is None:
-                    got += 1
-                    yield now, orjson.loads(m.value())
-            if not msgs and not alive():
+            arrivals = client.poll_stamped(timeout=0.2)
+            for a in arrivals:
+                got += 1
+                yield a.arrived, a.ranking
+            if not arrivals and not alive():
                 raise RuntimeError("the worker died")
     finally:
-        c.close()
+        client.close()
     if got < n:
         raise RuntimeError(f"{topic}: {got} of {n} rankings within {timeout}s")
 
@@ -519,16 +518,9 @@ def worker_backlog(world: BenchWorld, worker: WorkerProc, n: int) -> dict[str, A
     }
 
 
-def offered_load(
-    world: BenchWorld, worker: WorkerProc, per_s: float, seconds: float
-) -> dict[str, Any]:
-    """Open-loop load at per_s for seconds; latency = ranking received − submission produced."""
-    from confluent_kafka import TopicPartition
-
-    from leap_stream.contracts import format_ts
-
-    total = int(per_s * seconds)
-    subs = [
+def _load_submissions(world: BenchWorld, total: int) -> list[dict[str, Any]]:
+    """``total`` submissions with fresh ids, cycling through the world's."""
+    return [
         dict(
             world.submissions[i % len(world.submissions)],
             job_id=f"load-{world.run_id}-{i}",
@@ -536,76 +528,67 @@ def offered_load(
         )
         for i in range(total)
     ]
-    # the reader starts at the end of the rankings topic, assigned before the first send
-    c = KafkaClients(world.bootstrap).consumer(
-        f"bench-lat-{uuid.uuid4().hex[:8]}", {"enable.auto.commit": False, "fetch.wait.max.ms": 5}
-    )
-    md = c.list_topics(worker.topics["rank"], timeout=10).topics[worker.topics["rank"]]
-    parts = []
-    for p in md.partitions:
-        _lo, hi = c.get_watermark_offsets(TopicPartition(worker.topics["rank"], p), timeout=10)
-        parts.append(TopicPartition(worker.topics["rank"], p, hi))
-    c.assign(parts)
-    sent_at: dict[str, float] = {}
-    lock = threading.Lock()
-    errors: list[str] = []
 
-    def produce() -> None:
+
+@dataclass
+class _Sent:
+    """When each job was produced (the load's clock), shared with the reader."""
+
+    at: dict[str, float] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    errors: list[str] = field(default_factory=list)
+
+    def get(self, job_id: str) -> float | None:
+        with self.lock:
+            return self.at.get(job_id)
+
+
+def _produce_paced(
+    bootstrap: str, topic: str, subs: list[dict[str, Any]], per_s: float, sent: _Sent
+) -> None:
+    """Open loop: event i goes out at i / per_s, stamped with its send time."""
+    from leap_stream.contracts import format_ts
+
+    p = KafkaClients(bootstrap).producer({"linger.ms": 1, "acks": "all"})
+    t0 = time.perf_counter()
+    i = 0
+    while i < len(subs):
+        target = due(time.perf_counter() - t0, per_s, len(subs))
+        while i < target:
+            s = subs[i]
+            now = time.time()
+            s["submitted_at"] = format_ts(now)
+            with sent.lock:
+                sent.at[s["job_id"]] = now
+            p.produce(topic, key=s["job_id"].encode(), value=orjson.dumps(s))
+            i += 1
+        p.poll(0)
+        # sleep until event i is due (a fixed 0.5 ms nap was 2,000 wake-ups/s of the
+        # bench's own CPU on the cores the worker needs)
+        wait = i / per_s - (time.perf_counter() - t0)
+        if wait > 0:
+            time.sleep(wait)
+    if p.flush(60) != 0:
+        sent.errors.append("load producer could not flush")
+
+
+def _in_thread(fn: Callable[[], None], errors: list[str]) -> threading.Thread:
+    """``fn`` in a daemon thread; what it raises lands in ``errors`` (the figures show it)."""
+
+    def run() -> None:
         try:
-            produce_paced()
-        except Exception as exc:  # surfaced in the figures, never silent
+            fn()
+        except Exception as exc:
             errors.append(repr(exc))
 
-    def produce_paced() -> None:
-        p = KafkaClients(world.bootstrap).producer({"linger.ms": 1, "acks": "all"})
-        t0 = time.perf_counter()
-        i = 0
-        while i < total:
-            target = due(time.perf_counter() - t0, per_s, total)
-            while i < target:
-                s = subs[i]
-                now = time.time()
-                s["submitted_at"] = format_ts(now)
-                with lock:
-                    sent_at[s["job_id"]] = now
-                p.produce(worker.topics["sub"], key=s["job_id"].encode(), value=orjson.dumps(s))
-                i += 1
-            p.poll(0)
-            # sleep until event i is due (a fixed 0.5 ms nap was 2,000 wake-ups/s of the
-            # bench's own CPU on the cores the worker needs)
-            wait = i / per_s - (time.perf_counter() - t0)
-            if wait > 0:
-                time.sleep(wait)
-        if p.flush(60) != 0:
-            errors.append("load producer could not flush")
-
-    th = threading.Thread(target=produce, name="bench-load", daemon=True)
-    t_start = time.perf_counter()
+    th = threading.Thread(target=run, name="bench-load", daemon=True)
     th.start()
-    lat: list[float] = []
-    sent_order: list[float] = []
-    in_worker: list[float] = []  # submitted_at → the worker's batch clock (ranking latency_ms)
-    end = time.monotonic() + seconds + 60
-    while len(lat) < total and time.monotonic() < end:
-        # one message per poll: consume(n, timeout) would stamp early arrivals late
-        m1 = c.poll(0.01)
-        now = time.time()
-        msgs = [] if m1 is None else [m1]
-        for m in msgs:
-            if m.error() is not None:
-                continue
-            r = orjson.loads(m.value() or b"{}")
-            with lock:
-                t_sent = sent_at.get(r["job_id"])
-            if t_sent is not None:
-                lat.append(now - t_sent)
-                sent_order.append(t_sent)
-                in_worker.append(float(r.get("latency_ms", 0.0)) / 1000.0)
-        if not msgs and not worker.alive():
-            raise RuntimeError("the worker died under load:\n" + worker.log_tail())
-    th.join(30)
-    c.close()
-    wall = time.perf_counter() - t_start
+    return th
+
+
+def _latency_figures(
+    sent: _Sent, lat: list[float], sent_order: list[float], in_worker: list[float], wall: float
+) -> dict[str, Any]:
     # p50 per second of sending: shows whether latency is flat or grows (a queue building up)
     t_base = min(sent_order) if sent_order else 0.0
     by_second: dict[int, list[float]] = {}
@@ -613,9 +596,7 @@ def offered_load(
         by_second.setdefault(int(ts - t_base), []).append(la)
     return {
         "p50_ms_by_second": [round(percentile_ms(v, 50), 1) for _k, v in sorted(by_second.items())],
-        "offered_per_s": per_s,
-        "seconds": seconds,
-        "sent": len(sent_at),
+        "sent": len(sent.at),
         "ranked": len(lat),
         "achieved_per_s": round(rate(len(lat), wall), 1),
         "p50_ms": percentile_ms(lat, 50),
@@ -624,8 +605,46 @@ def offered_load(
         "worker_stamp_p50_ms": percentile_ms(in_worker, 50),
         "worker_stamp_p99_ms": percentile_ms(in_worker, 99),
         "max_ms": percentile_ms(lat, 100),
-        "errors": errors,
+        "errors": sent.errors,
     }
+
+
+def offered_load(
+    world: BenchWorld, worker: WorkerProc, per_s: float, seconds: float
+) -> dict[str, Any]:
+    """Open-loop load at per_s for seconds; latency = ranking received − submission produced."""
+    subs = _load_submissions(world, int(per_s * seconds))
+    # the reader starts at the end of the rankings topic, assigned before the first send
+    reader = RankingsClient(
+        KafkaClients(world.bootstrap),
+        worker.topics["rank"],
+        consumer_extra={"fetch.wait.max.ms": 5},
+    )
+    reader.start_at_end()
+    sent = _Sent()
+    t_start = time.perf_counter()
+    th = _in_thread(
+        lambda: _produce_paced(world.bootstrap, worker.topics["sub"], subs, per_s, sent),
+        sent.errors,
+    )
+    lat: list[float] = []
+    sent_order: list[float] = []
+    in_worker: list[float] = []  # submitted_at → the worker's batch clock (ranking latency_ms)
+    end = time.monotonic() + seconds + 60
+    while len(lat) < len(subs) and time.monotonic() < end:
+        arrivals = reader.poll_stamped(0.01)
+        for a in arrivals:
+            t_sent = sent.get(str(a.ranking["job_id"]))
+            if t_sent is not None:
+                lat.append(a.arrived - t_sent)
+                sent_order.append(t_sent)
+                in_worker.append(float(a.ranking.get("latency_ms", 0.0)) / 1000.0)
+        if not arrivals and not worker.alive():
+            raise RuntimeError("the worker died under load:\n" + worker.log_tail())
+    th.join(30)
+    reader.close()
+    figures = _latency_figures(sent, lat, sent_order, in_worker, time.perf_counter() - t_start)
+    return {"offered_per_s": per_s, "seconds": seconds, **figures}
 
 
 __all__ = [

@@ -27,6 +27,7 @@ import numpy as np
 import orjson
 import pandas as pd
 
+from leap_stream.stream.client import RankingsClient
 from leap_stream.stream.kafka import KafkaClients
 from leap_stream.tools.harness import WorkerProcess, free_port, wait_for, worker_env
 
@@ -181,29 +182,23 @@ def _produce(producer: Any, topic: str, key: str, value: bytes) -> None:
 
 
 class RankingCollector:
-    """Reads the rankings topic in a thread and stamps the wall-clock arrival of each.
-
-    `Consumer.poll` returns as soon as one message is there (`consume(n, timeout)` waits for
-    n or the timeout, which would add up to the timeout to every stamp). Decoded like
-    `RankingsClient`: the latest ranking per (job_id, attempt) is the answer.
-    """
+    """Reads the rankings topic in a thread (`RankingsClient.poll_stamped`) and keeps the first
+    arrival of each submission's ranking: the demo's latency is measured from these stamps."""
 
     def __init__(self, bootstrap: str, topic: str) -> None:
-        conf: dict[str, Any] = {
-            "enable.auto.commit": False,
-            "auto.offset.reset": "earliest",
-            "fetch.wait.max.ms": 10,
-        }
-        group = f"leap-demo-rankings-{uuid.uuid4().hex[:8]}"
-        self._consumer = KafkaClients(bootstrap).consumer(group, conf)
-        self._consumer.subscribe([topic])
+        self.client = RankingsClient(
+            KafkaClients(bootstrap), topic, consumer_extra={"fetch.wait.max.ms": 10}
+        )
         self.rankings: list[dict[str, Any]] = []
         self.arrived: dict[str, float] = {}  # submission_event_id -> first arrival (epoch s)
         self.produced: dict[str, float] = {}  # ... -> the ranking's Kafka timestamp (epoch s)
-        self.undecodable = 0
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name="rankings", daemon=True)
+
+    @property
+    def undecodable(self) -> int:
+        return self.client.undecodable
 
     def start(self) -> RankingCollector:
         self._thread.start()
@@ -211,21 +206,13 @@ class RankingCollector:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            msg = self._consumer.poll(0.1)
-            if msg is None or msg.error() is not None:
-                continue
-            now = time.time()
-            try:
-                r = orjson.loads(msg.value() or b"")
-                eid = str(r["submission_event_id"])
-            except Exception:
-                self.undecodable += 1
-                continue
-            with self._lock:
-                self.rankings.append(r)
-                if eid not in self.arrived:
-                    self.arrived[eid] = now
-                    self.produced[eid] = msg.timestamp()[1] / 1000.0
+            for arrival in self.client.poll_stamped(0.1):
+                eid = arrival.ranking.get("submission_event_id")
+                with self._lock:
+                    self.rankings.append(arrival.ranking)
+                    if eid is not None and eid not in self.arrived:
+                        self.arrived[str(eid)] = arrival.arrived
+                        self.produced[str(eid)] = arrival.produced
 
     def count(self) -> int:
         with self._lock:
@@ -246,7 +233,7 @@ class RankingCollector:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(10)
-        self._consumer.close()
+        self.client.close()
 
 
 def poison_events(stream_comps: pd.DataFrame) -> list[tuple[str, str, bytes]]:
