@@ -1,26 +1,21 @@
 """The closed vocabularies of the events, as tuples in schema order.
 
-The simulator indexes its tables by these and the feature builder encodes categoricals with
-them, so their order is part of a trained model; `tests/unit/test_contracts_vocab.py` checks
-them against the enums in `schemas/`.
+Derived from the Literal types of `contracts/events.py` (the one Python definition of each
+list; `tests/unit/test_contracts_vocab.py` checks them against the enums in `schemas/`). The
+simulator indexes its tables by these and the feature builder encodes categoricals with them,
+so their order is part of a trained model.
 """
 
 from __future__ import annotations
 
-FAMILIES: tuple[str, ...] = (
-    "dense_llm",
-    "moe_llm",
-    "encoder",
-    "vision_cnn",
-    "vision_vit",
-    "diffusion",
-    "recsys",
-    "speech",
-    "gnn",
-)
-PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16", "fp8")
-OPTIMIZERS: tuple[str, ...] = ("adamw", "adam", "sgd", "adafactor", "lamb", "lion", "adagrad")
-FRAMEWORKS: tuple[str, ...] = ("pytorch", "jax", "tensorflow")
-VENDORS: tuple[str, ...] = ("nvidia", "amd", "google", "aws", "intel")
+from typing import get_args
+
+from leap_stream.contracts.events import Family, Framework, Optimizer, Precision, Vendor
+
+FAMILIES: tuple[str, ...] = get_args(Family)
+PRECISIONS: tuple[str, ...] = get_args(Precision)
+OPTIMIZERS: tuple[str, ...] = get_args(Optimizer)
+FRAMEWORKS: tuple[str, ...] = get_args(Framework)
+VENDORS: tuple[str, ...] = get_args(Vendor)
 
 __all__ = ["FAMILIES", "FRAMEWORKS", "OPTIMIZERS", "PRECISIONS", "VENDORS"]

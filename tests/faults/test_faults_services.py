@@ -83,7 +83,7 @@ def _run_until_caught_up(
 
     try:
         wait_for("lag 0", caught_up, timeout, every=0.2)
-    except AssertionError:
+    except (AssertionError, TimeoutError):  # a dead worker, or time out
         rows = [r for r in lag.read() if r.lag]
         raise AssertionError(
             f"not caught up: lag {rows}; {len(rankings.latest())} ranked; "

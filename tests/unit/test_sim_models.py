@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from leap_stream.tools.sim.models import FAMILIES, model_catalog
+from leap_stream.contracts.vocab import FAMILIES
+from leap_stream.tools.sim.models import model_catalog
 
 
 def test_at_least_300_model_types_over_all_families() -> None:

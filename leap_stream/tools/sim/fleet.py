@@ -28,11 +28,8 @@ import pandas as pd
 import pyarrow as pa
 
 from leap_stream.catalog import HardwareCatalog, load_catalog
+from leap_stream.contracts.vocab import FAMILIES, FRAMEWORKS, OPTIMIZERS, PRECISIONS
 from leap_stream.tools.sim.models import (
-    FAMILIES,
-    FRAMEWORKS,
-    OPTIMIZERS,
-    PRECISIONS,
     SHARDED_FAMILIES,
     TOKEN_FAMILIES,
     model_catalog,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from leap_stream.contracts.vocab import FAMILIES, FRAMEWORKS, OPTIMIZERS, PRECISIONS
+from leap_stream.contracts.vocab import FAMILIES
 
 # Families whose samples are sequences of tokens: tokens_per_s is reported for them.
 TOKEN_FAMILIES = frozenset({"dense_llm", "moe_llm", "encoder"})
@@ -542,10 +542,6 @@ def model_catalog() -> pd.DataFrame:
 
 
 __all__ = [
-    "FAMILIES",
-    "FRAMEWORKS",
-    "OPTIMIZERS",
-    "PRECISIONS",
     "SHARDED_FAMILIES",
     "TOKEN_FAMILIES",
     "model_catalog",

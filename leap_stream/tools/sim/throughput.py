@@ -25,13 +25,12 @@ import numpy as np
 import numpy.typing as npt
 
 from leap_stream.catalog import HardwareCatalog
-from leap_stream.tools.sim.models import FAMILIES, FRAMEWORKS, OPTIMIZERS, PRECISIONS
+from leap_stream.contracts.vocab import OPTIMIZERS, VENDORS
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 B = npt.NDArray[np.bool_]
 
-VENDORS: tuple[str, ...] = ("nvidia", "amd", "google", "aws", "intel")
 
 # Fraction of peak a well-tuned job of each family reaches when compute-bound (on NVIDIA).
 FAMILY_MFU = np.array([0.50, 0.38, 0.48, 0.42, 0.46, 0.40, 0.30, 0.38, 0.22])
@@ -308,10 +307,6 @@ def base_throughput(job: JobArrays, hw: HardwareArrays, hw_idx: I64) -> F64:
 
 
 __all__ = [
-    "FAMILIES",
-    "FRAMEWORKS",
-    "PRECISIONS",
-    "VENDORS",
     "HardwareArrays",
     "JobArrays",
     "base_throughput",
