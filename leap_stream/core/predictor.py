@@ -28,6 +28,7 @@ import os
 import re
 import zlib
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -155,110 +156,56 @@ class ThroughputModel:
         data_window: tuple[str, str] | None = None,
         progress: Callable[[int, int], None] | None = None,
     ) -> ThroughputModel:
-        """Fit on (job × hardware it ran on) rows; `samples_per_s` is the measured whole-job rate."""
+        """Fit on (job × hardware it ran on) rows; `samples_per_s` is the measured whole-job rate.
+
+        Three steps: the booster on the residual of the physics offset (lineages held out for
+        calibration), the (model type × hardware) effects it cannot reach, then split-conformal
+        interval quantiles on the held-out lineages."""
         groups = [g for g in F.GROUPS if g in groups]
         names = F.booster_features(groups)
-        levels = {c: list(v) for c, v in F.CATEGORIES.items() if c in names}
-        levels.update(
-            {
-                c: sorted({str(v) for v in frame[c].dropna().unique()})
-                for c in F.OPEN_CATEGORIES
-                if c in names
-            }
-        )
+        levels = _levels(frame, names)
         y = np.log(np.asarray(samples_per_s, np.float64)) - frame["log_devices"].to_numpy()
         offset = _offset(frame, groups)
         calib = holdout_mask(lineage_ids, calib_fraction, seed) if len(frame) >= 400 else None
         if calib is not None and (calib.all() or not calib.any()):
             calib = None
         p = {**DEFAULT_PARAMS, **(params or {}), "num_threads": _threads(len(frame)), "seed": seed}
-        callbacks: list[Callable[..., None]] = []
-        if progress is not None:
-
-            def _cb(env: lgb.callback.CallbackEnv) -> None:
-                progress(env.iteration + 1, env.end_iteration)
-
-            callbacks.append(_cb)
         train_idx = ~calib if calib is not None else np.ones(len(frame), bool)
-        if names:
-            X = _matrix(frame, names, levels)
-            target = y - offset
-            cats = [i for i, c in enumerate(names) if c in levels]
-            dtrain = lgb.Dataset(
-                X[train_idx],
-                target[train_idx],
-                feature_name=names,
-                categorical_feature=cats,
-                free_raw_data=True,
-            )
-            valid_sets = []
-            if calib is not None:
-                valid_sets = [lgb.Dataset(X[calib], target[calib], reference=dtrain)]
-                callbacks.append(lgb.early_stopping(EARLY_STOP, verbose=False))
-            booster = lgb.train(
-                p, dtrain, num_boost_round=num_rounds, valid_sets=valid_sets, callbacks=callbacks
-            )
-            best = booster.best_iteration or booster.current_iteration()
-            booster = lgb.Booster(model_str=booster.model_to_string(num_iteration=best))
-        else:  # every booster group ablated: a constant (the mean), still a valid text model
-            X = np.zeros((len(frame), 1))
-            names = ["const"]
-            booster = lgb.train({**p, "min_data_in_leaf": 1}, lgb.Dataset(X, y), num_boost_round=1)
-            best = 1
-        trained_at = datetime.now(UTC)
-        digest = hashlib.sha256(booster.model_to_string().encode()).hexdigest()[:8]
-        metadata: dict[str, Any] = {
-            "version": trained_at.strftime("%Y%m%dT%H%M%S%fZ") + "-" + digest,
-            "trained_at": trained_at.isoformat().replace("+00:00", "Z"),
-            "data_window": list(data_window) if data_window else None,
-            "rows": len(frame),
-            "features": names,
-            "groups": groups,
-            "categories": levels,
-            "target": "log(samples_per_s / num_devices) - log_phys_rate",
-            "anchors": list(KINDS),
-            "interval_level": INTERVAL_LEVEL,
-            "residual_quantiles": {k: [-0.2, 0.2] for k in KINDS},
-            "best_iteration": int(best),
-            "params": {k: v for k, v in p.items() if k != "num_threads"},
-        }
-        # (model type × hardware) idiosyncrasy the trees cannot reach: the shrunk mean residual
-        # of the training rows, a table in the metadata (text) added to f at prediction time.
+        fitted = _train_booster(
+            frame, y, offset, names, levels, train_idx, calib, p, num_rounds, progress
+        )
+        metadata = _metadata(fitted, frame, groups, levels, data_window, p)
         if "config" in groups and "specs" in groups:
-            tr_rows = np.flatnonzero(train_idx)
-            if len(tr_rows) > PAIR_SAMPLE:  # in-sample residuals: a sample is plenty
-                tr_rows = np.random.default_rng(seed).choice(tr_rows, PAIR_SAMPLE, replace=False)
-            pred_tr = np.asarray(booster.predict(X[tr_rows], num_threads=p["num_threads"]))
-            metadata["pair_effects"] = _pair_table(
-                frame["model_type"].to_numpy(object)[tr_rows],
-                frame["hardware_type"].to_numpy(object)[tr_rows],
-                y[tr_rows] - pred_tr - offset[tr_rows],
+            metadata["pair_effects"] = _pair_effects(
+                fitted, frame, y - offset, train_idx, p["num_threads"], seed
             )
-        model = cls(booster, metadata)
-        # conformal calibration on held-out lineages, every applicable anchor per row
-        cal = calib if calib is not None else train_idx
+        model = cls(fitted.booster, metadata)
+        model._calibrate(frame, y, calib if calib is not None else train_idx)
+        return cls(fitted.booster, model.metadata)
+
+    def _calibrate(self, frame: pd.DataFrame, y: np.ndarray, cal: np.ndarray) -> None:
+        """Conformal quantiles and calibration figures on held-out lineages, every applicable
+        anchor per row (into the metadata)."""
         cf = frame.loc[cal]
         yc = y[cal]
-        blind, moved = model._log_pd_parts(cf)
+        blind, moved = self._log_pd_parts(cf)
         resid = {
             "self": yc - cf["self_log_pd"].to_numpy(np.float64),
             "transfer": yc - moved,
             "model": yc - blind,
         }
-        if "prior" not in groups:
+        if "prior" not in self.groups:
             resid["self"] = resid["transfer"] = resid["model"]
-        quantiles = _quantiles(resid)
-        kind = anchor_kind(cf, groups)
+        kind = anchor_kind(cf, self.groups)
         pred = np.choose(kind, [cf["self_log_pd"].to_numpy(np.float64), moved, blind])
         ape = np.abs(np.expm1(pred - yc))
-        metadata["residual_quantiles"] = quantiles
-        metadata["metrics"] = {
+        self.metadata["residual_quantiles"] = _quantiles(resid)
+        self.metadata["metrics"] = {
             "calib_rows": int(cal.sum()),
             "calib_accuracy_10pct": float(np.mean(ape <= 0.10)),
             "calib_mape": float(np.mean(ape)),
             "calib_rows_by_kind": {k: int(np.isfinite(v).sum()) for k, v in resid.items()},
         }
-        return cls(booster, metadata)
 
     # --- serving
     def _log_pd_parts(self, frame: Frame, skip_self: bool = False) -> tuple[np.ndarray, np.ndarray]:
@@ -338,6 +285,123 @@ class ThroughputModel:
     def from_text(cls, text: bytes, metadata: dict[str, Any]) -> ThroughputModel:
         check_model_text(text)  # before LightGBM sees it: its parser can crash or hang
         return cls(lgb.Booster(model_str=text.decode("utf-8")), metadata)
+
+
+@dataclass(frozen=True)
+class _Fitted:
+    booster: lgb.Booster
+    names: list[str]  # the booster's features ("const" when every group is ablated)
+    best_iteration: int
+    X: np.ndarray
+
+
+def _levels(frame: pd.DataFrame, names: Sequence[str]) -> dict[str, list[str]]:
+    """Category levels of the booster's categorical features: the closed vocabularies, and the
+    open ones (model type, hardware type) as seen in training."""
+    levels = {c: list(v) for c, v in F.CATEGORIES.items() if c in names}
+    levels.update(
+        {
+            c: sorted({str(v) for v in frame[c].dropna().unique()})
+            for c in F.OPEN_CATEGORIES
+            if c in names
+        }
+    )
+    return levels
+
+
+def _train_booster(
+    frame: pd.DataFrame,
+    y: np.ndarray,
+    offset: np.ndarray,
+    names: list[str],
+    levels: dict[str, list[str]],
+    train_idx: np.ndarray,
+    calib: np.ndarray | None,
+    p: dict[str, Any],
+    num_rounds: int,
+    progress: Callable[[int, int], None] | None,
+) -> _Fitted:
+    """LightGBM on ``y - offset`` of the training rows (early stopping on the calibration rows
+    when there are)."""
+    if not names:  # every booster group ablated: a constant (the mean), still a valid text model
+        X = np.zeros((len(frame), 1))
+        booster = lgb.train({**p, "min_data_in_leaf": 1}, lgb.Dataset(X, y), num_boost_round=1)
+        return _Fitted(booster, ["const"], 1, X)
+    target = y - offset
+    callbacks: list[Callable[..., None]] = []
+    if progress is not None:
+
+        def _cb(env: lgb.callback.CallbackEnv) -> None:
+            progress(env.iteration + 1, env.end_iteration)
+
+        callbacks.append(_cb)
+    X = _matrix(frame, names, levels)
+    cats = [i for i, c in enumerate(names) if c in levels]
+    dtrain = lgb.Dataset(
+        X[train_idx],
+        target[train_idx],
+        feature_name=names,
+        categorical_feature=cats,
+        free_raw_data=True,
+    )
+    valid_sets = []
+    if calib is not None:
+        valid_sets = [lgb.Dataset(X[calib], target[calib], reference=dtrain)]
+        callbacks.append(lgb.early_stopping(EARLY_STOP, verbose=False))
+    booster = lgb.train(
+        p, dtrain, num_boost_round=num_rounds, valid_sets=valid_sets, callbacks=callbacks
+    )
+    best = booster.best_iteration or booster.current_iteration()
+    booster = lgb.Booster(model_str=booster.model_to_string(num_iteration=best))
+    return _Fitted(booster, names, int(best), X)
+
+
+def _metadata(
+    fitted: _Fitted,
+    frame: pd.DataFrame,
+    groups: list[str],
+    levels: dict[str, list[str]],
+    data_window: tuple[str, str] | None,
+    p: dict[str, Any],
+) -> dict[str, Any]:
+    trained_at = datetime.now(UTC)
+    digest = hashlib.sha256(fitted.booster.model_to_string().encode()).hexdigest()[:8]
+    return {
+        "version": trained_at.strftime("%Y%m%dT%H%M%S%fZ") + "-" + digest,
+        "trained_at": trained_at.isoformat().replace("+00:00", "Z"),
+        "data_window": list(data_window) if data_window else None,
+        "rows": len(frame),
+        "features": fitted.names,
+        "groups": groups,
+        "categories": levels,
+        "target": "log(samples_per_s / num_devices) - log_phys_rate",
+        "anchors": list(KINDS),
+        "interval_level": INTERVAL_LEVEL,
+        "residual_quantiles": {k: [-0.2, 0.2] for k in KINDS},
+        "best_iteration": fitted.best_iteration,
+        "params": {k: v for k, v in p.items() if k != "num_threads"},
+    }
+
+
+def _pair_effects(
+    fitted: _Fitted,
+    frame: pd.DataFrame,
+    target: np.ndarray,
+    train_idx: np.ndarray,
+    num_threads: int,
+    seed: int,
+) -> dict[str, float]:
+    """(model type × hardware) idiosyncrasy the trees cannot reach: the shrunk mean residual of
+    the training rows, a table in the metadata added to f at prediction time."""
+    tr_rows = np.flatnonzero(train_idx)
+    if len(tr_rows) > PAIR_SAMPLE:  # in-sample residuals: a sample is plenty
+        tr_rows = np.random.default_rng(seed).choice(tr_rows, PAIR_SAMPLE, replace=False)
+    pred_tr = np.asarray(fitted.booster.predict(fitted.X[tr_rows], num_threads=num_threads))
+    return _pair_table(
+        frame["model_type"].to_numpy(object)[tr_rows],
+        frame["hardware_type"].to_numpy(object)[tr_rows],
+        target[tr_rows] - pred_tr,
+    )
 
 
 _TREE_SIZES = re.compile(rb"\ntree_sizes=([0-9 ]+)\n")

@@ -15,6 +15,13 @@ from typing import Any, Protocol
 import numpy as np
 import pandas as pd
 
+from leap_stream.contracts.events import (
+    Excluded,
+    HardwareRanking,
+    JobSubmitted,
+    RankedCandidate,
+    RankingSource,
+)
 from leap_stream.contracts.timestamps import format_ts, parse_ts
 from leap_stream.core import features as F
 from leap_stream.core.columns import Columns, codes_of
@@ -182,12 +189,12 @@ class Ranker:
 
     def rank_batch(
         self,
-        submissions: Sequence[Mapping[str, Any]],
+        submissions: Sequence[JobSubmitted],
         histories: Sequence[LineageHistory | None],
         aggregates: Mapping[str, TypeAggregates],
         now: datetime,
-    ) -> list[dict[str, Any]]:
-        """One hardware-ranking dict per submission (see docs/design.md, Core API)."""
+    ) -> list[HardwareRanking]:
+        """One hardware-ranking event per submission (see docs/design.md, Core API)."""
         if not submissions:
             return []
         jobs = job_columns(submissions)
@@ -228,7 +235,7 @@ class Ranker:
         is_model = (source[o_ok] == SRC_MODEL).tolist()
         hw_all = np.asarray(frame["hardware_type"], object)
         # one candidate entry of the schema, built inline (the hot loop)
-        entries = [
+        entries: list[RankedCandidate] = [
             {
                 "hardware_type": t,
                 "predicted_throughput": p,
@@ -252,7 +259,7 @@ class Ranker:
             )
         ]
         o_bad = order[~ok_o]
-        excl = [
+        excl: list[Excluded] = [
             {"hardware_type": t, "reason": "no_prediction" if f else "does_not_fit"}
             for t, f in zip(hw_all[o_bad].tolist(), fits[o_bad].tolist(), strict=True)
         ]
@@ -261,7 +268,7 @@ class Ranker:
         n_rows_j = np.diff(starts).tolist()
         version = self.model.version if self.model is not None else None
         submitted_s = np.asarray(jobs["submitted_at_s"], np.float64).tolist()
-        out: list[dict[str, Any]] = []
+        out: list[HardwareRanking] = []
         for j, s in enumerate(submissions):
             cands = entries[ok_start[j] : ok_start[j + 1]]
             excluded = excl[bad_start[j] : bad_start[j + 1]]
@@ -269,10 +276,11 @@ class Ranker:
             if len(cand_hw) != n_rows_j[j]:  # some candidates are not in the catalog
                 seen = {hw_all[r] for r in order[starts[j] : starts[j + 1]].tolist()}
                 excluded = excluded + [
-                    {"hardware_type": t, "reason": "unknown_hardware"}
+                    Excluded(hardware_type=t, reason="unknown_hardware")
                     for t in cand_hw
                     if t not in seen
                 ]
+            source_name: RankingSource
             if cands:
                 source_name = "model" if has_model[j] else "lookup"
                 reason = "ok" if source_name == "model" else str(model_reason[j])

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+from typing import Literal
 
 import numpy as np
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: Literal[1] = 1
 _ID_PREFIX = "rank:"
 _ID_MAX = 128
 

@@ -19,6 +19,7 @@ import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
+from leap_stream.contracts.events import JobCompleted, JobSubmitted
 from leap_stream.contracts.timestamps import epoch_s
 from leap_stream.core.history import (
     HISTORY_EWMA_ALPHA,
@@ -327,14 +328,14 @@ class OnlineStore:
             key = self.sub_key(f["job_id"], f["attempt"])
             pipe.set(key, encode_submission(f), ex=self.submission_ttl_s)
 
-    def remember_submissions(self, submissions: Sequence[Mapping[str, Any]]) -> None:
+    def remember_submissions(self, submissions: Sequence[JobSubmitted]) -> None:
         """Keep each submission's dataset fields until its completion arrives (EX the TTL)."""
         if submissions:
             fields = [submission_fields(s) for s in submissions]
             self._execute("remember", lambda p: self._queue_remember(p, fields))
 
     def read_and_remember(
-        self, submissions: Sequence[Mapping[str, Any]]
+        self, submissions: Sequence[JobSubmitted]
     ) -> tuple[list[LineageHistory], dict[str, TypeAggregates]]:
         """The submissions hot path: history reads and submission SETs in one round trip."""
         fields = [submission_fields(s) for s in submissions]
@@ -383,14 +384,17 @@ class OnlineStore:
         ]
 
     def apply_completions(self, completions: Sequence[Mapping[str, Any]]) -> list[ApplyResult]:
-        """Dedup and history update, atomic per event, in list (arrival) order, one round trip."""
+        """Dedup and history update, atomic per event, in list (arrival) order, one round trip.
+
+        Takes job-completed events or the completion fields of dataset rows
+        (`offline.completions_from_frame`, for a rebuild): only what the history needs."""
         if not completions:
             return []
         results = self._execute("apply", lambda p: self._queue_apply(p, completions))
         return self._apply_results(results, completions)
 
     def apply_and_fetch(
-        self, completions: Sequence[Mapping[str, Any]]
+        self, completions: Sequence[JobCompleted]
     ) -> tuple[list[ApplyResult], list[dict[str, Any] | None]]:
         """The completions hot path: `apply_completions` and `fetch_submissions` in one round trip."""
         if not completions:

@@ -20,7 +20,7 @@ import os
 import ssl
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -29,6 +29,7 @@ from typing import Any, NoReturn, TypeVar
 import faust
 import orjson
 
+from leap_stream.contracts import DeadLetter, HardwareRanking
 from leap_stream.settings import Settings
 from leap_stream.stream.acks import OrderedAcks
 from leap_stream.stream.batch import (
@@ -86,7 +87,7 @@ def record_of(event: Any) -> Record:
     return Record(m.topic, m.partition, m.offset, m.key, m.value)
 
 
-def dead_letter_key(dl: dict[str, Any]) -> bytes:
+def dead_letter_key(dl: DeadLetter) -> bytes:
     s = dl["source"]
     return f"{s['topic']}/{s['partition']}/{s['offset']}".encode()
 
@@ -238,8 +239,8 @@ def new_faust_app(deps: WorkerDeps) -> faust.App:
 def send_all(
     out: OutputProducer,
     topics: Settings,
-    rankings: list[dict[str, Any]],
-    dead: list[dict[str, Any]],
+    rankings: Sequence[HardwareRanking],
+    dead: Sequence[DeadLetter],
 ) -> int:
     """Publish rankings and dead letters and wait until the broker has them all."""
     for r in rankings:
@@ -249,7 +250,7 @@ def send_all(
     return out.flush()
 
 
-def count_dead(m: Metrics, topic: str, dead: list[dict[str, Any]]) -> None:
+def count_dead(m: Metrics, topic: str, dead: Sequence[DeadLetter]) -> None:
     for dl in dead:
         m.dead_letter.labels(topic=topic, kind=dl["error"]["kind"]).inc()
 
@@ -345,7 +346,7 @@ class CompletionsAgent:
         except Unfinished:
             exit_unfinished([self.out])
 
-    def _send_dead(self, dead: list[dict[str, Any]]) -> int:
+    def _send_dead(self, dead: list[DeadLetter]) -> int:
         return send_all(self.out, self.deps.cfg, [], dead)
 
     def _process(self, records: list[Record], now: datetime) -> CompletionBatchResult:

@@ -23,7 +23,16 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
-from leap_stream.contracts import DecodeError, Ok, decode, make_dead_letter
+from leap_stream.contracts import (
+    DeadLetter,
+    DecodeError,
+    HardwareRanking,
+    JobCompleted,
+    JobSubmitted,
+    Ok,
+    decode,
+    make_dead_letter,
+)
 from leap_stream.core.history import LineageHistory, TypeAggregates
 from leap_stream.store.offline import flatten
 
@@ -53,15 +62,15 @@ def store_failed(exc: BaseException) -> bool:
 
 class SubmissionStore(Protocol):
     def read_and_remember(
-        self, submissions: Sequence[Mapping[str, Any]]
+        self, submissions: Sequence[JobSubmitted]
     ) -> tuple[list[LineageHistory], dict[str, TypeAggregates]]: ...
 
-    def remember_submissions(self, submissions: Sequence[Mapping[str, Any]]) -> None: ...
+    def remember_submissions(self, submissions: Sequence[JobSubmitted]) -> None: ...
 
 
 class CompletionStore(Protocol):
     def apply_and_fetch(
-        self, completions: Sequence[Mapping[str, Any]]
+        self, completions: Sequence[JobCompleted]
     ) -> tuple[list[Any], list[dict[str, Any] | None]]: ...
 
     def fetch_submissions(self, keys: Sequence[tuple[str, int]]) -> list[dict[str, Any] | None]: ...
@@ -70,22 +79,22 @@ class CompletionStore(Protocol):
 class BatchRanker(Protocol):
     def rank_batch(
         self,
-        submissions: list[Any],
-        histories: list[LineageHistory | None],
-        aggregates: dict[str, dict[str, Any]],
+        submissions: Sequence[JobSubmitted],
+        histories: Sequence[LineageHistory | None],
+        aggregates: Mapping[str, TypeAggregates],
         now: datetime,
-    ) -> list[dict[str, Any]]: ...
+    ) -> list[HardwareRanking]: ...
 
 
 def _dead_letter(
     record: Record, kind: str, message: str, now: datetime, schema: str | None = None
-) -> dict[str, Any]:
+) -> DeadLetter:
     err = DecodeError(kind, message, None, schema)  # type: ignore[arg-type]
     return _dead_letter_of(record, err, now)
 
 
-def _dead_letter_of(record: Record, err: DecodeError, now: datetime) -> dict[str, Any]:
-    dl = make_dead_letter(
+def _dead_letter_of(record: Record, err: DecodeError, now: datetime) -> DeadLetter:
+    return make_dead_letter(
         record.value,
         topic=record.topic,
         partition=record.partition,
@@ -94,7 +103,6 @@ def _dead_letter_of(record: Record, err: DecodeError, now: datetime) -> dict[str
         error=err,
         now=now.timestamp(),
     )
-    return dict(dl)
 
 
 def decode_records(
@@ -104,10 +112,10 @@ def decode_records(
     *,
     max_bytes: int,
     known_hardware: Container[str] | None = None,
-) -> tuple[list[tuple[Record, dict[str, Any]]], list[dict[str, Any]]]:
-    """Split a batch into decoded events and dead letters; never raises."""
-    good: list[tuple[Record, dict[str, Any]]] = []
-    dead: list[dict[str, Any]] = []
+) -> tuple[list[tuple[Record, Any]], list[DeadLetter]]:
+    """Split a batch into decoded events (of ``schema``) and dead letters; never raises."""
+    good: list[tuple[Record, Any]] = []
+    dead: list[DeadLetter] = []
     for rec in records:
         result = decode(rec.value, schema, max_bytes=max_bytes, known_hardware=known_hardware)
         if isinstance(result, Ok):
@@ -119,8 +127,8 @@ def decode_records(
 
 @dataclass
 class SubmissionBatchResult:
-    rankings: list[dict[str, Any]] = field(default_factory=list)
-    dead_letters: list[dict[str, Any]] = field(default_factory=list)
+    rankings: list[HardwareRanking] = field(default_factory=list)
+    dead_letters: list[DeadLetter] = field(default_factory=list)
     valid: int = 0
     history_available: bool = True
     redis_error: str | None = None
@@ -176,7 +184,7 @@ class SubmissionProcessor:
         self.backoff = backoff or Backoff()
         # Submissions whose SET failed while Redis was down; written when it is back so their
         # completions can still be joined for the dataset. Bounded: oldest dropped first.
-        self.pending_remember: list[dict[str, Any]] = []
+        self.pending_remember: list[JobSubmitted] = []
 
     def process(self, records: Sequence[Record], now: datetime) -> SubmissionBatchResult:
         # Coverage first (lead's decision): unknown candidates do not reject a submission, the
@@ -262,17 +270,21 @@ class SubmissionProcessor:
         self.backoff.succeeded()
         return True
 
-    def _keep_for_later(self, subs: list[dict[str, Any]]) -> None:
+    def _keep_for_later(self, subs: list[JobSubmitted]) -> None:
         self.pending_remember.extend(subs)
         overflow = len(self.pending_remember) - self.MAX_PENDING_REMEMBER
         if overflow > 0:
             del self.pending_remember[:overflow]
 
 
+# ("row", dataset row) | ("dead", dead letter) | ("wait", None): see join_waiting
+JoinOutcome = tuple[str, Any]
+
+
 @dataclass
 class CompletionBatchResult:
     rows: list[dict[str, Any]] = field(default_factory=list)
-    dead_letters: list[dict[str, Any]] = field(default_factory=list)
+    dead_letters: list[DeadLetter] = field(default_factory=list)
     valid: int = 0
     new: int = 0
     duplicates: int = 0
@@ -342,7 +354,7 @@ class CompletionProcessor:
         return out
 
     @staticmethod
-    def orphan(rec: Record, comp: Mapping[str, Any], now: datetime) -> dict[str, Any]:
+    def orphan(rec: Record, comp: Mapping[str, Any], now: datetime) -> DeadLetter:
         return _dead_letter(
             rec,
             "orphan_completion",
@@ -357,7 +369,7 @@ class CompletionProcessor:
         items: Sequence[tuple[Record, Mapping[str, Any]]],
         give_up: Sequence[bool],
         now: datetime,
-    ) -> list[tuple[str, dict[str, Any] | None]]:
+    ) -> list[JoinOutcome]:
         """Retry the join of completions that arrived before their submission was remembered.
 
         Per item: ("row", row) when the submission is known now, ("dead", orphan dead letter)
@@ -367,7 +379,7 @@ class CompletionProcessor:
         if not items:
             return []
         subs = self.store.fetch_submissions([(c["job_id"], int(c["attempt"])) for _r, c in items])
-        out: list[tuple[str, dict[str, Any] | None]] = []
+        out: list[JoinOutcome] = []
         for (rec, comp), sub, stop in zip(items, subs, give_up, strict=True):
             if sub is not None:
                 try:

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
+from leap_stream.contracts import DeadLetter, HardwareRanking
 from leap_stream.stream.acks import HeldAcks, OrderedAcks
 from leap_stream.stream.batch import Record, SubmissionBatchResult, SubmissionProcessor
 from leap_stream.stream.group_health import GroupHealth, group_state, stats_interval_ms
@@ -63,7 +64,7 @@ class SubmissionLoop:
         group: str,
         topic: str,
         processor: SubmissionProcessor,
-        send: Callable[[list[dict[str, Any]], list[dict[str, Any]]], int],
+        send: Callable[[list[HardwareRanking], list[DeadLetter]], int],
         on_batch: Callable[[list[Record], SubmissionBatchResult, float], object],
         on_store_error: Callable[[str], object] = lambda _op: None,
         on_replace: Callable[[str], object] = lambda _why: None,

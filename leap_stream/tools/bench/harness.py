@@ -125,10 +125,10 @@ def build_world(
     subs: list[dict[str, Any]] = []
     i = 0
     while len(subs) < events:
-        s = base[i % len(base)]
+        s: dict[str, Any] = dict(base[i % len(base)])
         rnd = i // len(base)
         if rnd:
-            s = dict(s, job_id=f"{s['job_id']}-r{rnd}", event_id=f"{s['event_id']}-r{rnd}")
+            s.update(job_id=f"{s['job_id']}-r{rnd}", event_id=f"{s['event_id']}-r{rnd}")
         subs.append(widen_candidates(s, types, candidates, salt=i))
         i += 1
     lines = [orjson.dumps(s) for s in subs]

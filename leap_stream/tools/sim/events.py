@@ -17,11 +17,12 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from leap_stream.contracts.events import JobSubmitted
 from leap_stream.contracts.timestamps import epoch_ms, format_column
 from leap_stream.tools.sim.fleet import SimResult
 
 
-def submission_events(subs: pd.DataFrame) -> list[dict[str, Any]]:
+def submission_events(subs: pd.DataFrame) -> list[JobSubmitted]:
     """One job-submitted event per row of a submissions frame."""
     split_cache: dict[str, list[str]] = {}
     cands = []
