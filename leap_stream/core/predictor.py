@@ -30,7 +30,7 @@ import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 import lightgbm as lgb
 import numpy as np
@@ -96,11 +96,33 @@ def anchor_kind(frame: Frame, groups: Sequence[str]) -> np.ndarray:
     return kind
 
 
+class ModelMetadata(TypedDict):
+    """What a model says about itself (metadata.json): how to build its features, its
+    intervals, its calibration figures and, once the trainer gated it, the gate's verdict."""
+
+    version: str
+    trained_at: str
+    data_window: list[str] | None
+    rows: int
+    features: list[str]
+    groups: list[str]
+    categories: dict[str, list[str]]
+    target: str
+    anchors: list[str]
+    interval_level: float
+    residual_quantiles: dict[str, list[float]]
+    best_iteration: int
+    params: dict[str, Any]
+    pair_effects: NotRequired[dict[str, float]]
+    metrics: NotRequired[dict[str, Any]]
+    gate: NotRequired[dict[str, Any]]
+
+
 class ThroughputModel:
     def __init__(
         self,
         booster: lgb.Booster,
-        metadata: dict[str, Any],
+        metadata: ModelMetadata,
         scorer: Scorer | None = None,
         scorer_kind: str = "lightgbm",
     ) -> None:
@@ -282,7 +304,7 @@ class ThroughputModel:
         return str(self.booster.model_to_string())
 
     @classmethod
-    def from_text(cls, text: bytes, metadata: dict[str, Any]) -> ThroughputModel:
+    def from_text(cls, text: bytes, metadata: ModelMetadata) -> ThroughputModel:
         check_model_text(text)  # before LightGBM sees it: its parser can crash or hang
         return cls(lgb.Booster(model_str=text.decode("utf-8")), metadata)
 
@@ -363,7 +385,7 @@ def _metadata(
     levels: dict[str, list[str]],
     data_window: tuple[str, str] | None,
     p: dict[str, Any],
-) -> dict[str, Any]:
+) -> ModelMetadata:
     trained_at = datetime.now(UTC)
     digest = hashlib.sha256(fitted.booster.model_to_string().encode()).hexdigest()[:8]
     return {

@@ -192,9 +192,9 @@ def train_and_publish(
     rows_sub = pd.to_datetime(everything.rows["submitted_at"], utc=True)
     holdout = (rows_sub >= cutoff).to_numpy()
     fresh = holdout.copy()
-    if current is not None and current.metadata.get("data_window"):
-        seen_until = pd.Timestamp(current.metadata["data_window"][1])
-        fresh &= (rows_sub > seen_until).to_numpy()
+    window = current.metadata.get("data_window") if current is not None else None
+    if window:
+        fresh &= (rows_sub > pd.Timestamp(window[1])).to_numpy()
     report["gate_rows"] = int(fresh.sum())
     cand_metrics: dict[str, float] | None = None
     cand_model: ThroughputModel | None = None

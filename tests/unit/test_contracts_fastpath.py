@@ -92,7 +92,7 @@ tricky = st.one_of(
     ),
     st.sampled_from(HARDWARE),
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12),
-)
+).map(copy.deepcopy)  # a fresh copy each draw: `mutated` appends to the lists it inserted
 
 
 def _paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
