@@ -319,6 +319,56 @@ def build(
     return build_columns(jobs, candidates, histories, aggregates, specs, now).to_pandas()
 
 
+# The physics estimate behind log_phys_rate and its parts (a prior the booster corrects; the
+# fractions are typical sustained shares of the datasheet peaks for a well-tuned job):
+ROOFLINE_SHARE = 0.4  # log_roofline: samples/s at this share of peak FLOP/s
+COMPUTE_SHARE = 0.45  # of peak FLOP/s (times the precision's peak multiplier) sustained
+MEMORY_SHARE = 0.7  # of peak memory bandwidth sustained
+OVERLAP_RESIDUE = 0.2  # compute and memory time overlap but for this share of the shorter
+DP_EXPOSED = 0.5  # share of the gradient all-reduce not hidden behind the backward pass
+ACTIVATION_BYTES = 16.0  # bytes moved per (token × hidden × layer × element) for activations
+WEIGHT_PASSES = 6.0  # weight reads per micro-batch (forward, backward, optimizer)
+TP_BYTES = 16.0  # tensor-parallel all-reduce bytes per (token × hidden × element) per layer
+
+
+@dataclass(frozen=True)
+class _JobPhysics:
+    """Per-job inputs of the physics estimate (per sample, per device), one array each."""
+
+    fps: np.ndarray  # FLOPs per sample
+    mem: np.ndarray  # GiB per device
+    prec_peak: np.ndarray  # peak multiplier of the precision
+    traffic: np.ndarray  # bytes of memory traffic per sample
+    grad: np.ndarray  # gradient all-reduce bytes per sample
+    tp_bytes: np.ndarray  # tensor-parallel all-reduce bytes per sample
+    micro_flops: np.ndarray  # FLOPs of one micro-batch per device
+
+    @classmethod
+    def of(cls, jobs: Jobs, elem: np.ndarray) -> _JobPhysics:
+        gbs, dp = f64(jobs, "global_batch_size"), f64(jobs, "data_parallel")
+        tp, pp = f64(jobs, "tensor_parallel"), f64(jobs, "pipeline_parallel")
+        mbs, seq = f64(jobs, "micro_batch_size"), f64(jobs, "sequence_length")
+        hid, lay = f64(jobs, "hidden_size"), f64(jobs, "layers")
+        act, par = _active_params(jobs), f64(jobs, "parameters")
+        fps = flops_per_sample(jobs)
+        samples_per_dev_step = gbs / f64(jobs, "num_devices")
+        grad = (
+            np.where(dp > 1, 2.0 * (dp - 1) / dp * par * 2.0 * elem / (tp * pp), 0.0)
+            / samples_per_dev_step
+        )
+        return cls(
+            fps=fps,
+            mem=memory_per_device_gib(jobs, elem),
+            prec_peak=map_values(np.asarray(jobs["precision"], object), _PREC_PEAK, 1.0),
+            traffic=ACTIVATION_BYTES * seq * hid * lay * elem + WEIGHT_PASSES * act * elem / mbs,
+            grad=grad,
+            tp_bytes=np.where(
+                tp > 1, TP_BYTES * (lay / pp) * seq * hid * elem * (tp - 1) / tp**2, 0.0
+            ),
+            micro_flops=mbs * fps / (tp * pp),
+        )
+
+
 def build_columns(
     jobs: Jobs,
     candidates: Sequence[Sequence[str]],
@@ -338,49 +388,30 @@ def build_columns(
     lens = np.fromiter((len(c) for c in candidates), np.int64, count=n_jobs)
     job = np.repeat(np.arange(n_jobs, dtype=np.int64), lens)
     hw_names = np.asarray([t for c in candidates for t in c], dtype=object).reshape(-1)
-    n = len(job)
-
     sa = SpecArrays.of(specs)
-    types, code = sa.types, sa.code
-    k = len(types) + 1  # last code: unknown
-    hw = np.fromiter((code.get(t, k - 1) for t in hw_names), np.int64, count=n)
-    known = hw < k - 1
+    k = len(sa.types) + 1  # last code: unknown
+    hw = np.fromiter((sa.code.get(t, k - 1) for t in hw_names), np.int64, count=len(job))
+    elem = _elem_bytes(jobs)
+    phys = _JobPhysics.of(jobs, elem)
+    f: dict[str, object] = {"job": job, "hardware_type": hw_names, "known": hw < k - 1}
+    _config_columns(f, jobs, job, elem, phys)
+    # unknown specs: not excluded here (the ranker reports unknown_hardware)
+    f["fits"] = ~(min_memory_per_device_gib(jobs, elem)[job] > sa.mem[hw] * FIT_HEADROOM)
+    _categorical_columns(f, jobs, job)
+    _hw_columns(f, "", sa, hw, job, phys)
+    other_hw, other_lpd = _history_columns(f, jobs, job, hw, histories, sa, np.asarray(now))
+    o_agg, o_agg_count = _aggregate_columns(f, job, hw, other_hw, other_lpd, aggregates, sa)
+    # the prior hardware's side of the booster inputs (NaN / unknown without a prior)
+    f["o_hardware_type"] = sa.names[other_hw]
+    _hw_columns(f, "o_", sa, other_hw, job, phys)
+    f["o_agg_cand"], f["o_agg_cand_count"] = o_agg, o_agg_count
+    return Columns(f, len(job))
 
-    flops_t, bw_t, mem_t, ic_t, cost_t = sa.flops, sa.bw, sa.mem, sa.ic, sa.cost
-    log_flops_t, log_bw_t = _log(flops_t), _log(bw_t)
-    vendor_t = sa.vendor
 
-    # --- job-level config, broadcast to rows
-    nd_j = f64(jobs, "num_devices")
-    fps_j = flops_per_sample(jobs)
-    elem_j = _elem_bytes(jobs)
-    mem_j = memory_per_device_gib(jobs, elem_j)
-    bps_j = f64(jobs, "sequence_length") * f64(jobs, "hidden_size") * f64(jobs, "layers") * elem_j
-    now_j = np.asarray(now, np.float64)
-    # physics inputs per job (per sample, per device): see hw_columns
-    gbs_j = f64(jobs, "global_batch_size")
-    dp_j = f64(jobs, "data_parallel")
-    tp_j = f64(jobs, "tensor_parallel")
-    pp_j = f64(jobs, "pipeline_parallel")
-    mbs_j = f64(jobs, "micro_batch_size")
-    seq_j = f64(jobs, "sequence_length")
-    hid_j = f64(jobs, "hidden_size")
-    lay_j = f64(jobs, "layers")
-    act_j = _active_params(jobs)
-    par_j = f64(jobs, "parameters")
-    prec_j = np.asarray(jobs["precision"], object)
-    prec_peak = map_values(prec_j, _PREC_PEAK, 1.0)
-    traffic_j = 16.0 * seq_j * hid_j * lay_j * elem_j + 6.0 * act_j * elem_j / mbs_j
-    samples_per_dev_step = gbs_j / nd_j
-    grad_j = (
-        np.where(dp_j > 1, 2.0 * (dp_j - 1) / dp_j * par_j * 2.0 * elem_j / (tp_j * pp_j), 0.0)
-        / samples_per_dev_step
-    )
-    tp_bytes_j = np.where(
-        tp_j > 1, 16.0 * (lay_j / pp_j) * seq_j * hid_j * elem_j * (tp_j - 1) / tp_j**2, 0.0
-    )
-
-    f: dict[str, object] = {"job": job, "hardware_type": hw_names, "known": known}
+def _config_columns(
+    f: dict[str, object], jobs: Jobs, job: np.ndarray, elem: np.ndarray, phys: _JobPhysics
+) -> None:
+    """The job's numeric configuration, broadcast to its candidate rows."""
     for name, col in (
         ("log_params", "parameters"),
         ("log_layers", "layers"),
@@ -394,88 +425,84 @@ def build_columns(
         ("log_pp", "pipeline_parallel"),
     ):
         f[name] = _log(f64(jobs, col))[job]
-    f["log_active_params"] = _log(act_j)[job]
+    f["log_active_params"] = _log(_active_params(jobs))[job]
     f["act_ckpt"] = np.asarray(jobs["activation_checkpointing"], np.float64)[job]
-    f["log_flops_per_sample"] = _log(fps_j)[job]
-    f["log_bytes_per_sample"] = _log(bps_j)[job]
-    f["log_mem_per_device_gib"] = _log(mem_j)[job]
+    f["log_flops_per_sample"] = _log(phys.fps)[job]
+    bps = f64(jobs, "sequence_length") * f64(jobs, "hidden_size") * f64(jobs, "layers") * elem
+    f["log_bytes_per_sample"] = _log(bps)[job]
+    f["log_mem_per_device_gib"] = _log(phys.mem)[job]
     # gradient accumulation steps and the pipeline bubble they amortise; FLOPs of one
     # micro-batch per device (small kernels cannot fill a big chip)
-    accum_j = np.maximum(1.0, gbs_j / (mbs_j * dp_j))
-    micro_flops_j = mbs_j * fps_j / (tp_j * pp_j)
-    f["log_accum"] = _log(accum_j)[job]
-    f["pp_bubble"] = ((pp_j - 1.0) / accum_j)[job]
-    f["log_micro_flops"] = _log(micro_flops_j)[job]
-    # unknown specs: not excluded here (the ranker reports unknown_hardware)
-    f["fits"] = ~(min_memory_per_device_gib(jobs, elem_j)[job] > mem_t[hw] * FIT_HEADROOM)
+    mbs, dp = f64(jobs, "micro_batch_size"), f64(jobs, "data_parallel")
+    accum = np.maximum(1.0, f64(jobs, "global_batch_size") / (mbs * dp))
+    f["log_accum"] = _log(accum)[job]
+    f["pp_bubble"] = ((f64(jobs, "pipeline_parallel") - 1.0) / accum)[job]
+    f["log_micro_flops"] = _log(phys.micro_flops)[job]
+
+
+def _categorical_columns(f: dict[str, object], jobs: Jobs, job: np.ndarray) -> None:
     for col in ("precision", "family", "framework", "optimizer"):
         f[col] = _categorical(np.asarray(jobs[col], object)[job], CATEGORIES[col])
     f["model_type"] = np.asarray(jobs["model_type"], object)[job]  # levels set by the model
 
-    def hw_columns(codes: np.ndarray, prefix: str) -> None:
-        f[prefix + "vendor"] = _categorical(vendor_t[codes], CATEGORIES["vendor"])
-        f[prefix + "log_peak_tflops"] = log_flops_t[codes]
-        f[prefix + "log_mem_bw"] = log_bw_t[codes]
-        f[prefix + "log_device_mem"] = _log(mem_t)[codes]
-        f[prefix + "log_interconnect"] = _log(ic_t)[codes]
-        f[prefix + "log_cost"] = _log(cost_t)[codes]
-        # per-device samples/s at 40 % of peak: a physics prior
-        f[prefix + "log_roofline"] = _log(0.4 * flops_t[codes] * 1e12) - _log(fps_j)[job]
-        f[prefix + "mem_ratio"] = mem_j[job] / mem_t[codes]
-        # seconds per sample per device: compute, memory traffic, gradient and TP all-reduces
-        t_c = fps_j[job] / (flops_t[codes] * prec_peak[job] * 1e12 * 0.45)
-        t_m = traffic_j[job] / (bw_t[codes] * 1e9 * 0.7)
-        t_dp = grad_j[job] / (ic_t[codes] * 1e9)
-        t_tp = tp_bytes_j[job] / (ic_t[codes] * 1e9)
-        t = np.maximum(t_c, t_m) + 0.2 * np.minimum(t_c, t_m) + 0.5 * t_dp + t_tp
-        f[prefix + "log_t_compute"] = _log(t_c)
-        f[prefix + "log_t_memory"] = _log(t_m)
-        f[prefix + "log_t_comm"] = _log(t_dp + t_tp + 1e-12)
-        f[prefix + "log_phys_rate"] = -_log(t)
-        f[prefix + "log_ideal_micro_s"] = _log(micro_flops_j[job] / (flops_t[codes] * 1e12))
 
-    hw_columns(hw, "")
+def _hw_columns(
+    f: dict[str, object],
+    prefix: str,
+    sa: SpecArrays,
+    codes: np.ndarray,
+    job: np.ndarray,
+    phys: _JobPhysics,
+) -> None:
+    """The hardware ``codes`` of each row: its specs and the physics estimate on it."""
+    f[prefix + "vendor"] = _categorical(sa.vendor[codes], CATEGORIES["vendor"])
+    f[prefix + "log_peak_tflops"] = _log(sa.flops)[codes]
+    f[prefix + "log_mem_bw"] = _log(sa.bw)[codes]
+    f[prefix + "log_device_mem"] = _log(sa.mem)[codes]
+    f[prefix + "log_interconnect"] = _log(sa.ic)[codes]
+    f[prefix + "log_cost"] = _log(sa.cost)[codes]
+    f[prefix + "log_roofline"] = _log(ROOFLINE_SHARE * sa.flops[codes] * 1e12) - _log(phys.fps)[job]
+    f[prefix + "mem_ratio"] = phys.mem[job] / sa.mem[codes]
+    # seconds per sample per device: compute, memory traffic, gradient and TP all-reduces
+    t_c = phys.fps[job] / (sa.flops[codes] * phys.prec_peak[job] * 1e12 * COMPUTE_SHARE)
+    t_m = phys.traffic[job] / (sa.bw[codes] * 1e9 * MEMORY_SHARE)
+    t_dp = phys.grad[job] / (sa.ic[codes] * 1e9)
+    t_tp = phys.tp_bytes[job] / (sa.ic[codes] * 1e9)
+    t = np.maximum(t_c, t_m) + OVERLAP_RESIDUE * np.minimum(t_c, t_m) + DP_EXPOSED * t_dp + t_tp
+    f[prefix + "log_t_compute"] = _log(t_c)
+    f[prefix + "log_t_memory"] = _log(t_m)
+    f[prefix + "log_t_comm"] = _log(t_dp + t_tp + 1e-12)
+    f[prefix + "log_phys_rate"] = -_log(t)
+    f[prefix + "log_ideal_micro_s"] = _log(phys.micro_flops[job] / (sa.flops[codes] * 1e12))
 
-    # --- the lineage's own history
-    l_uid, h_job, h_hw, h_sps, h_nd, h_at, h_cnt = _flatten_lineage(histories, code)
+
+def _history_columns(
+    f: dict[str, object],
+    jobs: Jobs,
+    job: np.ndarray,
+    hw: np.ndarray,
+    histories: Sequence[LineageHistory | None],
+    sa: SpecArrays,
+    now: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The lineage's own measurement on the candidate, and on its most similar *other* type.
+    Returns (that other type's code per row, its log per-device rate)."""
+    n, k = len(job), len(sa.types) + 1
+    now_j = np.asarray(now, np.float64)
+    nd_j = f64(jobs, "num_devices")
+    l_uid, h_job, h_hw, h_sps, h_nd, h_at, h_cnt = _flatten_lineage(histories, sa.code)
     row_owner = l_uid[job]  # distinct history of the row's job
     row_key = row_owner * k + hw
     h_key = h_job * k + h_hw
-    n_owners = int(l_uid.max()) + 1 if n_jobs else 0
+    n_owners = int(l_uid.max()) + 1 if len(jobs) else 0
     h_lpd = _log(h_sps / h_nd) if len(h_sps) else np.empty(0)
-    self_lpd = _lookup(row_key, h_key, h_lpd)
-    f["self_log_pd"] = self_lpd
+    f["self_log_pd"] = _lookup(row_key, h_key, h_lpd)
     f["self_log_dev_ratio"] = _log(nd_j[job]) - _log(_lookup(row_key, h_key, h_nd))
     f["self_count"] = _lookup(row_key, h_key, h_cnt)
     f["self_age_days"] = (now_j[job] - _lookup(row_key, h_key, h_at)) / DAY_S
     hist_types = np.bincount(h_job, minlength=n_owners).astype(np.float64)
     f["hist_types"] = hist_types[row_owner]
-
-    # Most similar *other* type the lineage ran on (spec distance), via (row × entry) pairs.
-    other_idx = np.full(n, -1, np.int64)
-    if len(h_job) and n:
-        order = np.argsort(h_job, kind="stable")
-        h_start = np.searchsorted(h_job[order], np.arange(n_owners))
-        per_row = hist_types.astype(np.int64)[row_owner]
-        pair_row = np.repeat(np.arange(n), per_row)
-        offs = np.arange(len(pair_row)) - np.repeat(np.cumsum(per_row) - per_row, per_row)
-        pair_entry = order[h_start[row_owner[pair_row]] + offs]
-        ph = h_hw[pair_entry]
-        rh = hw[pair_row]
-        # same vendor first (software stack and kernels carry over), then FLOP/s and bandwidth
-        dist = (
-            np.abs(log_flops_t[rh] - log_flops_t[ph])
-            + np.abs(log_bw_t[rh] - log_bw_t[ph])
-            + np.where(vendor_t[rh] == vendor_t[ph], 0.0, VENDOR_PENALTY)
-        )
-        dist = np.where((ph == rh) | ~np.isfinite(dist), np.inf, dist)
-        # ties: most recent measurement
-        sel = np.lexsort((-h_at[pair_entry], dist, pair_row))
-        first = np.ones(len(sel), bool)
-        first[1:] = pair_row[sel][1:] != pair_row[sel][:-1]
-        best = sel[first]
-        ok = np.isfinite(dist[best])
-        other_idx[pair_row[best][ok]] = pair_entry[best][ok]
+    other_idx = _most_similar_other(sa, hw, row_owner, hist_types, h_job, h_hw, h_at)
     has_other = other_idx >= 0
     oi = np.where(has_other, other_idx, 0)
 
@@ -486,40 +513,85 @@ def build_columns(
 
     other_lpd = other(h_lpd)
     other_hw = np.where(has_other, other(h_hw.astype(np.float64)), k - 1).astype(np.int64)
+    log_flops, log_bw = _log(sa.flops), _log(sa.bw)
     f["other_log_pd"] = other_lpd
-    f["other_log_flops_ratio"] = np.where(
-        has_other, log_flops_t[hw] - log_flops_t[other_hw], np.nan
-    )
-    f["other_log_bw_ratio"] = np.where(has_other, log_bw_t[hw] - log_bw_t[other_hw], np.nan)
+    f["other_log_flops_ratio"] = np.where(has_other, log_flops[hw] - log_flops[other_hw], np.nan)
+    f["other_log_bw_ratio"] = np.where(has_other, log_bw[hw] - log_bw[other_hw], np.nan)
     f["other_count"] = other(h_cnt)
     f["other_age_days"] = (now_j[job] - other(h_at)) / DAY_S
+    return other_hw, other_lpd
 
-    # --- model-type aggregates
-    a_uid, a_job, a_hw, a_ewma, a_cnt = _flatten_aggregates(aggregates, code)
+
+def _most_similar_other(
+    sa: SpecArrays,
+    hw: np.ndarray,
+    row_owner: np.ndarray,
+    hist_types: np.ndarray,
+    h_job: np.ndarray,
+    h_hw: np.ndarray,
+    h_at: np.ndarray,
+) -> np.ndarray:
+    """Per row, the history entry of the most similar *other* type the lineage ran on (spec
+    distance; -1 when none), found through (row × entry) pairs."""
+    n = len(hw)
+    other_idx = np.full(n, -1, np.int64)
+    if not (len(h_job) and n):
+        return other_idx
+    log_flops, log_bw = _log(sa.flops), _log(sa.bw)
+    order = np.argsort(h_job, kind="stable")
+    h_start = np.searchsorted(h_job[order], np.arange(len(hist_types)))
+    per_row = hist_types.astype(np.int64)[row_owner]
+    pair_row = np.repeat(np.arange(n), per_row)
+    offs = np.arange(len(pair_row)) - np.repeat(np.cumsum(per_row) - per_row, per_row)
+    pair_entry = order[h_start[row_owner[pair_row]] + offs]
+    ph = h_hw[pair_entry]
+    rh = hw[pair_row]
+    # same vendor first (software stack and kernels carry over), then FLOP/s and bandwidth
+    dist = (
+        np.abs(log_flops[rh] - log_flops[ph])
+        + np.abs(log_bw[rh] - log_bw[ph])
+        + np.where(sa.vendor[rh] == sa.vendor[ph], 0.0, VENDOR_PENALTY)
+    )
+    dist = np.where((ph == rh) | ~np.isfinite(dist), np.inf, dist)
+    # ties: most recent measurement
+    sel = np.lexsort((-h_at[pair_entry], dist, pair_row))
+    first = np.ones(len(sel), bool)
+    first[1:] = pair_row[sel][1:] != pair_row[sel][:-1]
+    best = sel[first]
+    ok = np.isfinite(dist[best])
+    other_idx[pair_row[best][ok]] = pair_entry[best][ok]
+    return other_idx
+
+
+def _aggregate_columns(
+    f: dict[str, object],
+    job: np.ndarray,
+    hw: np.ndarray,
+    other_hw: np.ndarray,
+    other_lpd: np.ndarray,
+    aggregates: Sequence[TypeAggregates | None],
+    sa: SpecArrays,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The model type's aggregates on the candidate and on the prior's type, and the prior
+    moved to the candidate by the spec ratios. Returns the aggregate on the prior's type and
+    its count (the prior side's `agg` inputs)."""
+    k = len(sa.types) + 1
+    a_uid, a_job, a_hw, a_ewma, a_cnt = _flatten_aggregates(aggregates, sa.code)
     a_key = a_job * k + a_hw
     a_row = a_uid[job] * k
     agg_row_key = a_row + hw
     agg_cand = _lookup(agg_row_key, a_key, a_ewma)
     agg_prior = _lookup(a_row + other_hw, a_key, a_ewma)
-    agg_ratio = agg_cand - agg_prior
     f["agg_cand"] = agg_cand
     f["agg_cand_count"] = _lookup(agg_row_key, a_key, a_cnt)
     f["agg_prior"] = agg_prior
-    f["agg_ratio"] = agg_ratio
+    f["agg_ratio"] = agg_cand - agg_prior
     # The other-hardware prior moved to the candidate by a blend of the FLOP/s and bandwidth
     # ratios (the aggregate ratio is a separate feature so the `agg` ablation stays clean).
-    spec_ratio = 0.5 * (
-        (log_flops_t[hw] - log_flops_t[other_hw]) + (log_bw_t[hw] - log_bw_t[other_hw])
-    )
-    est = other_lpd + spec_ratio
-    f["est_transfer"] = est
-    # the prior hardware's side of the booster inputs (NaN / unknown without a prior)
-    f["o_hardware_type"] = sa.names[other_hw]
-    hw_columns(other_hw, "o_")
-    f["o_agg_cand"] = agg_prior
-    f["o_agg_cand_count"] = _lookup(a_row + other_hw, a_key, a_cnt)
-
-    return Columns(f, n)
+    log_flops, log_bw = _log(sa.flops), _log(sa.bw)
+    spec_ratio = 0.5 * ((log_flops[hw] - log_flops[other_hw]) + (log_bw[hw] - log_bw[other_hw]))
+    f["est_transfer"] = other_lpd + spec_ratio
+    return agg_prior, _lookup(a_row + other_hw, a_key, a_cnt)
 
 
 def booster_features(groups: Sequence[str]) -> list[str]:
