@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -206,32 +207,84 @@ class Ranker:
             aggs,
             jobs["submitted_at_s"],
         )
+        rows = _RankedRows.of(frame, np.asarray(jobs["num_devices"], np.int64), len(submissions))
+        version = self.model.version if self.model is not None else None
         produced = format_ts(now)
         now_s = now.timestamp()
+        submitted_s = np.asarray(jobs["submitted_at_s"], np.float64).tolist()
+        out: list[HardwareRanking] = []
+        for j, s in enumerate(submissions):
+            cands, excluded = rows.of_job(j, s["candidate_hardware"])
+            source_name, reason = rows.verdict(j, bool(cands), str(model_reason[j]))
+            out.append(
+                {
+                    "schema_version": SCHEMA_VERSION,
+                    "event_id": ranking_event_id(s["event_id"]),
+                    "job_id": s["job_id"],
+                    "attempt": s["attempt"],
+                    "lineage_id": s["lineage_id"],
+                    "submission_event_id": s["event_id"],
+                    "submitted_at": s["submitted_at"],
+                    "produced_at": produced,
+                    "model_version": version if source_name == "model" else None,
+                    "source": source_name,
+                    "reason": reason,
+                    "history_used": bool(histories[j]),
+                    "candidates": cands,
+                    "excluded": excluded,
+                    "latency_ms": max(0.0, (now_s - submitted_s[j]) * 1000.0),
+                }
+            )
+        return out
+
+
+class _LazyTypes:
+    """Job j's catalog candidate types, computed only for the (rare) job that names unknown
+    ones."""
+
+    def __init__(self, hw_all: np.ndarray, order: np.ndarray, starts: np.ndarray) -> None:
+        self._hw, self._order, self._starts = hw_all, order, starts
+
+    def __getitem__(self, j: int) -> set[str]:
+        rows = self._order[self._starts[j] : self._starts[j + 1]].tolist()
+        return {self._hw[r] for r in rows}
+
+
+@dataclass(frozen=True)
+class _RankedRows:
+    """The scored (job × candidate) rows in ranking order: per job, its usable candidates
+    (best throughput per cost first) as schema entries, then its exclusions, each a
+    contiguous run built by two comprehensions (no per-row branching in Python)."""
+
+    entries: list[RankedCandidate]
+    excluded: list[Excluded]
+    ok_start: list[int]
+    bad_start: list[int]
+    n_rows: list[int]
+    row_types: _LazyTypes  # the candidate types of each job that are in the catalog
+    has_model: list[bool]
+    any_fit: list[bool]
+
+    @classmethod
+    def of(cls, frame: Columns, num_devices: np.ndarray, n_sub: int) -> _RankedRows:
         job = np.asarray(frame["job"], np.int64)
         source = np.asarray(frame["source"], np.int64)
         fits = np.asarray(frame["fits"], bool)
         usable = source != SRC_NONE
         score = np.where(usable, np.asarray(frame["tpc"], np.float64), -np.inf)
         order = rank_order(job, score)
-        # usable rows first within each job, both parts keeping the ranked order: a job's
-        # candidates and its exclusions are then contiguous runs, built by two comprehensions
-        # (no per-row branching in Python; same output as the row-by-row loop).
+        # usable rows first within each job, both parts keeping the ranked order
         ok_sorted = usable[order]
         order = order[np.lexsort((~ok_sorted, job[order]))]
         ok_o = usable[order]
         job_o = job[order]
-        n_sub = len(submissions)
         starts = np.searchsorted(job_o, np.arange(n_sub + 1))
         n_ok = np.bincount(job_o[ok_o], minlength=n_sub)
-        ok_start = np.concatenate([[0], np.cumsum(n_ok)]).tolist()
-        bad_start = np.concatenate([[0], np.cumsum(np.diff(starts) - n_ok)]).tolist()
         rank = (np.arange(len(order)) - starts[job_o] + 1)[ok_o].tolist()
         o_ok = order[ok_o]
         # intervals clipped at 0: a throughput is never negative
         low = np.fmax(np.asarray(frame["low"], np.float64)[o_ok], 0.0).tolist()
         high = np.fmax(np.asarray(frame["high"], np.float64)[o_ok], 0.0).tolist()
-        nd_rows = np.asarray(jobs["num_devices"], np.int64)[job]
         is_model = (source[o_ok] == SRC_MODEL).tolist()
         hw_all = np.asarray(frame["hardware_type"], object)
         # one candidate entry of the schema, built inline (the hot loop)
@@ -252,7 +305,7 @@ class Ranker:
                 high,
                 is_model,
                 np.asarray(frame["cost"], np.float64)[o_ok].tolist(),
-                nd_rows[o_ok].tolist(),
+                num_devices[job][o_ok].tolist(),
                 np.asarray(frame["tpc"], np.float64)[o_ok].tolist(),
                 rank,
                 strict=True,
@@ -263,50 +316,41 @@ class Ranker:
             {"hardware_type": t, "reason": "no_prediction" if f else "does_not_fit"}
             for t, f in zip(hw_all[o_bad].tolist(), fits[o_bad].tolist(), strict=True)
         ]
-        has_model = (np.bincount(job[usable & (source == SRC_MODEL)], minlength=n_sub) > 0).tolist()
-        any_fit_j = (np.bincount(job[fits], minlength=n_sub) > 0).tolist()
-        n_rows_j = np.diff(starts).tolist()
-        version = self.model.version if self.model is not None else None
-        submitted_s = np.asarray(jobs["submitted_at_s"], np.float64).tolist()
-        out: list[HardwareRanking] = []
-        for j, s in enumerate(submissions):
-            cands = entries[ok_start[j] : ok_start[j + 1]]
-            excluded = excl[bad_start[j] : bad_start[j + 1]]
-            cand_hw = s["candidate_hardware"]
-            if len(cand_hw) != n_rows_j[j]:  # some candidates are not in the catalog
-                seen = {hw_all[r] for r in order[starts[j] : starts[j + 1]].tolist()}
-                excluded = excluded + [
-                    Excluded(hardware_type=t, reason="unknown_hardware")
-                    for t in cand_hw
-                    if t not in seen
-                ]
-            source_name: RankingSource
-            if cands:
-                source_name = "model" if has_model[j] else "lookup"
-                reason = "ok" if source_name == "model" else str(model_reason[j])
-            else:
-                source_name = "none"
-                reason = "no_candidate_fits" if not any_fit_j[j] else "lookup_miss"
-                if not n_rows_j[j]:
-                    reason = "no_known_candidate"
-            h = histories[j]
-            out.append(
-                {
-                    "schema_version": SCHEMA_VERSION,
-                    "event_id": ranking_event_id(s["event_id"]),
-                    "job_id": s["job_id"],
-                    "attempt": s["attempt"],
-                    "lineage_id": s["lineage_id"],
-                    "submission_event_id": s["event_id"],
-                    "submitted_at": s["submitted_at"],
-                    "produced_at": produced,
-                    "model_version": version if source_name == "model" else None,
-                    "source": source_name,
-                    "reason": reason,
-                    "history_used": bool(h),
-                    "candidates": cands,
-                    "excluded": excluded,
-                    "latency_ms": max(0.0, (now_s - submitted_s[j]) * 1000.0),
-                }
-            )
-        return out
+        n_rows = np.diff(starts).tolist()
+        return cls(
+            entries=entries,
+            excluded=excl,
+            ok_start=np.concatenate([[0], np.cumsum(n_ok)]).tolist(),
+            bad_start=np.concatenate([[0], np.cumsum(np.diff(starts) - n_ok)]).tolist(),
+            n_rows=n_rows,
+            row_types=_LazyTypes(hw_all, order, starts),
+            has_model=(
+                np.bincount(job[usable & (source == SRC_MODEL)], minlength=n_sub) > 0
+            ).tolist(),
+            any_fit=(np.bincount(job[fits], minlength=n_sub) > 0).tolist(),
+        )
+
+    def of_job(
+        self, j: int, candidate_hardware: Sequence[str]
+    ) -> tuple[list[RankedCandidate], list[Excluded]]:
+        """Job j's ranked candidates and exclusions (candidates not in the catalog last)."""
+        cands = self.entries[self.ok_start[j] : self.ok_start[j + 1]]
+        excluded = self.excluded[self.bad_start[j] : self.bad_start[j + 1]]
+        if len(candidate_hardware) != self.n_rows[j]:  # some candidates are not in the catalog
+            seen = self.row_types[j]
+            excluded = excluded + [
+                Excluded(hardware_type=t, reason="unknown_hardware")
+                for t in candidate_hardware
+                if t not in seen
+            ]
+        return cands, excluded
+
+    def verdict(self, j: int, has_candidates: bool, model_reason: str) -> tuple[RankingSource, str]:
+        """(source, reason) of job j's ranking."""
+        if has_candidates:
+            if self.has_model[j]:
+                return "model", "ok"
+            return "lookup", model_reason
+        if not self.n_rows[j]:
+            return "none", "no_known_candidate"
+        return "none", "no_candidate_fits" if not self.any_fit[j] else "lookup_miss"
