@@ -55,6 +55,131 @@ def _candidates(subs: pd.DataFrame) -> list[list[str]]:
     return [c.split("|") if c else [] for c in subs["candidate_hardware"].tolist()]
 
 
+@dataclass(frozen=True)
+class _NightTruth:
+    """What really happened to one night's (job × candidate) rows: measured and true rates,
+    where each job ran, and what running it on each row would have cost."""
+
+    job: np.ndarray
+    meas: np.ndarray
+    true: np.ndarray
+    in_truth: np.ndarray
+    is_ran: np.ndarray
+    nd: np.ndarray
+    cost: np.ndarray
+    row_cost: np.ndarray  # USD to run job j on row r's hardware at the measured rate there
+    best_row: np.ndarray  # per job, the row with the best measured throughput per cost
+    cost_default: np.ndarray  # per job, the cost on its default hardware
+    eligible: np.ndarray  # per job: a default cost and some work to weigh
+    dev_hours: np.ndarray
+    has_cand: np.ndarray  # per job: at least one candidate in the catalog
+
+    @property
+    def n_jobs(self) -> int:
+        return len(self.cost_default)
+
+    @classmethod
+    def of(
+        cls, base: pd.DataFrame, subs: pd.DataFrame, truth: pd.DataFrame, completions: pd.DataFrame
+    ) -> _NightTruth:
+        key = pd.DataFrame(
+            {
+                "job_id": subs["job_id"].to_numpy(object)[base["job"].to_numpy()],
+                "attempt": subs["attempt"].to_numpy()[base["job"].to_numpy()],
+                "hardware_type": base["hardware_type"].to_numpy(object),
+            }
+        )
+        cols = ["job_id", "attempt", "hardware_type", "true_samples_per_s"]
+        t = key.merge(
+            truth[[*cols, "measured_samples_per_s"]],
+            on=["job_id", "attempt", "hardware_type"],
+            how="left",
+        )
+        meas = t["measured_samples_per_s"].to_numpy(np.float64)
+        job = base["job"].to_numpy(np.int64)
+        hw = base["hardware_type"].to_numpy(object)
+        nd = subs["num_devices"].to_numpy(np.float64)[job]
+        cost = base["cost"].to_numpy(np.float64)
+        in_truth = np.isfinite(meas)
+        n_jobs = len(subs)
+        # the job's work: what its run processed (samples), a weight per job
+        c = completions.set_index(["job_id", "attempt"]).reindex(
+            pd.MultiIndex.from_arrays([subs["job_id"], subs["attempt"]])
+        )
+        dur = (
+            (pd.to_datetime(c["ended_at"], utc=True) - pd.to_datetime(c["started_at"], utc=True))
+            .dt.total_seconds()
+            .to_numpy(np.float64)
+        )
+        is_default = hw == subs["default_hardware"].to_numpy(object)[job]
+        is_ran = hw == c["hardware_type"].to_numpy(object)[job]  # the default, or the choice
+        meas_ran = np.full(n_jobs, np.nan)
+        meas_ran[job[is_ran & in_truth]] = meas[is_ran & in_truth]
+        work = np.nan_to_num(dur * meas_ran, nan=0.0)
+        row_cost = work[job] / meas * nd * cost / 3600.0
+        meas_tpc = throughput_per_cost(meas, cost, nd)
+        cost_default = np.full(n_jobs, np.nan)
+        cost_default[job[is_default & in_truth]] = row_cost[is_default & in_truth]
+        has_cand = np.zeros(n_jobs, bool)
+        has_cand[job[base["known"].to_numpy(bool)]] = True
+        return cls(
+            job=job,
+            meas=meas,
+            true=t["true_samples_per_s"].to_numpy(np.float64),
+            in_truth=in_truth,
+            is_ran=is_ran,
+            nd=nd,
+            cost=cost,
+            row_cost=row_cost,
+            best_row=_argmax_per_job(job, np.where(in_truth, meas_tpc, -np.inf), n_jobs),
+            cost_default=cost_default,
+            eligible=np.isfinite(cost_default) & (work > 0),
+            dev_hours=np.nan_to_num(c["device_hours"].to_numpy(np.float64), nan=0.0),
+            has_cand=has_cand,
+        )
+
+
+def _predictor_metrics(
+    tr: _NightTruth,
+    p: np.ndarray,
+    usable: np.ndarray,
+    lo: np.ndarray | None,
+    hi: np.ndarray | None,
+) -> dict[str, Any]:
+    """Accuracy (every candidate and where the job ran), top-1, regret, savings and coverage of
+    one predictor whose predictions ``p`` are usable where ``usable``."""
+
+    def on(rows: np.ndarray) -> dict[str, Any]:
+        return metrics(
+            np.where(usable, p, np.nan)[rows],
+            tr.meas[rows],
+            None if lo is None else lo[rows],
+            None if hi is None else hi[rows],
+        )
+
+    m = on(tr.in_truth)
+    mr = on(tr.in_truth & tr.is_ran)  # the hardware the job actually ran on
+    m["accuracy_ran"] = mr["accuracy"]
+    if "interval_coverage" in mr:
+        m["interval_coverage_ran"] = mr["interval_coverage"]
+    score = np.where(usable & tr.in_truth, throughput_per_cost(p, tr.cost, tr.nd), -np.inf)
+    top = _argmax_per_job(tr.job, score, tr.n_jobs)
+    covered = top >= 0
+    chosen_cost = np.where(covered, tr.row_cost[np.maximum(top, 0)], tr.cost_default)
+    best_cost = np.where(tr.best_row >= 0, tr.row_cost[np.maximum(tr.best_row, 0)], np.nan)
+    e = tr.eligible & np.isfinite(chosen_cost) & np.isfinite(best_cost)
+    m["top1"] = float(np.mean((top == tr.best_row)[e])) if e.any() else float("nan")
+    m["regret"] = float(chosen_cost[e].sum() / best_cost[e].sum() - 1.0) if e.any() else 0.0
+    m["savings"] = float(1.0 - chosen_cost[e].sum() / tr.cost_default[e].sum()) if e.any() else 0.0
+    has = tr.has_cand
+    m["coverage"] = float(covered[has].mean()) if has.any() else 0.0
+    hours = tr.dev_hours[has].sum()
+    m["coverage_device_hours"] = (
+        float(tr.dev_hours[covered & has].sum() / hours) if hours > 0 else 0.0
+    )
+    return m
+
+
 def _night_eval(
     subs: pd.DataFrame,
     truth: pd.DataFrame,
@@ -65,72 +190,20 @@ def _night_eval(
     lookup: LookupTable | None,
 ) -> tuple[dict[str, Any], pd.DataFrame]:
     """Metrics of one night for model, lookup and oracle, and the scored rows (for plots)."""
-    cands = _candidates(subs)
-    cat = _SpecCatalog(specs)
-    frames: dict[str, pd.DataFrame] = {}
-    base, _reason = Ranker(cat, model, lookup).score_batch(
-        subs, cands, snap.histories, snap.aggregates, snap.now
+    base, _reason = Ranker(_SpecCatalog(specs), model, lookup).score_batch(
+        subs, _candidates(subs), snap.histories, snap.aggregates, snap.now
     )
-    frames["model"] = base
-    frames["lookup"] = _lookup_only(base, subs, lookup)
-    key = pd.DataFrame(
-        {
-            "job_id": subs["job_id"].to_numpy(object)[base["job"].to_numpy()],
-            "attempt": subs["attempt"].to_numpy()[base["job"].to_numpy()],
-            "hardware_type": base["hardware_type"].to_numpy(object),
-        }
-    )
-    t = key.merge(
-        truth[
-            ["job_id", "attempt", "hardware_type", "true_samples_per_s", "measured_samples_per_s"]
-        ],
-        on=["job_id", "attempt", "hardware_type"],
-        how="left",
-    )
-    meas = t["measured_samples_per_s"].to_numpy(np.float64)
-    true = t["true_samples_per_s"].to_numpy(np.float64)
-    job = base["job"].to_numpy(np.int64)
-    hw = base["hardware_type"].to_numpy(object)
-    nd = subs["num_devices"].to_numpy(np.float64)[job]
-    cost = base["cost"].to_numpy(np.float64)
-    in_truth = np.isfinite(meas)
-    n_jobs = len(subs)
-
-    # the job's work: what its run processed (samples), a weight per job
-    comp = completions.set_index(["job_id", "attempt"])
-    ck = pd.MultiIndex.from_arrays([subs["job_id"], subs["attempt"]])
-    c = comp.reindex(ck)
-    dur = (
-        (pd.to_datetime(c["ended_at"], utc=True) - pd.to_datetime(c["started_at"], utc=True))
-        .dt.total_seconds()
-        .to_numpy(np.float64)
-    )
-    default = subs["default_hardware"].to_numpy(object)
-    is_default = hw == default[job]
-    ran_hw = c["hardware_type"].to_numpy(object)
-    is_ran = hw == ran_hw[job]  # where it ran: the default, or the policy's choice
-    meas_ran = np.full(n_jobs, np.nan)
-    meas_ran[job[is_ran & in_truth]] = meas[is_ran & in_truth]
-    work = np.nan_to_num(dur * meas_ran, nan=0.0)
-    dev_hours = np.nan_to_num(c["device_hours"].to_numpy(np.float64), nan=0.0)
-
-    # cost of running job j on row r's hardware (USD), at the measured rate there
-    row_cost = work[job] / meas * nd * cost / 3600.0
-    meas_tpc = throughput_per_cost(meas, cost, nd)
-    best_row = _argmax_per_job(job, np.where(in_truth, meas_tpc, -np.inf), n_jobs)
-    cost_default = np.full(n_jobs, np.nan)
-    cost_default[job[is_default & in_truth]] = row_cost[is_default & in_truth]
-    eligible = np.isfinite(cost_default) & (work > 0)
-
+    only_lookup = _lookup_only(base, subs, lookup)
+    tr = _NightTruth.of(base, subs, truth, completions)
     preds = {
-        "model": frames["model"]["pred"].to_numpy(np.float64),
-        "lookup": frames["lookup"]["pred"].to_numpy(np.float64),
-        "oracle": true,
+        "model": base["pred"].to_numpy(np.float64),
+        "lookup": only_lookup["pred"].to_numpy(np.float64),
+        "oracle": tr.true,
     }
     sources = {
-        "model": frames["model"]["source"].to_numpy(np.int64),
-        "lookup": frames["lookup"]["source"].to_numpy(np.int64),
-        "oracle": np.where(in_truth, 0, SRC_NONE),
+        "model": base["source"].to_numpy(np.int64),
+        "lookup": only_lookup["source"].to_numpy(np.int64),
+        "oracle": np.where(tr.in_truth, 0, SRC_NONE),
     }
     fits = base["fits"].to_numpy(bool)
     out: dict[str, Any] = {}
@@ -139,58 +212,22 @@ def _night_eval(
         usable = (sources[name] != SRC_NONE) & np.isfinite(p) & (p > 0)
         if name != "oracle":
             usable &= fits
-        lo = frames["model"]["low"].to_numpy() if name == "model" else None
-        hi = frames["model"]["high"].to_numpy() if name == "model" else None
-        m = metrics(
-            np.where(usable, p, np.nan)[in_truth],
-            meas[in_truth],
-            None if lo is None else lo[in_truth],
-            None if hi is None else hi[in_truth],
-        )
-        ran = in_truth & is_ran  # the hardware the job actually ran on
-        mr = metrics(
-            np.where(usable, p, np.nan)[ran],
-            meas[ran],
-            None if lo is None else lo[ran],
-            None if hi is None else hi[ran],
-        )
-        m["accuracy_ran"] = mr["accuracy"]
-        if "interval_coverage" in mr:
-            m["interval_coverage_ran"] = mr["interval_coverage"]
-        score = np.where(usable & in_truth, throughput_per_cost(p, cost, nd), -np.inf)
-        top = _argmax_per_job(job, score, n_jobs)
-        covered = top >= 0
-        chosen_cost = np.where(covered, row_cost[np.maximum(top, 0)], cost_default)
-        best_cost = np.where(best_row >= 0, row_cost[np.maximum(best_row, 0)], np.nan)
-        e = eligible & np.isfinite(chosen_cost) & np.isfinite(best_cost)
-        m["top1"] = float(np.mean((top == best_row)[e])) if e.any() else float("nan")
-        m["regret"] = float(chosen_cost[e].sum() / best_cost[e].sum() - 1.0) if e.any() else 0.0
-        m["savings"] = float(1.0 - chosen_cost[e].sum() / cost_default[e].sum()) if e.any() else 0.0
-        has_cand = np.zeros(n_jobs, bool)
-        has_cand[job[base["known"].to_numpy(bool)]] = True
-        m["coverage"] = float(covered[has_cand].mean()) if has_cand.any() else 0.0
-        m["coverage_device_hours"] = (
-            float(dev_hours[covered & has_cand].sum() / dev_hours[has_cand].sum())
-            if dev_hours[has_cand].sum() > 0
-            else 0.0
-        )
-        out[name] = m
+        lo = base["low"].to_numpy() if name == "model" else None
+        hi = base["high"].to_numpy() if name == "model" else None
+        out[name] = _predictor_metrics(tr, p, usable, lo, hi)
     if model is not None:
         usable_m = (sources["model"] != SRC_NONE) & np.isfinite(preds["model"]) & fits
         out["by_anchor"] = _anchor_counts(
-            base, subs, model, preds["model"], usable_m, meas, in_truth, is_ran
+            base, subs, model, preds["model"], usable_m, tr.meas, tr.in_truth, tr.is_ran
         )
-    out["submissions"] = n_jobs
-    out["rows"] = int(in_truth.sum())
-    out["not_fit_excluded_in_truth"] = float(np.mean(~fits[in_truth])) if in_truth.any() else 0.0
+    out["submissions"] = tr.n_jobs
+    out["rows"] = int(tr.in_truth.sum())
+    out["not_fit_excluded_in_truth"] = (
+        float(np.mean(~fits[tr.in_truth])) if tr.in_truth.any() else 0.0
+    )
     scored = pd.DataFrame(
-        {
-            "measured": meas,
-            "model": preds["model"],
-            "lookup": preds["lookup"],
-            "oracle": true,
-        }
-    )[in_truth]
+        {"measured": tr.meas, "model": preds["model"], "lookup": preds["lookup"], "oracle": tr.true}
+    )[tr.in_truth]
     return out, scored
 
 
