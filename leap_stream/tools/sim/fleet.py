@@ -262,6 +262,16 @@ class _Lineages:
         self.cols[k] = v
 
 
+@dataclass(frozen=True)
+class _DayIds:
+    """The identifiers of one day's attempts, in the day's time order."""
+
+    job_arr: pa.Array
+    lin_id: Any
+    attempt: np.ndarray[Any, Any]
+    eid_list: list[str]
+
+
 class FleetSimulator:
     """Day-by-day simulation; ``step_day(policy)`` lets a backtest retrain between days."""
 
@@ -378,7 +388,23 @@ class FleetSimulator:
     def _new_lineages(
         self, rng: np.random.Generator, n: int, t0: float, t1: float
     ) -> dict[str, np.ndarray[Any, Any]]:
-        """Draw ``n`` new lineages (some may be dropped when nothing in their quota fits)."""
+        """Draw ``n`` new lineages (some may be dropped when nothing in their quota fits).
+
+        The steps draw from ``rng`` in a fixed order (a seed gives the same fleet): the model,
+        its configuration, its parallelism, the team, the candidates, then the hidden factors
+        and the schedule."""
+        model_idx = self._draw_models(rng, n)
+        cols = self._draw_config(rng, model_idx)
+        cols.update(self._draw_parallelism(rng, model_idx, cols))
+        team = rng.integers(0, self.config.teams, n)
+        cols["team_idx"] = team.astype(np.int64)
+        cand, job, hw_idx = self._draw_candidates(rng, cols, team)
+        cols.update(self._draw_hidden(rng, cand, job, hw_idx, cols["num_devices"], t0, t1))
+        keep = cand.any(axis=1)
+        return {k: v[keep] for k, v in cols.items()}
+
+    def _draw_models(self, rng: np.random.Generator, n: int) -> np.ndarray[Any, Any]:
+        """A family by its weight, then a model of it (smaller ones more likely)."""
         m = self._m
         fam = rng.choice(len(FAMILIES), size=n, p=FAMILY_WEIGHTS / FAMILY_WEIGHTS.sum())
         model_idx = np.empty(n, dtype=np.int64)
@@ -387,9 +413,17 @@ class FleetSimulator:
             pool = self._family_models[f]
             w = m["parameters"][pool].astype(np.float64) ** -0.25
             model_idx[sel] = rng.choice(pool, size=len(sel), p=w / w.sum())
+        return model_idx
+
+    def _draw_config(
+        self, rng: np.random.Generator, model_idx: np.ndarray[Any, Any]
+    ) -> dict[str, np.ndarray[Any, Any]]:
+        """Framework and version, precision, optimizer, sequence, tensor and pipeline
+        parallelism, activation checkpointing and the micro batch of each lineage."""
+        m = self._m
+        n = len(model_idx)
         family_idx = m["family_idx"][model_idx].astype(np.int64)
         params = m["parameters"][model_idx].astype(np.float64)
-        emb = m["embedding_params"][model_idx].astype(np.float64)
         # framework: from the model's list, the first ones more likely; then a version
         u = rng.random(n)
         framework_idx = _choice_rows_u(self._m_framework_p[model_idx], u)
@@ -426,6 +460,34 @@ class FleetSimulator:
         ckpt = ckpt | (act_sample * mb > budget * 4)
         act_sample = np.where(ckpt, act_sample * 0.12, act_sample)
         mb = np.maximum(1.0, np.minimum(mb, _pow2_floor(budget / act_sample)))
+        return {
+            "model_idx": model_idx,
+            "framework_idx": framework_idx,
+            "framework_version": version,
+            "precision_idx": precision_idx,
+            "optimizer_idx": optimizer_idx,
+            "seq": seq,
+            "micro_batch": mb.astype(np.int64),
+            "tp": tp.astype(np.int64),
+            "pp": pp.astype(np.int64),
+            "ckpt": ckpt,
+        }
+
+    def _draw_parallelism(
+        self,
+        rng: np.random.Generator,
+        model_idx: np.ndarray[Any, Any],
+        cols: dict[str, np.ndarray[Any, Any]],
+    ) -> dict[str, np.ndarray[Any, Any]]:
+        """Data parallelism (enough replicas for the states to fit, then a heavy tail of
+        scale-out), the device count and the global batch."""
+        m = self._m
+        n = len(model_idx)
+        params = m["parameters"][model_idx].astype(np.float64)
+        emb = m["embedding_params"][model_idx].astype(np.float64)
+        sharded = self._m_sharded[model_idx]
+        tp, pp, precision_idx = cols["tp"], cols["pp"], cols["precision_idx"]
+        mb = cols["micro_batch"].astype(np.float64)
         # data parallel: enough replicas for the states to fit, then a heavy tail of scale-out
         split = tp * pp
         dense = params - emb
@@ -447,23 +509,15 @@ class FleetSimulator:
         accum = 2 ** rng.choice(4, size=n, p=[0.5, 0.25, 0.15, 0.10])
         accum = np.where(mb * dp * accum > 2**22, 1, accum)  # keep huge recsys batches sane
         global_batch = (mb * dp * accum).astype(np.int64)
-        team = rng.integers(0, self.config.teams, n)
-        cols: dict[str, np.ndarray[Any, Any]] = {
-            "model_idx": model_idx,
-            "team_idx": team.astype(np.int64),
-            "framework_idx": framework_idx,
-            "framework_version": version,
-            "precision_idx": precision_idx,
-            "optimizer_idx": optimizer_idx,
-            "seq": seq,
-            "micro_batch": mb.astype(np.int64),
-            "global_batch": global_batch,
-            "num_devices": num_devices,
-            "dp": dp,
-            "tp": tp.astype(np.int64),
-            "pp": pp.astype(np.int64),
-            "ckpt": ckpt,
-        }
+        return {"global_batch": global_batch, "num_devices": num_devices, "dp": dp}
+
+    def _draw_candidates(
+        self, rng: np.random.Generator, cols: dict[str, np.ndarray[Any, Any]], team: np.ndarray
+    ) -> tuple[np.ndarray[Any, Any], JobArrays, np.ndarray[Any, Any]]:
+        """The types each lineage may run on: those that fit and support its framework, within
+        the team's quota (or, when none of those fits, up to 4 eligible types granted)."""
+        n = len(team)
+        model_idx = cols["model_idx"]
         # eligibility: memory fit and framework support on every type
         n_t = len(self.hw.types)
         rows = np.repeat(np.arange(n), n_t)
@@ -480,6 +534,21 @@ class FleetSimulator:
             grant = np.zeros_like(cand[empty])
             np.put_along_axis(grant, order, True, axis=1)
             cand[empty] = grant & eligible[empty]
+        return cand, job, hw_idx
+
+    def _draw_hidden(
+        self,
+        rng: np.random.Generator,
+        cand: np.ndarray[Any, Any],
+        job: JobArrays,
+        hw_idx: np.ndarray[Any, Any],
+        num_devices: np.ndarray[Any, Any],
+        t0: float,
+        t1: float,
+    ) -> dict[str, np.ndarray[Any, Any]]:
+        """The default type, the hidden per-lineage factors the model must learn from data,
+        and the schedule state (when it first submits, how many times)."""
+        n, n_t = cand.shape
         # default: popular types more likely
         w = np.where(cand, self._popularity[None, :], 0.0)
         default = _choice_rows(rng, w / np.maximum(w.sum(axis=1, keepdims=True), 1e-12))
@@ -502,22 +571,20 @@ class FleetSimulator:
         ).astype(np.int64)
         first = t0 + (t1 - t0) * rng.random(n)
         flaky = np.exp(rng.normal(0.0, 0.6, n))
-        cols.update(
-            cand=cand,
-            default=default.astype(np.int64),
-            lin_f=lin_f,
-            lin_v=lin_v,
-            cap_dev=cap_dev,
-            remaining=total,
-            next_submit=first,
-            job_seq=np.zeros(n, dtype=np.int64),
-            attempt=np.zeros(n, dtype=np.int64),
-            retry=np.zeros(n, dtype=bool),
-            flaky=flaky,
-            min_meas_end=np.full(n, np.inf),
-        )
-        keep = cand.any(axis=1)
-        return {k: v[keep] for k, v in cols.items()}
+        return {
+            "cand": cand,
+            "default": default.astype(np.int64),
+            "lin_f": lin_f,
+            "lin_v": lin_v,
+            "cap_dev": cap_dev,
+            "remaining": total,
+            "next_submit": first,
+            "job_seq": np.zeros(n, dtype=np.int64),
+            "attempt": np.zeros(n, dtype=np.int64),
+            "retry": np.zeros(n, dtype=bool),
+            "flaky": flaky,
+            "min_meas_end": np.full(n, np.inf),
+        }
 
     # ------------------------------------------------------------------ schedule
     def _schedule(
@@ -638,14 +705,26 @@ class FleetSimulator:
         s: dict[str, np.ndarray[Any, Any]],
         policy: Policy | None,
     ) -> DayResult:
-        L = self._lin
+        """One simulated day: its submissions (time-ordered), the true and measured rate of
+        every (submission × candidate), where each attempt runs, and its completion."""
         # time order (stable: ties keep lineage order) and millisecond timestamps
         order = np.lexsort((s["lin"], np.round(s["submitted"], 3)))
         s = {k: v[order] for k, v in s.items()}
         s["submitted"] = np.round(s["submitted"], 3)
-        n = len(s["lin"])
+        ids = self._day_ids(s)
+        cand = self._lin["cand"][s["lin"]]
+        subs = self._submissions_frame(s, ids, cand)
+        true, measured, truth, pos = self._truth(rng, d, s, ids, cand)
+        chosen, invalid = self._choose(policy, subs, s, cand)
+        comp, has_thr, ended = self._completions_frame(s, ids, true, measured, pos, chosen)
+        subs["has_prior"] = self._has_prior(s, has_thr, ended)
+        subs.attrs["vendors"] = self._vendors_present
+        dataset = self._join(subs, comp)
+        new_events = [e for e in self.drift_events if e.day == d]
+        return DayResult(day, subs, comp, dataset, truth, new_events, invalid)
+
+    def _day_ids(self, s: dict[str, np.ndarray[Any, Any]]) -> _DayIds:
         lin = s["lin"]
-        mi = L["model_idx"][lin]
         seed = self.config.seed
         lin_list = [f"lin-{seed}-{x:07d}" for x in lin.tolist()]
         job_list = [
@@ -654,14 +733,24 @@ class FleetSimulator:
         ]
         attempt = s["attempt"].astype(np.int64)
         eid_list = [f"{j}-a{a}" for j, a in zip(job_list, attempt.tolist(), strict=True)]
-        job_arr = pa.array(job_list, pa.string())
-        lin_id = _strings(lin_list)
-        cand = L["cand"][lin]
+        return _DayIds(
+            job_arr=pa.array(job_list, pa.string()),
+            lin_id=_strings(lin_list),
+            attempt=attempt,
+            eid_list=eid_list,
+        )
+
+    def _submissions_frame(
+        self, s: dict[str, np.ndarray[Any, Any]], ids: _DayIds, cand: np.ndarray[Any, Any]
+    ) -> pd.DataFrame:
+        L, m = self._lin, self._m
+        lin = s["lin"]
+        mi = L["model_idx"][lin]
+        job_arr, lin_id, attempt, eid_list = ids.job_arr, ids.lin_id, ids.attempt, ids.eid_list
         cand_str = self._candidate_strings(cand)
-        m = self._m
         fam_idx = m["family_idx"][mi]
         submitted = pd.to_datetime((s["submitted"] * 1000).astype(np.int64), unit="ms", utc=True)
-        subs = pd.DataFrame(
+        return pd.DataFrame(
             {
                 "submission_event_id": _strings(["sub-" + e for e in eid_list]),
                 "job_id": _strings(job_arr),
@@ -692,7 +781,22 @@ class FleetSimulator:
             }
         )
 
-        # ---- truth for every (submission × candidate)
+    def _truth(
+        self,
+        rng: np.random.Generator,
+        d: int,
+        s: dict[str, np.ndarray[Any, Any]],
+        ids: _DayIds,
+        cand: np.ndarray[Any, Any],
+    ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], pd.DataFrame, np.ndarray[Any, Any]]:
+        """(true rate, measured rate, truth frame, position of (submission, hardware) in them)
+        of every (submission × candidate); the one draw of the day's noise."""
+        L = self._lin
+        lin = s["lin"]
+        mi = L["model_idx"][lin]
+        fam_idx = self._m["family_idx"][mi]
+        n = len(lin)
+        job_arr, attempt = ids.job_arr, ids.attempt
         sub_i, hw_i = np.nonzero(cand)
         cols = {
             "framework_idx": L["framework_idx"][lin[sub_i]],
@@ -734,11 +838,20 @@ class FleetSimulator:
         # position of (submission, hardware) in the truth rows
         pos = np.full((n, len(self.hw.types)), -1, dtype=np.int64)
         pos[sub_i, hw_i] = np.arange(len(sub_i))
+        return true, measured, truth, pos
 
-        # ---- the policy decides where each attempt runs
+    def _choose(
+        self,
+        policy: Policy | None,
+        subs: pd.DataFrame,
+        s: dict[str, np.ndarray[Any, Any]],
+        cand: np.ndarray[Any, Any],
+    ) -> tuple[np.ndarray[Any, Any], int]:
+        """Where each attempt runs: the policy's pick when it is a candidate, else the default;
+        and how many picks were invalid."""
         chosen = s["default"].copy()
         invalid = 0
-        if policy is not None and n:
+        if policy is not None and len(subs):
             picked = policy(subs)
             picked = pd.Series(picked).reindex(subs.index)
             index_of = {t: i for i, t in enumerate(self.hw.types)}
@@ -747,6 +860,24 @@ class FleetSimulator:
             ok[ok] = cand[np.flatnonzero(ok), p_idx[ok]]
             invalid = int((~ok).sum())
             chosen = np.where(ok, p_idx, chosen)
+        return chosen, invalid
+
+    def _completions_frame(
+        self,
+        s: dict[str, np.ndarray[Any, Any]],
+        ids: _DayIds,
+        true: np.ndarray[Any, Any],
+        measured: np.ndarray[Any, Any],
+        pos: np.ndarray[Any, Any],
+        chosen: np.ndarray[Any, Any],
+    ) -> tuple[pd.DataFrame, np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+        """The completion of each attempt on its chosen hardware; also which ones measured a
+        throughput and when each ended (epoch s)."""
+        L = self._lin
+        lin = s["lin"]
+        mi = L["model_idx"][lin]
+        n = len(lin)
+        job_arr, lin_id, attempt, eid_list = ids.job_arr, ids.lin_id, ids.attempt, ids.eid_list
         rows = np.arange(n)
         thr_default = true[pos[rows, s["default"]]]
         thr_meas = measured[pos[rows, chosen]]
@@ -784,9 +915,21 @@ class FleetSimulator:
                 "device_hours": dev_h,
             }
         )
-        # ---- prior: a measured completion of the lineage ended before this submission.
-        # Earliest measured end so far (state from earlier days, then an exclusive running min
-        # inside each lineage's time-ordered submissions of today).
+        return comp, has_thr, ended
+
+    def _has_prior(
+        self,
+        s: dict[str, np.ndarray[Any, Any]],
+        has_thr: np.ndarray[Any, Any],
+        ended: np.ndarray[Any, Any],
+    ) -> np.ndarray[Any, Any]:
+        """Whether a measured completion of the lineage ended before each submission.
+
+        Earliest measured end so far (state from earlier days, then an exclusive running min
+        inside each lineage's time-ordered submissions of today); updates that state."""
+        L = self._lin
+        lin = s["lin"]
+        n = len(lin)
         prior_end = L["min_meas_end"]
         meas_end = np.where(has_thr, ended, np.inf)
         by_lin = np.lexsort((np.arange(n), lin))
@@ -799,11 +942,7 @@ class FleetSimulator:
         has_prior = np.zeros(n, dtype=bool)
         has_prior[by_lin] = run < s["submitted"][by_lin]
         np.minimum.at(prior_end, lin, meas_end)
-        subs["has_prior"] = has_prior
-        subs.attrs["vendors"] = self._vendors_present
-        dataset = self._join(subs, comp)
-        new_events = [e for e in self.drift_events if e.day == d]
-        return DayResult(day, subs, comp, dataset, truth, new_events, invalid)
+        return has_prior
 
     def _candidate_strings(self, cand: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
         cache: dict[bytes, str] = {}
