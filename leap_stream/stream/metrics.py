@@ -112,7 +112,7 @@ class Metrics:
 
     def set_model(self, version: str | None, trained_at_epoch: float | None, now: float) -> None:
         # remove only on a change: every poll calls this, and a scrape between a remove and the
-        # set would see no model at all (a flicker the model fault test caught)
+        # set would see no model at all
         if self._model_version is not None and self._model_version != version:
             self.model_info.remove(self._model_version)
         self._model_version = version

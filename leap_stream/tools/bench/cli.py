@@ -121,7 +121,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             d = H.worker_backlog(world, worker, n)
             detail["worker"] = d
             H.log(
-                f"worker x{args.workers} (submissions: {figs['submissions_consumer']}): "
+                f"worker x{args.workers}: "
                 f"{n} events in {d['span_s']}s = {d['eps']:.0f}/s "
                 f"({d['eps_per_cpu_s']:.0f} per worker CPU-second); "
                 f"start to first ranking {d['start_to_first_s']}s; sources {d['sources']}"

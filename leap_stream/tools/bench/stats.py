@@ -19,7 +19,6 @@ FINAL_KEYS = (
     "candidates_per_job",
     "workers",
     "compiled_trees",
-    "submissions_consumer",
     "pipeline_vs_passthrough",
     "pipeline_vs_naive",
 )
