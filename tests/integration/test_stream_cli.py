@@ -108,3 +108,21 @@ def test_worker_refuses_to_start_without_its_topics(kafka_bootstrap: str, redis_
     out = _cli(["worker"], env)
     assert out.returncode == 2
     assert "leap-stream topics create" in out.stderr and env["LEAP_TOPIC_SUBMISSIONS"] in out.stderr
+
+
+def test_bench_runs_every_stage_small_and_prints_its_figures(
+    kafka_bootstrap: str, redis_url: str, tmp_path: Any
+) -> None:
+    """`leap-stream bench` end to end on tiny sizes: each stage runs against the real services
+    and the last line holds every documented figure (a renamed or removed figure fails here)."""
+    from leap_stream.tools.bench.stats import FINAL_KEYS
+
+    env = {"LEAP_KAFKA_BOOTSTRAP": kafka_bootstrap, "LEAP_REDIS_URL": redis_url}
+    res = _cli(
+        ["bench", "--events", "400", "--seconds", "1", "--naive-events", "30"], env, timeout=600
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    last = orjson.loads(res.stdout.strip().splitlines()[-1])
+    assert set(last) == set(FINAL_KEYS)
+    for key in ("passthrough_eps", "pipeline_eps", "worker_eps", "naive_eps", "p99_ms_at_1000"):
+        assert last[key] is not None and last[key] > 0, key
