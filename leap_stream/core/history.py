@@ -9,7 +9,11 @@ the history it will see when serving. Keep `apply_measurement` and `apply_aggreg
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
+
+from leap_stream.contracts.timestamps import epoch_s
 
 HISTORY_EWMA_ALPHA = 0.2
 # Completions whose throughput counts as a measurement; failed attempts rarely report a steady state.
@@ -78,6 +82,19 @@ class HistoryBook:
     def __init__(self) -> None:
         self._lineages: dict[str, LineageHistory] = {}
         self._aggregates: dict[str, TypeAggregates] = {}
+
+    def apply_completion(self, completion: Mapping[str, Any]) -> bool:
+        """Apply one job-completed event (measured at its ``ended_at``) as the online store's
+        Lua script does; False when it carries no measurement."""
+        return self.apply(
+            completion["lineage_id"],
+            completion["model_type"],
+            completion["hardware_type"],
+            completion["status"],
+            (completion.get("throughput") or {}).get("samples_per_s"),
+            completion["num_devices"],
+            epoch_s(completion["ended_at"]),
+        )
 
     def apply(
         self,

@@ -21,7 +21,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from leap_stream.contracts import parse_ts
-from leap_stream.contracts.timestamps import epoch_s
 from leap_stream.core.history import HistoryBook
 from leap_stream.store.artefact import write_model
 from leap_stream.store.offline import DatasetSink, read_dataset
@@ -295,15 +294,7 @@ def test_worker_end_to_end(stack: Stack) -> None:
     # --- the Redis history equals a HistoryBook replay of the completions (arrival order)
     book = HistoryBook()
     for c in applied:
-        book.apply(
-            c["lineage_id"],
-            c["model_type"],
-            c["hardware_type"],
-            c["status"],
-            (c.get("throughput") or {}).get("samples_per_s"),
-            c["num_devices"],
-            epoch_s(c["ended_at"]),
-        )
+        book.apply_completion(c)
     store = OnlineStore(connect(stack.redis_url), prefix=stack.prefix)
     lineages, types = book.lineage_ids, book.model_types
     hist, aggs = store.read_batch(lineages, types)
@@ -487,15 +478,7 @@ def test_worker_restart_loses_nothing(stack: Stack, sig: int) -> None:
 
     book = HistoryBook()
     for c in comps:
-        book.apply(
-            c["lineage_id"],
-            c["model_type"],
-            c["hardware_type"],
-            c["status"],
-            (c.get("throughput") or {}).get("samples_per_s"),
-            c["num_devices"],
-            epoch_s(c["ended_at"]),
-        )
+        book.apply_completion(c)
     store = OnlineStore(connect(stack.redis_url), prefix=stack.prefix)
     hist, aggs = store.read_batch(book.lineage_ids, book.model_types)
     assert hist == [book.lineage(x) for x in book.lineage_ids]

@@ -14,7 +14,6 @@ from typing import Any
 import orjson
 import pandas as pd
 
-from leap_stream.contracts.timestamps import epoch_s
 from leap_stream.core.history import HistoryBook
 from leap_stream.store.artefact import write_model
 from leap_stream.store.offline import read_dataset
@@ -167,15 +166,7 @@ def check_nothing_lost(
     assert set(ids) == want
     book = HistoryBook()
     for c in fl.comps:
-        book.apply(
-            c["lineage_id"],
-            c["model_type"],
-            c["hardware_type"],
-            c["status"],
-            (c.get("throughput") or {}).get("samples_per_s"),
-            c["num_devices"],
-            epoch_s(c["ended_at"]),
-        )
+        book.apply_completion(c)
     store = OnlineStore(connect(stack.redis_url), prefix=stack.prefix)
     hist, aggs = store.read_batch(book.lineage_ids, book.model_types)
     assert hist == [book.lineage(x) for x in book.lineage_ids], (

@@ -9,7 +9,6 @@ import time
 import pytest
 import redis
 
-from leap_stream.contracts.timestamps import epoch_s
 from leap_stream.core.history import HistoryBook, is_measurement
 from leap_stream.core.rows import submission_fields
 from leap_stream.store.offline import flatten
@@ -37,15 +36,7 @@ def _replay(completions: list[dict]) -> HistoryBook:
         if c["event_id"] in seen:
             continue
         seen.add(c["event_id"])
-        book.apply(
-            c["lineage_id"],
-            c["model_type"],
-            c["hardware_type"],
-            c["status"],
-            (c.get("throughput") or {}).get("samples_per_s"),
-            c["num_devices"],
-            epoch_s(c["ended_at"]),
-        )
+        book.apply_completion(c)
     return book
 
 

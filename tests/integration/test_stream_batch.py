@@ -14,7 +14,6 @@ import pytest
 
 from leap_stream.catalog import load_catalog
 from leap_stream.contracts import validate_event
-from leap_stream.contracts.timestamps import epoch_s
 from leap_stream.core.history import HistoryBook
 from leap_stream.core.lookup import LookupTable
 from leap_stream.core.ranker import Ranker
@@ -113,15 +112,7 @@ def test_submissions_then_completions_round_trip(
     # Redis history == HistoryBook replay of the same completions in the same order
     book = HistoryBook()
     for c in [*comps, orphan]:
-        book.apply(
-            c["lineage_id"],
-            c["model_type"],
-            c["hardware_type"],
-            c["status"],
-            (c.get("throughput") or {}).get("samples_per_s"),
-            c["num_devices"],
-            epoch_s(c["ended_at"]),
-        )
+        book.apply_completion(c)
     lineages = book.lineage_ids
     types = book.model_types
     hist, aggs = store.read_batch(lineages, types)
