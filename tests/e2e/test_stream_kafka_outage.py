@@ -4,10 +4,8 @@ own (`leap_stream.tools.dev` under a temporary LEAP_HOME) so that stopping it di
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -18,6 +16,7 @@ import pytest
 from leap_stream.stream.client import RankingsClient
 from leap_stream.stream.kafka import KafkaClients
 from leap_stream.stream.lag import LagReader, total_lag, worker_groups
+from leap_stream.tools.harness import WorkerStack
 from leap_stream.tools.sim.events import submission_events
 from leap_stream.tools.sim.fleet import SimConfig, simulate
 
@@ -55,33 +54,22 @@ def test_worker_survives_a_broker_outage(
     home = tmp_path / "broker-home"
     services = ensure_services(kafka=True, redis=False, home=home)
     bootstrap = services.kafka_bootstrap
-    proc = None
+    topics = {k: f"outage.{k}" for k in ("sub", "comp", "rank", "dlq")}
+    stack = WorkerStack(
+        bootstrap,
+        redis_url,
+        redis_prefix,
+        tmp_path,
+        topics,
+        "outage-worker",
+        extra_env={"LEAP_COMMIT_INTERVAL_S": "0.5"},
+    )
     try:
-        topics = {k: f"outage.{k}" for k in ("sub", "comp", "rank", "dlq")}
         create_topics(bootstrap, list(topics.values()), partitions=2)
         subs = submission_events(simulate(SimConfig(seed=3, days=1, rate=400)).submissions)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("LEAP_")}
-        env.update(
-            LEAP_KAFKA_BOOTSTRAP=bootstrap,
-            LEAP_REDIS_URL=redis_url,
-            LEAP_REDIS_PREFIX=redis_prefix,
-            LEAP_TOPIC_SUBMISSIONS=topics["sub"],
-            LEAP_TOPIC_COMPLETIONS=topics["comp"],
-            LEAP_TOPIC_RANKINGS=topics["rank"],
-            LEAP_TOPIC_DEAD_LETTER=topics["dlq"],
-            LEAP_CONSUMER_GROUP="outage-worker",
-            LEAP_HOME=str(tmp_path / "worker-home"),
-            LEAP_METRICS_PORT="0",
-            LEAP_COMMIT_INTERVAL_S="0.5",
-        )
-        log = tmp_path / "worker.log"
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "leap_stream", "worker"],
-            env=env,
-            cwd=tmp_path,
-            stdout=open(log, "wb"),  # noqa: SIM115 - closed with the process
-            stderr=subprocess.STDOUT,
-        )
+        stack.start()
+        proc = stack.proc
+        assert proc is not None
         half = len(subs) // 2
         _produce(bootstrap, topics["sub"], subs[:half])
         with RankingsClient(KafkaClients(bootstrap), topics["rank"]) as client:
@@ -89,7 +77,7 @@ def test_worker_survives_a_broker_outage(
 
         assert stop_services(names=["kafka"], home=home)["kafka"]
         time.sleep(8)  # the worker's consumer, producer and lag timer all see the outage
-        assert proc.poll() is None, log.read_text()[-3000:]
+        assert stack.alive(), stack.log_tail()
         again = ensure_services(kafka=True, redis=False, home=home)
         assert again.kafka_bootstrap == bootstrap  # same port, same data
 
@@ -103,9 +91,8 @@ def test_worker_survives_a_broker_outage(
         while total_lag(lag.read()) and time.monotonic() < end:
             time.sleep(0.5)
         assert total_lag(lag.read()) == 0
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(60) == 0, log.read_text()[-3000:]
+        assert stack.stop(signal.SIGTERM) == 0, stack.log_tail()
     finally:
-        if proc is not None and proc.poll() is None:
-            proc.kill()
+        if stack.alive():
+            stack.stop(signal.SIGKILL)
         stop_services(names=["kafka"], home=home)
