@@ -1,1 +1,1 @@
-"""Training, the promotion gate and the backtest (offline; reads the dataset, writes the registry)."""
+"""Nightly training and the promotion gate (offline: reads the dataset, writes the registry)."""
