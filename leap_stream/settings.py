@@ -80,14 +80,24 @@ def _choice(*allowed: str, upper: bool = False) -> Parser:
     return parse
 
 
-def _bool(true: str, false: str) -> Parser:
-    def parse(env: str, raw: str) -> bool:
-        value = raw.lower()
-        if value not in (true, false):
-            raise SettingsError(f"{env}={raw!r}: expected {true} or {false}")
-        return value == true
+class _Bool:
+    """A yes/no setting spelled ``true``/``false`` (or ``1``/``0``), written back the same way."""
 
-    return parse
+    def __init__(self, true: str, false: str) -> None:
+        self.true, self.false = true, false
+
+    def __call__(self, env: str, raw: str) -> bool:
+        value = raw.lower()
+        if value not in (self.true, self.false):
+            raise SettingsError(f"{env}={raw!r}: expected {self.true} or {self.false}")
+        return value == self.true
+
+    def spell(self, value: bool) -> str:
+        return self.true if value else self.false
+
+
+def _bool(true: str, false: str) -> _Bool:
+    return _Bool(true, false)
 
 
 def _setting(env: str, default: str, help: str, parse: Parser = _str) -> Any:
@@ -453,11 +463,8 @@ class Settings:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             env = f.metadata["env"]
-            if isinstance(value, bool):
-                true, false = {"LEAP_GC_FREEZE": ("1", "0")}.get(env, ("true", "false"))
-                text = true if value else false
-            else:
-                text = str(value)
+            parse = f.metadata["parse"]
+            text = parse.spell(value) if isinstance(parse, _Bool) else str(value)
             out[env] = "***" if env in SECRETS and text else text
         return out
 
