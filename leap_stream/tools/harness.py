@@ -45,6 +45,19 @@ def wait_for(
     raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
+def worker_topics(make: Callable[..., str], hint: str = "") -> dict[str, str]:
+    """A worker's four topics from ``make(hint, partitions=n)`` (a test's topic factory).
+
+    The completions get one partition: they are then applied in exactly the order produced,
+    so the order-dependent aggregates can be compared bit for bit with a replay."""
+    return {
+        "sub": make(f"{hint}sub", partitions=4),
+        "comp": make(f"{hint}comp", partitions=1),
+        "rank": make(f"{hint}rank", partitions=4),
+        "dlq": make(f"{hint}dlq", partitions=2),
+    }
+
+
 def worker_env(
     *,
     bootstrap: str,
@@ -236,4 +249,4 @@ class WorkerStack:
         return self._started().metric_labels(name)
 
 
-__all__ = ["WorkerProcess", "WorkerStack", "free_port", "wait_for", "worker_env"]
+__all__ = ["WorkerProcess", "WorkerStack", "free_port", "wait_for", "worker_env", "worker_topics"]

@@ -28,7 +28,7 @@ from leap_stream.store.online import OnlineStore, connect
 from leap_stream.stream.client import RankingsClient
 from leap_stream.stream.kafka import KafkaClients
 from leap_stream.stream.lag import LagReader, total_lag, worker_groups
-from leap_stream.tools.harness import WorkerStack, free_port, wait_for
+from leap_stream.tools.harness import WorkerStack, free_port, wait_for, worker_topics
 from leap_stream.tools.sim.events import (
     completion_events,
     completions_in_arrival_order,
@@ -67,14 +67,7 @@ def stack(
     redis_client: Any,
     tmp_path: Path,
 ) -> Iterator[Stack]:
-    topics = {
-        "sub": topic_factory("sub", partitions=4),
-        # one partition: completions are applied in exactly the order produced, so the
-        # order-dependent EWMA aggregates can be checked bit for bit against a replay
-        "comp": topic_factory("comp", partitions=1),
-        "rank": topic_factory("rank", partitions=4),
-        "dlq": topic_factory("dlq", partitions=2),
-    }
+    topics = worker_topics(topic_factory)
     s = Stack(
         kafka_bootstrap, redis_url, redis_prefix, tmp_path, topics, f"e2e-{os.urandom(6).hex()}"
     )

@@ -15,16 +15,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from _stack import Stack
 
-
-def make_topics(topic_factory: Any) -> dict[str, str]:
-    return {
-        "sub": topic_factory("fsub", partitions=4),
-        # one partition: completions are applied in the order produced, so the order-dependent
-        # EWMA aggregates can be compared bit for bit with a replay
-        "comp": topic_factory("fcomp", partitions=1),
-        "rank": topic_factory("frank", partitions=4),
-        "dlq": topic_factory("fdlq", partitions=2),
-    }
+from leap_stream.tools.harness import worker_topics
 
 
 @pytest.fixture
@@ -41,7 +32,7 @@ def stack(
         redis_url,
         redis_prefix,
         tmp_path,
-        make_topics(topic_factory),
+        worker_topics(topic_factory, "f"),
         f"faults-{os.urandom(6).hex()}",
     )
     yield s

@@ -17,13 +17,12 @@ from typing import Any
 
 import pytest
 from _stack import Feeder, Fleet, Stack, check_nothing_lost, dead_letters, feed, fleet
-from conftest import make_topics
 
 from leap_stream.stream.client import RankingsClient
 from leap_stream.stream.kafka import KafkaClients
 from leap_stream.stream.lag import LagReader, total_lag, worker_groups
 from leap_stream.tools.dev import redis as dev_redis
-from leap_stream.tools.harness import free_port, wait_for
+from leap_stream.tools.harness import free_port, wait_for, worker_topics
 
 pytestmark = pytest.mark.faults
 
@@ -223,7 +222,7 @@ def _stack_on(bootstrap: str, redis_url: str, redis_prefix: str, tmp_path: Path)
         redis_url,
         redis_prefix,
         tmp_path,
-        make_topics(topic_factory),
+        worker_topics(topic_factory, "f"),
         f"faults-{os.urandom(6).hex()}",
     )
 
