@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "topics": ("leap_stream.tools.dev.topics_cli", "create the topics the service uses"),
     "simulate": ("leap_stream.tools.sim.cli", "generate a synthetic fleet (files and/or Kafka)"),
     "worker": ("leap_stream.stream.worker", "run the stream processor (Faust worker)"),
+    "serve": ("leap_stream.stream.serve", "rank over HTTP (POST /v1/rank) for schedulers"),
     "lag": ("leap_stream.stream.lag", "consumer lag of the worker's group per partition"),
     "rankings": ("leap_stream.stream.client", "read rankings (`rankings tail`)"),
     "store": ("leap_stream.store.cli", "Redis history rebuild, dataset compaction, models"),

@@ -425,6 +425,18 @@ class Settings:
         "Worker output: delivery timeout per record; a failed batch is redone on a fresh producer.",
         _float(0, above=True),
     )
+    # --- HTTP (`leap-stream serve`)
+    serve_host: str = _setting(
+        "LEAP_SERVE_HOST",
+        "127.0.0.1",
+        "Address `leap-stream serve` listens on (0.0.0.0 in a container, behind a proxy for TLS).",
+    )
+    serve_port: int = _setting("LEAP_SERVE_PORT", "8080", "Port of `leap-stream serve`.", _port)
+    serve_tokens_file: str = _setting(
+        "LEAP_SERVE_TOKENS_FILE",
+        "",
+        "File of bearer tokens, one per line, that `leap-stream serve` accepts. Empty: no auth.",
+    )
     log_level: str = _setting(
         "LEAP_LOG_LEVEL",
         "INFO",

@@ -11,10 +11,15 @@ import faulthandler
 import gc
 import logging
 import sys
+from dataclasses import dataclass
 
 from leap_stream.settings import Settings
+from leap_stream.store.online import OnlineStore
 from leap_stream.stream.app import WorkerDeps
+from leap_stream.stream.batch import SubmissionProcessor
 from leap_stream.stream.kafka import KafkaClients
+from leap_stream.stream.metrics import Metrics
+from leap_stream.stream.models import RankerHolder
 
 log = logging.getLogger(__name__)
 
@@ -24,21 +29,28 @@ def missing_topics(kafka: KafkaClients, names: list[str], timeout: float = 15.0)
     return [n for n in names if n not in meta.topics or meta.topics[n].error is not None]
 
 
-def build_deps(cfg: Settings, kafka: KafkaClients) -> WorkerDeps:
+@dataclass
+class RankingCore:
+    """What ranks a submission, for the worker and for `leap-stream serve` alike."""
+
+    metrics: Metrics
+    store: OnlineStore
+    holder: RankerHolder
+    submissions: SubmissionProcessor
+    known: frozenset[str]
+
+
+def ranking_core(cfg: Settings) -> RankingCore:
+    """The catalog, the online store, the hot-reloaded model (its current one loaded now) and
+    the submissions processor over them."""
     from leap_stream.catalog import load_catalog
-    from leap_stream.store.offline import DatasetSink
-    from leap_stream.store.online import OnlineStore
     from leap_stream.store.registry import Registry
     from leap_stream.stream import compiled
-    from leap_stream.stream.batch import CompletionProcessor, SubmissionProcessor
-    from leap_stream.stream.lag import LagReader, worker_groups
-    from leap_stream.stream.metrics import Metrics
-    from leap_stream.stream.models import RankerHolder, lookup_from_dataset
-    from leap_stream.stream.output import OutputProducer
+    from leap_stream.stream.models import lookup_from_dataset
 
     metrics = Metrics()
     catalog = load_catalog()
-    known = set(catalog.types)
+    known = frozenset(catalog.types)
     store = OnlineStore.of(cfg)
     holder = RankerHolder(
         catalog,
@@ -47,7 +59,21 @@ def build_deps(cfg: Settings, kafka: KafkaClients) -> WorkerDeps:
         lookup_from_dataset(cfg.dataset_dir),
         compile_trees=compiled.wanted(cfg.compiled_trees),
     )
-    holder.poll()  # serve the current model from the first batch on
+    holder.poll()  # serve the current model from the first request on
+    processor = SubmissionProcessor(
+        store, holder.get, max_bytes=cfg.max_message_bytes, known_hardware=known
+    )
+    return RankingCore(metrics, store, holder, processor, known)
+
+
+def build_deps(cfg: Settings, kafka: KafkaClients) -> WorkerDeps:
+    from leap_stream.store.offline import DatasetSink
+    from leap_stream.stream.batch import CompletionProcessor
+    from leap_stream.stream.lag import LagReader, worker_groups
+    from leap_stream.stream.output import OutputProducer
+
+    core = ranking_core(cfg)
+    metrics, store = core.metrics, core.store
     sink = DatasetSink(cfg.dataset_dir)
     lag = LagReader(
         kafka, worker_groups(cfg.consumer_group, cfg.topic_submissions, cfg.topic_completions)
@@ -60,11 +86,9 @@ def build_deps(cfg: Settings, kafka: KafkaClients) -> WorkerDeps:
     return WorkerDeps(
         cfg=cfg,
         kafka=kafka,
-        submissions=SubmissionProcessor(
-            store, holder.get, max_bytes=cfg.max_message_bytes, known_hardware=known
-        ),
+        submissions=core.submissions,
         completions=CompletionProcessor(
-            store, max_bytes=cfg.max_message_bytes, known_hardware=known
+            store, max_bytes=cfg.max_message_bytes, known_hardware=core.known
         ),
         dataset_append=sink.append,
         make_output=lambda: OutputProducer(
@@ -74,7 +98,7 @@ def build_deps(cfg: Settings, kafka: KafkaClients) -> WorkerDeps:
             on_reset=metrics.producer_resets.inc,
         ),
         metrics=metrics,
-        model_poll=holder.poll,
+        model_poll=core.holder.poll,
         lag_poll=lag_poll,
     )
 
@@ -116,4 +140,4 @@ def run(args: argparse.Namespace, cfg: Settings) -> int:
     return 0
 
 
-__all__ = ["build_deps", "missing_topics", "register", "run"]
+__all__ = ["RankingCore", "build_deps", "missing_topics", "ranking_core", "register", "run"]
