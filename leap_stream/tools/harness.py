@@ -96,7 +96,8 @@ def worker_env(
 
 @dataclass
 class WorkerProcess:
-    """One ``leap-stream worker`` subprocess, its log file and its metrics endpoint."""
+    """One ``leap-stream worker`` subprocess (or another command, e.g. ``serve``), its log file
+    and its metrics endpoint."""
 
     env: dict[str, str]
     log_path: Path
@@ -104,6 +105,7 @@ class WorkerProcess:
     loglevel: str = "info"
     proc: subprocess.Popen[bytes] | None = None
     killed: bool = False
+    command: tuple[str, ...] = ("worker",)
 
     @property
     def metrics_port(self) -> int:
@@ -111,12 +113,15 @@ class WorkerProcess:
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "leap_stream", "worker", "-l", self.loglevel],
+            [sys.executable, "-m", "leap_stream", *self.command, *self._loglevel_args()],
             env=self.env,
             cwd=self.cwd,
             stdout=open(self.log_path, "wb"),  # noqa: SIM115 - closed with the process
             stderr=subprocess.STDOUT,
         )
+
+    def _loglevel_args(self) -> list[str]:
+        return ["-l", self.loglevel] if self.command[0] == "worker" else []
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

@@ -124,5 +124,13 @@ def test_bench_runs_every_stage_small_and_prints_its_figures(
     assert res.returncode == 0, res.stderr[-3000:]
     last = orjson.loads(res.stdout.strip().splitlines()[-1])
     assert set(last) == set(FINAL_KEYS)
-    for key in ("passthrough_eps", "pipeline_eps", "worker_eps", "naive_eps", "p99_ms_at_1000"):
+    for key in (
+        "passthrough_eps",
+        "pipeline_eps",
+        "worker_eps",
+        "naive_eps",
+        "p99_ms_at_1000",
+        "http_p99_ms_at_200",
+        "http_max_rps",
+    ):
         assert last[key] is not None and last[key] > 0, key

@@ -31,12 +31,15 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rate", type=float, default=1000.0, help="offered load, submissions/s")
     parser.add_argument("--seconds", type=float, default=20.0, help="duration of the offered load")
     parser.add_argument(
+        "--http-rate", type=float, default=200.0, help="single-job requests/s to `serve`"
+    )
+    parser.add_argument(
         "--workers", type=int, default=1, help="worker processes in the group (worker and load)"
     )
     parser.add_argument("--batch", type=int, default=500, help="consume(num_messages=…) size")
     parser.add_argument(
         "--only",
-        default="passthrough,pipeline,worker,naive,load",
+        default="passthrough,pipeline,worker,naive,load,http",
         help="comma-separated stages to run (default all)",
     )
     parser.add_argument(
@@ -136,6 +139,14 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
                     f"p99 {d['p99_ms']:.1f} ms, max {d['max_ms']:.1f} ms"
                 )
             worker.stop()
+        if "http" in stages:
+            d = H.http_latency(world, world.topic("http-rank"), args.http_rate, args.seconds)
+            detail["http"] = d
+            H.log(
+                f"serve: {args.http_rate:.0f} requests/s for {args.seconds:.0f}s: {d['requests']} "
+                f"answered, p50 {d['p50_ms']:.1f} ms, p99 {d['p99_ms']:.1f} ms, max "
+                f"{d['max_ms']:.1f} ms; one process answers {d['max_rps']:.0f} requests/s"
+            )
         if "naive" in stages:
             src, dst = world.topic("nv-in"), world.topic("nv-out")
             H.load_topic(world.bootstrap, src, world.submissions[:naive_n], world.lines[:naive_n])
@@ -159,6 +170,9 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         naive_eps=detail.get("naive", {}).get("eps", nan),
         p50_ms_at_1000=detail.get("load", {}).get("p50_ms", nan),
         p99_ms_at_1000=detail.get("load", {}).get("p99_ms", nan),
+        http_p50_ms_at_200=detail.get("http", {}).get("p50_ms", nan),
+        http_p99_ms_at_200=detail.get("http", {}).get("p99_ms", nan),
+        http_max_rps=detail.get("http", {}).get("max_rps", nan),
     )
     if args.json:
         print(orjson.dumps(detail, option=orjson.OPT_SERIALIZE_NUMPY, default=str).decode())

@@ -647,12 +647,140 @@ def offered_load(
     return {"offered_per_s": per_s, "seconds": seconds, **figures}
 
 
+def http_latency(
+    world: BenchWorld, rank_topic: str, per_s: float, seconds: float
+) -> dict[str, Any]:
+    """`leap-stream serve` on this world: single-job requests open-loop at ``per_s`` for
+    ``seconds`` (latency = request sent → ranking received), then the most requests one
+    process answers a second with 4 clients back to back."""
+    import httpx
+
+    from leap_stream.stream.compiled import wanted
+
+    port = free_port()
+    env = worker_env(
+        bootstrap=world.bootstrap,
+        redis_url=world.redis_url,
+        prefix=world.prefix,
+        topics={"sub": rank_topic, "comp": rank_topic, "rank": rank_topic, "dlq": rank_topic},
+        group=f"bench-serve-{uuid.uuid4().hex[:8]}",
+        home=world.tmp / "serve-home",
+        dataset_dir=world.tmp / "dataset",
+        registry_dir=world.registry_dir,
+        metrics_port=0,
+        settings={"LEAP_SERVE_PORT": str(port), "LEAP_LOG_LEVEL": "WARNING"},
+        inherit_leap=True,
+    )
+    serve = WorkerProcess(env, world.tmp / "serve.log", world.tmp, command=("serve",))
+    serve.start()
+    base = f"http://127.0.0.1:{port}"
+    try:
+
+        def ready() -> bool:
+            if not serve.alive():
+                raise RuntimeError("leap-stream serve exited:\n" + serve.log_tail())
+            try:
+                return httpx.get(base + "/readyz", timeout=1.0).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for("leap-stream serve ready", ready, 120)
+        if wanted(world.settings.compiled_trees):  # the compile would run during the figures
+
+            def compiled() -> bool:
+                text = httpx.get(base + "/metrics", timeout=2.0).text
+                return "\nleap_model_compiled 1.0" in text
+
+            wait_for("compiled trees serving in leap-stream serve", compiled, 180)
+        bodies = world.lines
+        lat = _http_open_loop(base, bodies, per_s, seconds)
+        rps = _http_max_rate(base, bodies, clients=4, seconds=min(seconds, 5.0))
+    finally:
+        serve.stop()
+    return {
+        "offered_per_s": per_s,
+        "seconds": seconds,
+        "requests": len(lat),
+        "p50_ms": percentile_ms(lat, 50),
+        "p90_ms": percentile_ms(lat, 90),
+        "p99_ms": percentile_ms(lat, 99),
+        "max_ms": percentile_ms(lat, 100),
+        "max_rps": rps,
+    }
+
+
+def _http_open_loop(base: str, bodies: list[bytes], per_s: float, seconds: float) -> list[float]:
+    """Requests sent on schedule (i / per_s) by a small pool, so a slow answer does not delay
+    the next one (open loop)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    total = int(per_s * seconds)
+    lat: list[float] = []
+    lock = threading.Lock()
+    local = threading.local()
+
+    def one(i: int) -> None:
+        client = getattr(local, "client", None)
+        if client is None:
+            client = local.client = httpx.Client(timeout=10.0)
+        t = time.perf_counter()
+        r = client.post(
+            base + "/v1/rank",
+            content=bodies[i % len(bodies)],
+            headers={"content-type": "application/json"},
+        )
+        took = time.perf_counter() - t
+        if r.status_code == 200:
+            with lock:
+                lat.append(took)
+
+    with ThreadPoolExecutor(8) as pool:
+        t0 = time.perf_counter()
+        for i in range(total):
+            wait = i / per_s - (time.perf_counter() - t0)
+            if wait > 0:
+                time.sleep(wait)
+            pool.submit(one, i)
+    return lat
+
+
+def _http_max_rate(base: str, bodies: list[bytes], clients: int, seconds: float) -> float:
+    """Answers per second with ``clients`` callers each sending the next request at once."""
+    import httpx
+
+    done = [0] * clients
+    end = time.perf_counter() + seconds
+
+    def caller(k: int) -> None:
+        with httpx.Client(timeout=10.0) as client:
+            i = k
+            while time.perf_counter() < end:
+                r = client.post(
+                    base + "/v1/rank",
+                    content=bodies[i % len(bodies)],
+                    headers={"content-type": "application/json"},
+                )
+                done[k] += r.status_code == 200
+                i += clients
+
+    threads = [threading.Thread(target=caller, args=(k,)) for k in range(clients)]
+    t0 = time.perf_counter()
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    return rate(sum(done), time.perf_counter() - t0)
+
+
 __all__ = [
     "BenchWorld",
     "PerRowModel",
     "WorkerProc",
     "batch_loop",
     "build_world",
+    "http_latency",
     "load_topic",
     "naive_loop",
     "offered_load",
