@@ -112,30 +112,89 @@ class Publisher:
 class RankService:
     """Raw request bodies → one outcome each: a ranking, or the dead-letter error of the input.
 
-    One batch at a time: the processor keeps the Redis backoff and the submissions it could not
-    remember yet, and a batch is one Redis round trip and one model call however many
-    submissions it holds."""
+    Concurrent requests are ranked together: one thread takes everything queued (up to
+    ``max_batch`` submissions), so they share one Redis round trip and one model call, as the
+    worker's batches do. The processor is used from that thread only (it keeps the Redis backoff
+    and the submissions it could not remember yet)."""
 
     def __init__(
         self,
         processor: SubmissionProcessor,
         publish: Callable[[Sequence[HardwareRanking]], object],
         ready: Callable[[], dict[str, Any]],
+        max_batch: int = 500,
     ) -> None:
         self.processor = processor
         self.publish = publish
         self.ready = ready
-        self._lock = threading.Lock()
+        self.max_batch = max_batch
+        self.batches = 0
+        self._queue: queue.SimpleQueue[_Request] = queue.SimpleQueue()
         self._offsets = itertools.count()
+        self._thread = threading.Thread(target=self._main, name="leap-serve-rank", daemon=True)
+        self._started = threading.Lock()
 
     def rank(self, bodies: Sequence[bytes]) -> list[HardwareRanking | DeadLetter]:
-        records = [Record(HTTP_TOPIC, 0, next(self._offsets), None, b) for b in bodies]
-        with self._lock:
-            res = self.processor.process(records, datetime.now(UTC))
+        request = _Request(list(bodies))
+        with self._started:
+            if not self._thread.is_alive():
+                self._thread.start()
+        self._queue.put(request)
+        return request.result()
+
+    def _main(self) -> None:
+        while True:
+            batch = [self._queue.get()]
+            size = len(batch[0].bodies)
+            while size < self.max_batch:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+                size += len(batch[-1].bodies)
+            try:
+                self._rank(batch)
+            except Exception as exc:  # a bug: every caller of the batch gets it, the loop goes on
+                log.exception("ranking a batch of %d requests failed", len(batch))
+                for request in batch:
+                    request.fail(exc)
+
+    def _rank(self, batch: list[_Request]) -> None:
+        per_request = [
+            [Record(HTTP_TOPIC, 0, next(self._offsets), None, b) for b in r.bodies] for r in batch
+        ]
+        records = [rec for recs in per_request for rec in recs]
+        res = self.processor.process(records, datetime.now(UTC))
+        self.batches += 1
         self.publish(res.rankings)
         dead = {d["source"]["offset"]: d for d in res.dead_letters}
         rankings = iter(res.rankings)
-        return [dead[r.offset] if r.offset in dead else next(rankings) for r in records]
+        for request, recs in zip(batch, per_request, strict=True):
+            request.done([dead[r.offset] if r.offset in dead else next(rankings) for r in recs])
+
+
+class _Request:
+    """One HTTP request's bodies and, once ranked, its outcomes (a tiny future)."""
+
+    def __init__(self, bodies: list[bytes]) -> None:
+        self.bodies = bodies
+        self._done = threading.Event()
+        self._outcomes: list[HardwareRanking | DeadLetter] = []
+        self._error: BaseException | None = None
+
+    def done(self, outcomes: list[HardwareRanking | DeadLetter]) -> None:
+        self._outcomes = outcomes
+        self._done.set()
+
+    def fail(self, exc: BaseException) -> None:
+        self._error = exc
+        self._done.set()
+
+    def result(self) -> list[HardwareRanking | DeadLetter]:
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        return self._outcomes
 
 
 def read_tokens(path: Path) -> frozenset[str]:

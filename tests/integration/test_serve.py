@@ -75,6 +75,7 @@ def _client(cfg: Settings, fleet: Any, tokens: frozenset[str] | None) -> Iterato
     service = RankService(core.submissions, publisher.put, ready)
     with TestClient(create_app(service, tokens, core.metrics.registry)) as client:
         client.core = core  # type: ignore[attr-defined]
+        client.service = service  # type: ignore[attr-defined]
         yield client
     publisher.stop()
 
@@ -167,3 +168,24 @@ def test_without_redis_it_ranks_without_history_and_is_not_ready(
         assert resp.json()["history_used"] is False
         assert resp.json()["source"] == "model"
         assert client.get("/readyz").status_code == 503
+
+
+def test_concurrent_requests_are_ranked_together_each_gets_its_own(
+    served: tuple[TestClient, Settings], fleet: Any
+) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    client, _cfg = served
+    subs = submission_events(fleet.submissions)[:64]
+    service = client.service  # type: ignore[attr-defined]
+    before = service.batches
+
+    def one(sub: dict[str, Any]) -> str:
+        resp = client.post("/v1/rank", content=orjson.dumps(sub), headers=_auth())
+        assert resp.status_code == 200, resp.text
+        return str(resp.json()["job_id"])
+
+    with ThreadPoolExecutor(16) as pool:
+        got = list(pool.map(one, subs))
+    assert got == [s["job_id"] for s in subs]
+    assert service.batches - before < len(subs)  # some requests shared a batch
