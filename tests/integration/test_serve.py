@@ -20,7 +20,7 @@ from leap_stream.store.registry import Registry
 from leap_stream.stream.client import RankingsClient
 from leap_stream.stream.kafka import KafkaClients
 from leap_stream.stream.output import OutputProducer
-from leap_stream.stream.serve import Publisher, RankService, create_app
+from leap_stream.stream.serve import Publisher, RankService, create_app, readiness
 from leap_stream.stream.worker import ranking_core
 from leap_stream.tools.harness import free_port
 from leap_stream.tools.sim.events import submission_events
@@ -64,15 +64,7 @@ def _client(cfg: Settings, fleet: Any, tokens: frozenset[str] | None) -> Iterato
     publisher = Publisher(OutputProducer(KafkaClients.of(cfg)), cfg.topic_rankings)
     publisher.start()
 
-    def ready() -> dict[str, Any]:
-        try:
-            redis_ok = bool(core.store.r.ping())
-        except Exception:
-            redis_ok = False
-        version = core.holder.version
-        return {"ready": redis_ok and version is not None, "model": version, "redis": redis_ok}
-
-    service = RankService(core.submissions, publisher.put, ready)
+    service = RankService(core.submissions, publisher.put, readiness(core))
     with TestClient(create_app(service, tokens, core.metrics.registry)) as client:
         client.core = core  # type: ignore[attr-defined]
         client.service = service  # type: ignore[attr-defined]
