@@ -12,7 +12,7 @@ target is the same quantity (see `predictor.py`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -283,6 +283,16 @@ class SpecArrays:
     mem: np.ndarray
     ic: np.ndarray
     cost: np.ndarray
+    # the logs the features use, once per catalog rather than once per batch and side
+    log_flops: np.ndarray = field(init=False)
+    log_bw: np.ndarray = field(init=False)
+    log_mem: np.ndarray = field(init=False)
+    log_ic: np.ndarray = field(init=False)
+    log_cost: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        for name in ("flops", "bw", "mem", "ic", "cost"):
+            object.__setattr__(self, f"log_{name}", _log(getattr(self, name)))
 
     @classmethod
     def of(cls, specs: pd.DataFrame | SpecArrays) -> SpecArrays:
@@ -456,11 +466,11 @@ def _hw_columns(
 ) -> None:
     """The hardware ``codes`` of each row: its specs and the physics estimate on it."""
     f[prefix + "vendor"] = _categorical(sa.vendor[codes], CATEGORIES["vendor"])
-    f[prefix + "log_peak_tflops"] = _log(sa.flops)[codes]
-    f[prefix + "log_mem_bw"] = _log(sa.bw)[codes]
-    f[prefix + "log_device_mem"] = _log(sa.mem)[codes]
-    f[prefix + "log_interconnect"] = _log(sa.ic)[codes]
-    f[prefix + "log_cost"] = _log(sa.cost)[codes]
+    f[prefix + "log_peak_tflops"] = sa.log_flops[codes]
+    f[prefix + "log_mem_bw"] = sa.log_bw[codes]
+    f[prefix + "log_device_mem"] = sa.log_mem[codes]
+    f[prefix + "log_interconnect"] = sa.log_ic[codes]
+    f[prefix + "log_cost"] = sa.log_cost[codes]
     f[prefix + "log_roofline"] = _log(ROOFLINE_SHARE * sa.flops[codes] * 1e12) - _log(phys.fps)[job]
     f[prefix + "mem_ratio"] = phys.mem[job] / sa.mem[codes]
     # seconds per sample per device: compute, memory traffic, gradient and TP all-reduces
@@ -513,7 +523,7 @@ def _history_columns(
 
     other_lpd = other(h_lpd)
     other_hw = np.where(has_other, other(h_hw.astype(np.float64)), k - 1).astype(np.int64)
-    log_flops, log_bw = _log(sa.flops), _log(sa.bw)
+    log_flops, log_bw = sa.log_flops, sa.log_bw
     f["other_log_pd"] = other_lpd
     f["other_log_flops_ratio"] = np.where(has_other, log_flops[hw] - log_flops[other_hw], np.nan)
     f["other_log_bw_ratio"] = np.where(has_other, log_bw[hw] - log_bw[other_hw], np.nan)
@@ -537,7 +547,7 @@ def _most_similar_other(
     other_idx = np.full(n, -1, np.int64)
     if not (len(h_job) and n):
         return other_idx
-    log_flops, log_bw = _log(sa.flops), _log(sa.bw)
+    log_flops, log_bw = sa.log_flops, sa.log_bw
     order = np.argsort(h_job, kind="stable")
     h_start = np.searchsorted(h_job[order], np.arange(len(hist_types)))
     per_row = hist_types.astype(np.int64)[row_owner]
@@ -588,7 +598,7 @@ def _aggregate_columns(
     f["agg_ratio"] = agg_cand - agg_prior
     # The other-hardware prior moved to the candidate by a blend of the FLOP/s and bandwidth
     # ratios (the aggregate ratio is a separate feature so the `agg` ablation stays clean).
-    log_flops, log_bw = _log(sa.flops), _log(sa.bw)
+    log_flops, log_bw = sa.log_flops, sa.log_bw
     spec_ratio = 0.5 * ((log_flops[hw] - log_flops[other_hw]) + (log_bw[hw] - log_bw[other_hw]))
     f["est_transfer"] = other_lpd + spec_ratio
     return agg_prior, _lookup(a_row + other_hw, a_key, a_cnt)
