@@ -18,6 +18,9 @@ import orjson
 import pandas as pd
 
 CATALOG_PATH = Path(__file__).with_name("hardware.json")
+# Parts of public benchmark tables that the fleet catalog lacks: for `leap-stream evaluate`
+# only, never offered to the fleet.
+REFERENCE_PATH = Path(__file__).with_name("reference.json")
 SCHEMA_NAME = "hardware-catalog"
 
 NUMERIC_COLUMNS = (
@@ -55,9 +58,18 @@ class HardwareSpec:
     source: str
     generation_year: int | None = None
     peak_fp8_tflops: float | None = None
+    peak_fp32_tflops: float | None = None
+    aliases: tuple[str, ...] = ()
 
 
 _SPEC_FIELDS = tuple(f.name for f in fields(HardwareSpec))
+
+
+def _spec_fields(item: dict[str, Any]) -> dict[str, Any]:
+    """A validated catalog entry as `HardwareSpec` arguments (aliases as a tuple)."""
+    out: dict[str, Any] = {k: v for k, v in item.items() if k in _SPEC_FIELDS}
+    out["aliases"] = tuple(item.get("aliases", ()))
+    return out
 
 
 class HardwareCatalog:
@@ -70,6 +82,11 @@ class HardwareCatalog:
             raise CatalogError(f"duplicate type_id in catalog: {dupes}")
         self._specs = {s.type_id: s for s in specs}
         self.types: tuple[str, ...] = tuple(ids)
+        self._names: dict[str, str] = {}
+        for s in specs:
+            for n in {a.strip().lower() for a in (*s.aliases, s.type_id)}:
+                if self._names.setdefault(n, s.type_id) != s.type_id:
+                    raise CatalogError(f"{n!r} names both {self._names[n]} and {s.type_id}")
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> HardwareCatalog:
@@ -77,11 +94,19 @@ class HardwareCatalog:
             _validator()(doc)
         except fastjsonschema.JsonSchemaException as exc:
             raise CatalogError(f"hardware catalog invalid: {exc}") from exc
-        specs = [
-            HardwareSpec(**{k: v for k, v in item.items() if k in _SPEC_FIELDS})
-            for item in doc["hardware"]
-        ]
+        specs = [HardwareSpec(**_spec_fields(item)) for item in doc["hardware"]]
         return cls(specs)
+
+    def merged(self, other: HardwareCatalog) -> HardwareCatalog:
+        """This catalog with `other`'s types added, and replacing ours where the ids match."""
+        specs = dict(self._specs)
+        specs.update({s.type_id: s for s in other})
+        return HardwareCatalog(list(specs.values()))
+
+    def resolve(self, name: str) -> str | None:
+        """The type id a table or telemetry calls `name`: a type id or an alias, matched
+        case-insensitively; None when the catalog has no such type."""
+        return self._names.get(name.strip().lower())
 
     def __getitem__(self, type_id: str) -> HardwareSpec:
         return self._specs[type_id]
@@ -104,13 +129,23 @@ class HardwareCatalog:
         rows = [{c: float(getattr(s, c)) for c in NUMERIC_COLUMNS} for s in self]
         frame = pd.DataFrame(rows, index=pd.Index(self.types, name="type_id"))
         frame["vendor"] = [s.vendor for s in self]
+        # optional specs: NaN when the datasheet gives none (no fp8 path, year unknown)
+        frame["peak_fp8_tflops"] = [float(s.peak_fp8_tflops or "nan") for s in self]
+        frame["generation_year"] = [float(s.generation_year or "nan") for s in self]
         return frame
 
     def to_dict(self) -> dict[str, Any]:
         items = []
         for s in self:
             item = {k: getattr(s, k) for k in _SPEC_FIELDS}
-            items.append({k: v for k, v in item.items() if v is not None or k == "peak_fp8_tflops"})
+            item["aliases"] = list(s.aliases)
+            items.append(
+                {
+                    k: v
+                    for k, v in item.items()
+                    if (v is not None and v != []) or k == "peak_fp8_tflops"
+                }
+            )
         return {"schema_version": 1, "hardware": items}
 
 
@@ -121,6 +156,16 @@ def load_catalog(path: Path | None = None) -> HardwareCatalog:
     return HardwareCatalog.from_dict(orjson.loads(Path(path).read_bytes()))
 
 
+def load_reference_catalog() -> HardwareCatalog:
+    """The fleet catalog with the reference parts of public benchmark tables added."""
+    return _default_catalog().merged(_reference_catalog())
+
+
+@functools.cache
+def _reference_catalog() -> HardwareCatalog:
+    return HardwareCatalog.from_dict(orjson.loads(REFERENCE_PATH.read_bytes()))
+
+
 @functools.cache
 def _default_catalog() -> HardwareCatalog:
     return HardwareCatalog.from_dict(orjson.loads(CATALOG_PATH.read_bytes()))
@@ -129,8 +174,10 @@ def _default_catalog() -> HardwareCatalog:
 __all__ = [
     "CATALOG_PATH",
     "NUMERIC_COLUMNS",
+    "REFERENCE_PATH",
     "CatalogError",
     "HardwareCatalog",
     "HardwareSpec",
     "load_catalog",
+    "load_reference_catalog",
 ]

@@ -186,6 +186,8 @@ class HardwareEntry(TypedDict):
     device_memory_gib: float
     peak_bf16_tflops: float
     peak_fp8_tflops: NotRequired[float | None]
+    peak_fp32_tflops: NotRequired[float | None]
+    aliases: NotRequired[list[str]]
     memory_bandwidth_gbps: float
     interconnect_gbps: float
     cost_per_device_hour: float

@@ -6,6 +6,7 @@ import copy
 import re
 from pathlib import Path
 
+import numpy as np
 import orjson
 import pytest
 
@@ -60,10 +61,15 @@ def test_spec_matrix_shape_and_sanity() -> None:
         "interconnect_gbps",
         "cost_per_device_hour",
         "vendor",
+        "peak_fp8_tflops",
+        "generation_year",
     ]
     assert m.index.name == "type_id"
-    num = m.drop(columns="vendor")
+    num = m.drop(columns=["vendor", "peak_fp8_tflops"])
     assert (num > 0).all().all()
+    # optional specs are NaN where the datasheet has none, never 0
+    assert np.isnan(m.loc["v100-sxm", "peak_fp8_tflops"])
+    assert m.loc["h100-sxm", "peak_fp8_tflops"] > m.loc["h100-sxm", "peak_bf16_tflops"]
     # newer generations are faster: a few well-known orderings
     assert m.loc["h100-sxm", "peak_bf16_tflops"] > m.loc["a100-80g", "peak_bf16_tflops"]
     assert m.loc["b200", "peak_bf16_tflops"] > m.loc["h100-sxm", "peak_bf16_tflops"]
@@ -100,3 +106,37 @@ def test_to_dict_round_trips() -> None:
     again = HardwareCatalog.from_dict(cat.to_dict())
     assert again.types == cat.types
     assert all(again[t] == cat[t] for t in cat.types)
+
+
+def test_resolve_matches_type_ids_and_aliases_case_insensitively() -> None:
+    cat = load_catalog()
+    assert cat.resolve("H100-SXM") == "h100-sxm"
+    assert cat.resolve(" a100-sxm-80gb ") == "a100-80g"  # an alias, other case, padded
+    assert cat.resolve("Gaudi") == "gaudi1"
+    assert cat.resolve("IPU-Bow") is None  # no specs: never guessed
+
+
+def test_reference_catalog_adds_public_benchmark_parts_without_changing_the_fleet() -> None:
+    from leap_stream.catalog import load_reference_catalog
+
+    fleet = load_catalog()
+    ref = load_reference_catalog()
+    assert set(fleet.types) < set(ref.types)
+    for t in fleet.types:
+        assert ref[t] == fleet[t]
+    assert ref.resolve("K80") == "k80" and "k80" not in fleet
+    assert ref.resolve("MI250") == "mi250-gcd"
+    # fp32 peaks are below the matrix peaks of the same part
+    for s in ref:
+        if s.peak_fp32_tflops is not None:
+            assert s.peak_fp32_tflops <= s.peak_bf16_tflops
+    # an alias names one type only
+    names = [n.lower() for s in ref for n in (*s.aliases, s.type_id)]
+    assert len(names) == len(set(names))
+
+
+def test_a_name_for_two_types_is_refused() -> None:
+    doc = load_catalog().to_dict()
+    doc["hardware"][1]["aliases"] = [doc["hardware"][0]["type_id"].upper()]
+    with pytest.raises(CatalogError, match="names both"):
+        HardwareCatalog.from_dict(doc)
