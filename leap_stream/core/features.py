@@ -108,6 +108,7 @@ _OPT_STATE_DEFAULT = 8.0  # sgd (momentum), adagrad
 _ELEM_BYTES = {"fp32": 4.0, "tf32": 4.0, "fp16": 2.0, "bf16": 2.0, "fp8": 1.0}
 # Share of the dense bf16 peak a precision can use (fp32 rarely hits tensor cores).
 _PREC_PEAK = {"fp32": 0.125, "tf32": 0.5, "fp16": 1.0, "bf16": 1.0, "fp8": 1.6}
+ATTENTION_FLOPS = 12.0  # training FLOPs of attention scores per (layer × hidden × seq²)
 # Usable share of device memory (allocator, buffers, framework overhead).
 FIT_HEADROOM = 1.0
 VENDOR_PENALTY = 1.0  # in log-spec distance units when choosing the most similar prior type
@@ -170,11 +171,13 @@ def min_memory_per_device_gib(jobs: Jobs, elem: np.ndarray | None = None) -> np.
 
 
 def flops_per_sample(jobs: Jobs) -> np.ndarray:
-    """Training FLOPs per sample: 6·active params per token (8 with recomputation)."""
+    """Training FLOPs per sample: 6·active params per token plus the attention scores,
+    12·layers·hidden·seq² (Narayanan et al., SC 2021); 4/3 of that with recomputation."""
     active = _active_params(jobs)
     seq = f64(jobs, "sequence_length")
+    attn = ATTENTION_FLOPS * f64(jobs, "layers") * f64(jobs, "hidden_size") * seq * seq
     ckpt = np.asarray(jobs["activation_checkpointing"], bool)
-    return np.asarray(np.where(ckpt, 8.0, 6.0) * active * seq)
+    return np.asarray(np.where(ckpt, 4.0 / 3.0, 1.0) * (6.0 * active * seq + attn))
 
 
 def _categorical(values: np.ndarray, levels: Sequence[str]) -> np.ndarray:
@@ -283,6 +286,8 @@ class SpecArrays:
     mem: np.ndarray
     ic: np.ndarray
     cost: np.ndarray
+    fp8: np.ndarray  # fp8 peak TFLOP/s, NaN without an fp8 path
+    bf16_native: np.ndarray  # bool: bf16 runs on the matrix units (not pre-Ampere NVIDIA)
     # the logs the features use, once per catalog rather than once per batch and side
     log_flops: np.ndarray = field(init=False)
     log_bw: np.ndarray = field(init=False)
@@ -314,7 +319,24 @@ class SpecArrays:
             mem=col("device_memory_gib"),
             ic=col("interconnect_gbps"),
             cost=col("cost_per_device_hour"),
+            fp8=col("peak_fp8_tflops")
+            if "peak_fp8_tflops" in specs
+            else np.full(len(types) + 1, np.nan),
+            bf16_native=np.append(_bf16_native(specs), True),
         )
+
+
+# NVIDIA parts before Ampere (V100, T4) have fp16 but no bf16 tensor cores: bf16 runs on the
+# fp32 units there (datasheets; frameworks emulate it).
+BF16_NATIVE_FROM_YEAR = 2020
+
+
+def _bf16_native(specs: pd.DataFrame) -> np.ndarray:
+    if "generation_year" not in specs:
+        return np.ones(len(specs), bool)
+    year = specs["generation_year"].to_numpy(np.float64)
+    old_nvidia = (specs["vendor"].to_numpy(object) == "nvidia") & (year < BF16_NATIVE_FROM_YEAR)
+    return np.asarray(~old_nvidia)
 
 
 def build(
@@ -352,6 +374,8 @@ class _JobPhysics:
     grad: np.ndarray  # gradient all-reduce bytes per sample
     tp_bytes: np.ndarray  # tensor-parallel all-reduce bytes per sample
     micro_flops: np.ndarray  # FLOPs of one micro-batch per device
+    is_fp8: np.ndarray
+    is_bf16: np.ndarray
 
     @classmethod
     def of(cls, jobs: Jobs, elem: np.ndarray) -> _JobPhysics:
@@ -376,6 +400,8 @@ class _JobPhysics:
                 tp > 1, TP_BYTES * (lay / pp) * seq * hid * elem * (tp - 1) / tp**2, 0.0
             ),
             micro_flops=mbs * fps / (tp * pp),
+            is_fp8=np.asarray(jobs["precision"], object) == "fp8",
+            is_bf16=np.asarray(jobs["precision"], object) == "bf16",
         )
 
 
@@ -474,7 +500,7 @@ def _hw_columns(
     f[prefix + "log_roofline"] = _log(ROOFLINE_SHARE * sa.flops[codes] * 1e12) - _log(phys.fps)[job]
     f[prefix + "mem_ratio"] = phys.mem[job] / sa.mem[codes]
     # seconds per sample per device: compute, memory traffic, gradient and TP all-reduces
-    t_c = phys.fps[job] / (sa.flops[codes] * phys.prec_peak[job] * 1e12 * COMPUTE_SHARE)
+    t_c = phys.fps[job] / (_peak_tflops(sa, codes, job, phys) * 1e12 * COMPUTE_SHARE)
     t_m = phys.traffic[job] / (sa.bw[codes] * 1e9 * MEMORY_SHARE)
     t_dp = phys.grad[job] / (sa.ic[codes] * 1e9)
     t_tp = phys.tp_bytes[job] / (sa.ic[codes] * 1e9)
@@ -484,6 +510,21 @@ def _hw_columns(
     f[prefix + "log_t_comm"] = _log(t_dp + t_tp + 1e-12)
     f[prefix + "log_phys_rate"] = -_log(t)
     f[prefix + "log_ideal_micro_s"] = _log(phys.micro_flops[job] / (sa.flops[codes] * 1e12))
+
+
+def _peak_tflops(
+    sa: SpecArrays, codes: np.ndarray, job: np.ndarray, phys: _JobPhysics
+) -> np.ndarray:
+    """The matrix peak a row's precision can use on its hardware: the fp8 peak where the part
+    has one, the fp32 share where bf16 has no matrix units, else the bf16 peak × the precision's
+    multiplier."""
+    peak = sa.flops[codes] * phys.prec_peak[job]
+    fp8 = sa.fp8[codes]
+    peak = np.where(
+        phys.is_fp8[job] & np.isfinite(fp8), fp8, np.where(phys.is_fp8[job], sa.flops[codes], peak)
+    )
+    slow = phys.is_bf16[job] & ~sa.bf16_native[codes]
+    return np.asarray(np.where(slow, sa.flops[codes] * _PREC_PEAK["fp32"], peak))
 
 
 def _history_columns(

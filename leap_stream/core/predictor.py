@@ -5,12 +5,19 @@ configuration, the hardware's specs and the model type's aggregates (`BOOSTER_GR
 every measured run. A prediction then anchors on the lineage's history, the published lesson:
 
 * the lineage ran on the candidate before: its last per-device rate there (`self`);
-* it ran elsewhere: its rate on the most similar type B moved by the booster's own ratio,
-  prior_B + f(job, candidate) − f(job, B) (`transfer`); the per-lineage factor (input
-  pipeline, code quality) cancels in the ratio, which a model of absolute throughput cannot see;
+* it ran elsewhere: its rate on the most similar type B times a learned ratio (`transfer`):
+  prior_B + g(job, candidate, B), where the *ratio model* g is a second, small booster trained
+  on lineages measured on both types and fed the main booster's own difference
+  f(job, candidate) − f(job, B) next to the two types' specs; the per-lineage factor (input
+  pipeline, code quality) cancels in a ratio, which a model of absolute throughput cannot see;
 * no history: f(job, candidate) (`model`).
 
-f(job, B) and f(job, candidate) come from ONE booster call on the stacked rows.
+The main booster is fitted twice: the second time on targets with each lineage's own shrunk
+mean residual taken out, so the trees spend themselves on hardware and configuration instead
+of on the hidden per-lineage factor (σ ≈ 0.25 in log), which is noise for every ratio.
+
+f(job, B) and f(job, candidate) come from ONE main-booster call on the stacked rows; the ratio
+model scores the transfer rows in one call of its own.
 
 Intervals: split-conformal quantiles of the log residual per kind, on lineages held out of the
 booster fit; every held-out row also contributes a transfer residual when it has a prior on
@@ -62,6 +69,43 @@ DEFAULT_PARAMS: dict[str, Any] = {
 }
 NUM_ROUNDS = 150
 EARLY_STOP = 40
+# Lineage effects taken out before the second fit: a lineage's mean residual shrunk by this
+# many pseudo-rows at zero (a lineage seen once moves a third of the way).
+LINEAGE_SHRINK = 2.0
+# The ratio model: small (a third of the main booster's nodes), fitted on the pairs a fleet
+# has (lineages measured on two types); below RATIO_MIN_ROWS pairs the booster difference stays.
+RATIO_PARAMS: dict[str, Any] = {
+    "objective": "huber",
+    "alpha": 0.3,
+    "learning_rate": 0.2,
+    "num_leaves": 31,
+    "min_data_in_leaf": 30,
+    "feature_fraction": 0.8,
+    "bagging_fraction": 0.8,
+    "bagging_freq": 1,
+    "lambda_l2": 5.0,
+    "max_bin": 127,
+    "cat_smooth": 10.0,
+    "max_cat_to_onehot": 8,
+    "verbose": -1,
+}
+RATIO_ROUNDS = 100
+RATIO_EARLY_STOP = 20
+RATIO_MIN_ROWS = 500
+# Hardware inputs whose candidate − prior difference the ratio model also sees directly.
+RATIO_DIFFS = (
+    "log_phys_rate",
+    "log_t_compute",
+    "log_t_memory",
+    "log_t_comm",
+    "log_peak_tflops",
+    "log_mem_bw",
+    "log_interconnect",
+    "log_device_mem",
+    "log_ideal_micro_s",
+    "log_roofline",
+)
+BOOSTER_RATIO = "booster_ratio"  # f(job, candidate) − f(job, B): the main booster's own ratio
 
 
 def _threads(rows: int, predict: bool = False) -> int:
@@ -114,6 +158,8 @@ class ModelMetadata(TypedDict):
     best_iteration: int
     params: dict[str, Any]
     pair_effects: NotRequired[dict[str, float]]
+    ratio_features: NotRequired[list[str]]
+    ratio_best_iteration: NotRequired[int]
     metrics: NotRequired[dict[str, Any]]
     gate: NotRequired[dict[str, Any]]
 
@@ -125,9 +171,12 @@ class ThroughputModel:
         metadata: ModelMetadata,
         scorer: Scorer | None = None,
         scorer_kind: str = "lightgbm",
+        ratio: lgb.Booster | None = None,
     ) -> None:
         self.booster = booster
         self.metadata = metadata
+        self.ratio = ratio  # the transfer rows' ratio model (None: the booster difference)
+        self.ratio_features: list[str] = list(metadata.get("ratio_features") or [])
         # the trees' raw output for a float matrix: LightGBM's predict, or the same trees
         # compiled (stream/compiled.py, checked equal to LightGBM's before it serves)
         self.score: Scorer = scorer or self.score_lightgbm
@@ -156,7 +205,7 @@ class ThroughputModel:
 
     def with_scorer(self, scorer: Scorer, kind: str) -> ThroughputModel:
         """The same model (booster, metadata, intervals) scoring its trees with `scorer`."""
-        return type(self)(self.booster, self.metadata, scorer, kind)
+        return type(self)(self.booster, self.metadata, scorer, kind, self.ratio)
 
     def score_lightgbm(self, X: np.ndarray) -> np.ndarray:
         """LightGBM's own predict, whatever `score` is (the reference a scorer is checked on)."""
@@ -193,17 +242,67 @@ class ThroughputModel:
             calib = None
         p = {**DEFAULT_PARAMS, **(params or {}), "num_threads": _threads(len(frame)), "seed": seed}
         train_idx = ~calib if calib is not None else np.ones(len(frame), bool)
-        fitted = _train_booster(
-            frame, y, offset, names, levels, train_idx, calib, p, num_rounds, progress
-        )
+        X = _matrix(frame, names, levels) if names else None
+        fitted = _train_booster(X, y - offset, names, train_idx, calib, p, num_rounds, progress)
+        lineage_effect = np.zeros(len(frame))
+        if names and len(frame) >= 400:
+            # the second fit, on targets without each lineage's own shrunk mean residual
+            lineage_effect = _lineage_effects(lineage_ids, y - offset - fitted.predict(p))
+            fitted = _train_booster(
+                X, y - offset - lineage_effect, names, train_idx, calib, p, num_rounds, progress
+            )
         metadata = _metadata(fitted, frame, groups, levels, data_window, p)
         if "config" in groups and "specs" in groups:
             metadata["pair_effects"] = _pair_effects(
-                fitted, frame, y - offset, train_idx, p["num_threads"], seed
+                fitted, frame, y - offset - lineage_effect, train_idx, p["num_threads"], seed
             )
         model = cls(fitted.booster, metadata)
+        if {"prior", "config", "specs"} <= set(groups):
+            model = model._with_ratio_model(frame, y, train_idx, calib, seed)
         model._calibrate(frame, y, calib if calib is not None else train_idx)
-        return cls(fitted.booster, model.metadata)
+        return cls(fitted.booster, model.metadata, ratio=model.ratio)
+
+    def _with_ratio_model(
+        self,
+        frame: pd.DataFrame,
+        y: np.ndarray,
+        train_idx: np.ndarray,
+        calib: np.ndarray | None,
+        seed: int,
+    ) -> ThroughputModel:
+        """This model with a ratio model fitted on the pairs in `frame` (rows whose lineage
+        had run on another type before), or itself when there are too few pairs."""
+        pair = np.isfinite(frame["other_log_pd"].to_numpy(np.float64))
+        if (pair & train_idx).sum() < RATIO_MIN_ROWS:
+            return self
+        rows = np.flatnonzero(pair)
+        pf = frame.iloc[rows].reset_index(drop=True)
+        _blind, moved = self._log_pd_parts(pf)
+        other = pf["other_log_pd"].to_numpy(np.float64)
+        names = ratio_features(self.feature_names)
+        X = _ratio_matrix(pf, names, moved - other, self._levels, self._luts)
+        target = y[rows] - other
+        tr = train_idx[rows]
+        va = calib[rows] if calib is not None else np.zeros(len(rows), bool)
+        cats = [i for i, c in enumerate(names) if _level_name(c) in self._levels]
+        rp = {**RATIO_PARAMS, "num_threads": _threads(len(rows)), "seed": seed}
+        dtrain = lgb.Dataset(X[tr], target[tr], feature_name=names, categorical_feature=cats)
+        valid: list[lgb.Dataset] = []
+        callbacks: list[Callable[..., None]] = []
+        if va.sum() >= MIN_BUCKET_ROWS:
+            valid = [lgb.Dataset(X[va], target[va], reference=dtrain)]
+            callbacks.append(lgb.early_stopping(RATIO_EARLY_STOP, verbose=False))
+        booster = lgb.train(
+            rp, dtrain, num_boost_round=RATIO_ROUNDS, valid_sets=valid, callbacks=callbacks
+        )
+        best = booster.best_iteration or booster.current_iteration()
+        ratio = lgb.Booster(model_str=booster.model_to_string(num_iteration=best))
+        meta: ModelMetadata = {
+            **self.metadata,
+            "ratio_features": names,
+            "ratio_best_iteration": best,
+        }
+        return type(self)(self.booster, meta, ratio=ratio)
 
     def _calibrate(self, frame: pd.DataFrame, y: np.ndarray, cal: np.ndarray) -> None:
         """Conformal quantiles and calibration figures on held-out lineages, every applicable
@@ -278,6 +377,13 @@ class ThroughputModel:
                 + self._pair(None if mt_code is None else mt_code[pick], o_hw[pick])
             )
             moved[rows] = other_lpd[rows] + blind[rows] - prior_f[inverse]
+            if self.ratio is not None:
+                booster_ratio = moved[rows] - other_lpd[rows]
+                Xr = _ratio_matrix(
+                    frame, self.ratio_features, booster_ratio, self._levels, self._luts, rows
+                )
+                g = self.ratio.predict(Xr, num_threads=_threads(len(rows), predict=True))
+                moved[rows] = other_lpd[rows] + np.asarray(g)
         return blind, moved
 
     def _pair(self, mt_code: np.ndarray | None, hw: np.ndarray) -> np.ndarray:
@@ -303,10 +409,22 @@ class ThroughputModel:
         """The booster in LightGBM's text format."""
         return str(self.booster.model_to_string())
 
+    def ratio_text(self) -> str | None:
+        """The ratio model in LightGBM's text format (None: the model has none)."""
+        return None if self.ratio is None else str(self.ratio.model_to_string())
+
     @classmethod
-    def from_text(cls, text: bytes, metadata: ModelMetadata) -> ThroughputModel:
+    def from_text(
+        cls, text: bytes, metadata: ModelMetadata, ratio_text: bytes | None = None
+    ) -> ThroughputModel:
         check_model_text(text)  # before LightGBM sees it: its parser can crash or hang
-        return cls(lgb.Booster(model_str=text.decode("utf-8")), metadata)
+        ratio = None
+        if metadata.get("ratio_features"):
+            if ratio_text is None:
+                raise ValueError("the metadata names a ratio model but its text is missing")
+            check_model_text(ratio_text)
+            ratio = lgb.Booster(model_str=ratio_text.decode("utf-8"))
+        return cls(lgb.Booster(model_str=text.decode("utf-8")), metadata, ratio=ratio)
 
 
 @dataclass(frozen=True)
@@ -315,6 +433,10 @@ class _Fitted:
     names: list[str]  # the booster's features ("const" when every group is ablated)
     best_iteration: int
     X: np.ndarray
+
+    def predict(self, p: dict[str, Any]) -> np.ndarray:
+        """The booster's output on every row it was fitted from (train and calibration)."""
+        return np.asarray(self.booster.predict(self.X, num_threads=p["num_threads"]))
 
 
 def _levels(frame: pd.DataFrame, names: Sequence[str]) -> dict[str, list[str]]:
@@ -332,24 +454,21 @@ def _levels(frame: pd.DataFrame, names: Sequence[str]) -> dict[str, list[str]]:
 
 
 def _train_booster(
-    frame: pd.DataFrame,
-    y: np.ndarray,
-    offset: np.ndarray,
+    X: np.ndarray | None,
+    target: np.ndarray,
     names: list[str],
-    levels: dict[str, list[str]],
     train_idx: np.ndarray,
     calib: np.ndarray | None,
     p: dict[str, Any],
     num_rounds: int,
     progress: Callable[[int, int], None] | None,
 ) -> _Fitted:
-    """LightGBM on ``y - offset`` of the training rows (early stopping on the calibration rows
-    when there are)."""
-    if not names:  # every booster group ablated: a constant (the mean), still a valid text model
-        X = np.zeros((len(frame), 1))
-        booster = lgb.train({**p, "min_data_in_leaf": 1}, lgb.Dataset(X, y), num_boost_round=1)
+    """LightGBM on `target` (log per-device rate minus the physics offset) of the training
+    rows of `X` (early stopping on the calibration rows when there are)."""
+    if X is None:  # every booster group ablated: a constant (the mean), still a valid text model
+        X = np.zeros((len(target), 1))
+        booster = lgb.train({**p, "min_data_in_leaf": 1}, lgb.Dataset(X, target), num_boost_round=1)
         return _Fitted(booster, ["const"], 1, X)
-    target = y - offset
     callbacks: list[Callable[..., None]] = []
     if progress is not None:
 
@@ -357,8 +476,7 @@ def _train_booster(
             progress(env.iteration + 1, env.end_iteration)
 
         callbacks.append(_cb)
-    X = _matrix(frame, names, levels)
-    cats = [i for i, c in enumerate(names) if c in levels]
+    cats = [i for i, c in enumerate(names) if c in F.CATEGORIES or c in F.OPEN_CATEGORIES]
     dtrain = lgb.Dataset(
         X[train_idx],
         target[train_idx],
@@ -376,6 +494,62 @@ def _train_booster(
     best = booster.best_iteration or booster.current_iteration()
     booster = lgb.Booster(model_str=booster.model_to_string(num_iteration=best))
     return _Fitted(booster, names, int(best), X)
+
+
+def _lineage_effects(lineage_ids: np.ndarray | pd.Series, resid: np.ndarray) -> np.ndarray:
+    """Per row, its lineage's mean residual shrunk toward zero (`LINEAGE_SHRINK` pseudo-rows):
+    the hidden per-lineage factor, which the second fit should not spend trees on."""
+    _u, inv = np.unique(np.asarray(lineage_ids, dtype=object).astype(str), return_inverse=True)
+    r = np.where(np.isfinite(resid), resid, 0.0)
+    total = np.bincount(inv, r)
+    count = np.bincount(inv)
+    return np.asarray((total / (count + LINEAGE_SHRINK))[inv])
+
+
+def ratio_features(booster_features: Sequence[str]) -> list[str]:
+    """The ratio model's inputs: the job's configuration, both types' hardware inputs, their
+    differences, the prior's count and age, and the main booster's own ratio."""
+    job = [c for c in booster_features if c not in F.HW_COLUMNS]
+    hw = [c for c in booster_features if c in F.HW_COLUMNS]
+    diffs = [c for c in RATIO_DIFFS if c in hw]
+    return [
+        *job,
+        *hw,
+        *("o_" + c for c in hw),
+        *("d_" + c for c in diffs),
+        "other_count",
+        "other_age_days",
+        BOOSTER_RATIO,
+    ]
+
+
+def _level_name(feature: str) -> str:
+    """The category levels a ratio-model input takes (its prior-hardware twin shares them)."""
+    return feature[2:] if feature.startswith("o_") else feature
+
+
+def _ratio_matrix(
+    frame: Frame,
+    names: Sequence[str],
+    booster_ratio: np.ndarray,
+    levels: dict[str, list[str]],
+    luts: dict[str, dict[str, int]],
+    rows: np.ndarray | None = None,
+) -> np.ndarray:
+    """The ratio model's input for `rows` of `frame` (all when None) as one float matrix."""
+    idx = np.arange(len(frame)) if rows is None else rows
+    X = np.empty((len(idx), len(names)), np.float64)
+    for i, c in enumerate(names):
+        if c == BOOSTER_RATIO:
+            X[:, i] = booster_ratio
+        elif c.startswith("d_"):
+            X[:, i] = f64(frame, c[2:])[idx] - f64(frame, "o_" + c[2:])[idx]
+        elif _level_name(c) in levels:
+            codes = codes_of(np.asarray(frame[c], object)[idx], luts[_level_name(c)])
+            X[:, i] = np.where(codes >= 0, codes, np.nan)
+        else:
+            X[:, i] = f64(frame, c)[idx]
+    return X
 
 
 def _metadata(

@@ -34,6 +34,7 @@ M = TypeVar("M")
 
 # the files of a model artefact (read and written by store/artefact.py) and the registry's own
 MODEL_TEXT = "model.txt"
+RATIO_TEXT = "ratio_model.txt"  # the transfer rows' ratio model, when the model has one
 METADATA = "metadata.json"
 LOOKUP = "lookup.json"
 MANIFEST = "MANIFEST.json"

@@ -56,10 +56,12 @@ def test_save_load_round_trip_is_text_and_identical(
     model = ThroughputModel.fit(
         fr, m["samples_per_s"].to_numpy(), m["lineage_id"], num_rounds=30, data_window=("a", "b")
     )
+    assert model.ratio is not None  # the fixture has lineages measured on two types
     d = write_model(tmp_path / "m", model)
-    assert sorted(p.name for p in d.iterdir()) == ["metadata.json", "model.txt"]
+    assert sorted(p.name for p in d.iterdir()) == ["metadata.json", "model.txt", "ratio_model.txt"]
     assert (d / "model.txt").read_text().startswith("tree")
     again = read_model(d)
+    assert again.ratio is not None
     assert again.version == model.version
     assert again.metadata["data_window"] == ["a", "b"]
     a = model.predict(fr.iloc[:500])
@@ -144,3 +146,61 @@ def test_matrix_encodes_categoricals_per_row_on_concatenated_frames() -> None:
         want = [levels[c].index(v) for v in cat[c]]
         np.testing.assert_array_equal(X[:, i], want)
     assert (cat["model_type"].to_numpy()[:100] != cat["model_type"].to_numpy()[100:]).any()
+
+
+def test_lineage_effects_are_shrunk_means_per_lineage() -> None:
+    from leap_stream.core.predictor import LINEAGE_SHRINK, _lineage_effects
+
+    ids = np.asarray(["a", "a", "b", "c", "c", "c"], object)
+    resid = np.asarray([0.3, 0.1, -0.6, 0.2, 0.2, np.nan])
+    u = _lineage_effects(ids, resid)
+    np.testing.assert_allclose(u[:2], 0.4 / (2 + LINEAGE_SHRINK))
+    np.testing.assert_allclose(u[2], -0.6 / (1 + LINEAGE_SHRINK))
+    np.testing.assert_allclose(u[3:], 0.4 / (3 + LINEAGE_SHRINK))  # a NaN residual counts as 0
+
+
+def test_ratio_model_moves_priors_better_than_the_booster_difference(
+    data: tuple[pd.DataFrame, pd.DataFrame],
+) -> None:
+    """Held out in time, on rows whose lineage ran on another type before: the ratio model's
+    transfer estimate beats f(candidate) − f(prior type) of the same main booster."""
+    from leap_stream.core.predictor import KIND_TRANSFER, anchor_kind
+
+    m, fr = data
+    tr = _split(m)
+    y = m["samples_per_s"].to_numpy()
+    model = ThroughputModel.fit(fr[tr], y[tr], m["lineage_id"][tr])
+    assert model.ratio is not None
+    meta = {k: v for k, v in model.metadata.items() if not k.startswith("ratio_")}
+    difference_only = ThroughputModel(model.booster, meta)  # type: ignore[arg-type]
+    test = fr[~tr].reset_index(drop=True)
+    rows = anchor_kind(test, model.groups) == KIND_TRANSFER
+    assert rows.sum() > 100
+    truth = np.log(y[~tr][rows]) - test["log_devices"].to_numpy()[rows]
+    err = {}
+    for name, mdl in (("ratio", model), ("difference", difference_only)):
+        _blind, moved = mdl._log_pd_parts(test)
+        err[name] = np.median(np.abs(moved[rows] - truth))
+    assert err["ratio"] < err["difference"], err
+
+
+def test_a_ratio_model_named_in_the_metadata_must_come_with_its_text(
+    data: tuple[pd.DataFrame, pd.DataFrame],
+) -> None:
+    m, fr = data
+    model = ThroughputModel.fit(fr, m["samples_per_s"].to_numpy(), m["lineage_id"], num_rounds=20)
+    assert model.metadata.get("ratio_features")
+    with pytest.raises(ValueError, match="ratio model"):
+        ThroughputModel.from_text(model.model_text().encode(), model.metadata)
+    with pytest.raises(ValueError, match="not a LightGBM text model"):
+        ThroughputModel.from_text(model.model_text().encode(), model.metadata, b"garbage")
+
+
+def test_ratio_features_see_both_types_and_the_booster_ratio() -> None:
+    from leap_stream.core.predictor import BOOSTER_RATIO, ratio_features
+
+    names = ratio_features(F.booster_features(list(F.GROUPS)))
+    assert names[-1] == BOOSTER_RATIO
+    for c in ("log_peak_tflops", "o_log_peak_tflops", "d_log_phys_rate", "model_type"):
+        assert c in names
+    assert len(names) == len(set(names))
