@@ -29,6 +29,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "store": ("leap_stream.store.cli", "Redis history rebuild, dataset compaction, models"),
     "train": ("leap_stream.train.trainer", "nightly training with the promotion gate"),
     "backtest": ("leap_stream.tools.backtest", "nightly retrains against the simulator's truth"),
+    "evaluate": (
+        "leap_stream.tools.evaluate.cli",
+        "cross-hardware prediction checked on a real benchmark table",
+    ),
     "demo": ("leap_stream.tools.demo.cli", "the whole service on one machine, with a report"),
     "bench": (
         "leap_stream.tools.bench.cli",

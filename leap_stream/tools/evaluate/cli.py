@@ -1,0 +1,105 @@
+"""`leap-stream evaluate --table FILE.csv [--specs CATALOG.json] [--json]`.
+
+Prints a table of figures per method; with `--json` the last stdout line is one JSON object:
+``{"table", "rows", "predictions", "skipped", "methods": {name: {mape, median_ape, within_10,
+order_accuracy}}}`` (docs/evaluate.md). Exit 2 on a table or catalog it cannot read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from leap_stream.catalog import CatalogError, HardwareCatalog, load_catalog, load_reference_catalog
+from leap_stream.settings import Settings
+from leap_stream.tools.evaluate.methods import METHODS
+from leap_stream.tools.evaluate.protocol import evaluate
+from leap_stream.tools.evaluate.table import FORMATS, Table, TableError, read_table
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--table", type=Path, required=True, help="benchmark table (CSV)")
+    parser.add_argument(
+        "--specs",
+        type=Path,
+        help="a catalog file (the catalog's own format) adding or overriding accelerator types",
+    )
+    parser.add_argument(
+        "--format",
+        default="auto",
+        choices=("auto", *FORMATS),
+        help="the table's shape (auto: detected from its columns)",
+    )
+    parser.add_argument(
+        "--by-group", action="store_true", help="also the figures of each group (e.g. round)"
+    )
+    parser.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
+
+
+def catalog_for(specs: Path | None) -> HardwareCatalog:
+    """The built-in catalog (fleet + reference parts), with `specs` layered on top."""
+    catalog = load_reference_catalog()
+    return catalog if specs is None else catalog.merged(load_catalog(specs))
+
+
+def report(table: Table, catalog: HardwareCatalog, by_group: bool = False) -> dict[str, Any]:
+    result = evaluate(table.rows, catalog)
+    out: dict[str, Any] = {
+        "table": table.name,
+        "rows": len(table.rows),
+        "predictions": result["predictions"],
+        "skipped": {**table.skipped, "types_without_specs": table.unknown_types},
+        "methods": result["methods"],
+    }
+    if by_group:
+        out["groups"] = {
+            str(g): evaluate(rows, catalog)
+            for g, rows in table.rows.groupby("group", sort=True)
+            if rows["workload"].nunique() > 1
+        }
+    return out
+
+
+def _print_table(out: dict[str, Any]) -> None:
+    print(
+        f"{out['table']}: {out['rows']} rows, {out['predictions']} predictions "
+        f"(leave one workload out); skipped {out['skipped']}"
+    )
+    print(f"  {'method':22s} {'MAPE':>7s} {'median APE':>10s} {'±10 %':>7s} {'order':>7s}")
+    for name in METHODS:
+        m = out["methods"].get(name) or {}
+        if not m:
+            continue
+        print(
+            f"  {name:22s} {m['mape']:7.3f} {m['median_ape']:10.3f} "
+            f"{m['within_10']:7.3f} {m['order_accuracy']:7.3f}"
+        )
+    for g, r in (out.get("groups") or {}).items():
+        best = {k: v for k, v in r["methods"].items() if v}
+        if best:
+            model = best["model"]
+            print(
+                f"  group {g}: {r['predictions']} predictions, model MAPE {model['mape']:.3f} "
+                f"order {model['order_accuracy']:.3f}"
+            )
+
+
+def run(args: argparse.Namespace, _settings: Settings) -> int:
+    try:
+        catalog = catalog_for(args.specs)
+        table = read_table(args.table, catalog, args.format)
+    except (OSError, CatalogError, TableError) as exc:
+        print(f"evaluate: {exc}", file=sys.stderr)
+        return 2
+    if table.rows.empty:
+        print(f"evaluate: {args.table}: no row with a known accelerator type", file=sys.stderr)
+        return 2
+    out = report(table, catalog, args.by_group)
+    _print_table(out)
+    if args.json:
+        print(orjson.dumps(out, option=orjson.OPT_SERIALIZE_NUMPY).decode())
+    return 0

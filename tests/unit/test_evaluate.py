@@ -1,0 +1,168 @@
+"""`leap-stream evaluate`: reading benchmark tables, the fixed protocol, the estimators."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pandas as pd
+import pytest
+
+from leap_stream.catalog import load_reference_catalog
+from leap_stream.cli import main
+from leap_stream.tools.evaluate import methods as M
+from leap_stream.tools.evaluate.protocol import evaluate, order_accuracy, pairs, predict_held_out
+from leap_stream.tools.evaluate.table import TableError, normalise, read_table
+from leap_stream.tools.sim.real import TABLES
+
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "benchmarks"
+CATALOG = load_reference_catalog()
+
+
+def _standard(rows: list[tuple[str, str, float]]) -> pd.DataFrame:
+    return pd.DataFrame(rows, columns=["workload", "accelerator_type", "throughput"]).assign(
+        accelerator_count=1
+    )
+
+
+@pytest.mark.parametrize(
+    ("path", "fmt", "min_rows"),
+    [
+        (TABLES["simulation"], "gavel", 400),
+        (FIXTURES / "neusight_train_cut.csv", "neusight", 30),
+        (FIXTURES / "mlperf_v3.0_cut.csv", "mlperf", 60),
+        (FIXTURES / "zeus_cut.csv", "zeus", 50),
+    ],
+)
+def test_each_public_shape_is_read(path: Path, fmt: str, min_rows: int) -> None:
+    t = read_table(path, CATALOG)
+    assert len(t.rows) >= min_rows, fmt
+    assert np.isfinite(t.rows["log_pd"]).all()
+    assert set(t.rows["type_id"]) <= set(CATALOG.types)
+    assert t.rows["job"].nunique() < len(t.rows)  # rows of one job exist to be compared
+
+
+def test_zeus_keeps_only_the_uncapped_power_limit() -> None:
+    raw = pd.read_csv(FIXTURES / "zeus_cut.csv")
+    t = read_table(FIXTURES / "zeus_cut.csv", CATALOG)
+    assert len(t.rows) == int(raw["is_max_power_limit"].sum())
+
+
+def test_types_without_specs_are_reported_not_guessed() -> None:
+    t = normalise(
+        _standard([("w", "H100-SXM", 10.0), ("w", "IPU-Bow", 9.0), ("w", "ipu-bow", 8.0)]),
+        CATALOG,
+    )
+    assert list(t.rows["type_id"]) == ["h100-sxm"]
+    assert t.skipped == {"no_specs": 2}
+    assert t.unknown_types == {"IPU-Bow": 1, "ipu-bow": 1}
+
+
+def test_time_to_train_is_a_rate_and_counts_make_it_per_device() -> None:
+    t = normalise(
+        pd.DataFrame(
+            {
+                "workload": ["w", "w"],
+                "accelerator_type": ["a100-80g", "h100-sxm"],
+                "accelerator_count": [8, 4],
+                "time_to_train": [10.0, 5.0],
+            }
+        ),
+        CATALOG,
+    )
+    np.testing.assert_allclose(np.exp(t.rows["log_pd"]), [1 / 80, 1 / 20])
+
+
+def test_a_table_without_the_columns_is_refused() -> None:
+    with pytest.raises(TableError, match="missing column"):
+        normalise(pd.DataFrame({"workload": ["w"], "accelerator_type": ["t4"]}), CATALOG)
+
+
+def test_pairs_stay_inside_a_job_and_across_types() -> None:
+    df = _standard([("w", "a100-80g", 1.0), ("w", "h100-sxm", 2.0), ("w", "h100-sxm", 2.2)])
+    df["batch_size"] = [8, 8, 16]
+    p = pairs(normalise(df, CATALOG).rows, CATALOG)
+    # batch 16 is another job; a100 ↔ h100 of batch 8, both ways
+    assert sorted(zip(p["a_type"], p["b_type"], strict=True)) == [
+        ("a100-80g", "h100-sxm"),
+        ("h100-sxm", "a100-80g"),
+    ]
+    np.testing.assert_allclose(sorted(p["log_ratio"]), [-np.log(2), np.log(2)])
+
+
+def test_held_out_workload_is_never_learned_from() -> None:
+    """The median of the *other* workloads' ratios: each workload here has its own ratio, so
+    a leak of its own pairs would show as an exact prediction."""
+    rows = []
+    for i, ratio in enumerate((1.5, 2.0, 3.0)):
+        rows += [(f"w{i}", "a100-80g", 1.0), (f"w{i}", "h100-sxm", ratio)]
+    p = pairs(normalise(_standard(rows), CATALOG).rows, CATALOG)
+    pred = predict_held_out(p, "median_ratio_others")
+    up = p["a_type"].to_numpy() == "a100-80g"
+    got = dict(zip(p["workload"][up], np.exp(pred[up]), strict=True))
+    assert got == pytest.approx(
+        {"w0": np.sqrt(2.0 * 3.0), "w1": np.sqrt(1.5 * 3.0), "w2": np.sqrt(1.5 * 2.0)}
+    )
+
+
+def test_order_accuracy_counts_right_wrong_and_ties() -> None:
+    p = pd.DataFrame({"a": [0, 0, 0], "b_type": ["x", "y", "z"], "log_ratio": [0.1, 0.2, 0.3]})
+    assert order_accuracy(p, np.array([1.0, 2.0, 3.0])) == 1.0
+    assert order_accuracy(p, np.array([3.0, 2.0, 1.0])) == 0.0
+    assert order_accuracy(p, np.array([1.0, 1.0, 1.0])) == 0.5
+
+
+def test_the_model_learns_a_pair_effect_that_physics_misses() -> None:
+    """Every workload runs 1.8× faster on mi300x than on h100-sxm whatever the datasheets say:
+    the model, fitted on the other workloads, finds it; the spec ratios cannot."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for i in range(8):
+        base = float(rng.uniform(1, 100))
+        noise = np.exp(rng.normal(0, 0.02, 3))
+        rows += [
+            (f"w{i}", "h100-sxm", base * noise[0]),
+            (f"w{i}", "mi300x", 1.8 * base * noise[1]),
+            (f"w{i}", "a100-80g", 0.5 * base * noise[2]),
+        ]
+    out = evaluate(normalise(_standard(rows), CATALOG).rows, CATALOG)["methods"]
+    assert out["model"]["mape"] < 0.05
+    assert out["model"]["mape"] < out["bandwidth_ratio"]["mape"]
+    assert out["model"]["mape"] < out["geomean_ratio"]["mape"]
+
+
+def test_unknown_method_is_an_error() -> None:
+    with pytest.raises(ValueError, match="unknown method"):
+        M.fit("magic", pd.DataFrame())
+
+
+def test_cli_json_is_the_documented_object(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["evaluate", "--table", str(FIXTURES / "neusight_train_cut.csv"), "--json"])
+    assert rc == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    out = orjson.loads(last)
+    assert {"table", "rows", "predictions", "skipped", "methods"} <= set(out)
+    assert set(out["methods"]) == set(M.METHODS)
+    for figures in out["methods"].values():
+        assert set(figures) == {"mape", "median_ape", "within_10", "order_accuracy"}
+    assert out["predictions"] > 0
+
+
+def test_cli_specs_add_a_type_and_a_bad_table_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    doc = CATALOG.to_dict()
+    new = dict(doc["hardware"][0], type_id="x9000", aliases=["X-9000"])
+    (tmp_path / "specs.json").write_bytes(orjson.dumps({"schema_version": 1, "hardware": [new]}))
+    _standard(
+        [("w", "X-9000", 1.0), ("w", "t4", 2.0), ("v", "X-9000", 1.0), ("v", "t4", 3.0)]
+    ).to_csv(tmp_path / "t.csv", index=False)
+    argv = ["evaluate", "--table", str(tmp_path / "t.csv"), "--json"]
+    assert main([*argv, "--specs", str(tmp_path / "specs.json")]) == 0
+    assert orjson.loads(capsys.readouterr().out.splitlines()[-1])["rows"] == 4
+    assert main(argv) == 0  # without the specs: the X-9000 rows are skipped, not guessed
+    out = orjson.loads(capsys.readouterr().out.splitlines()[-1])
+    assert out["skipped"]["types_without_specs"] == {"X-9000": 2}
+    (tmp_path / "bad.csv").write_text("a,b\n1,2\n")
+    assert main(["evaluate", "--table", str(tmp_path / "bad.csv")]) == 2
