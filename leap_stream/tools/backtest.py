@@ -217,8 +217,9 @@ def _night_eval(
         out[name] = _predictor_metrics(tr, p, usable, lo, hi)
     if model is not None:
         usable_m = (sources["model"] != SRC_NONE) & np.isfinite(preds["model"]) & fits
+        inside = (tr.meas >= base["low"].to_numpy()) & (tr.meas <= base["high"].to_numpy())
         out["by_anchor"] = _anchor_counts(
-            base, subs, model, preds["model"], usable_m, tr.meas, tr.in_truth, tr.is_ran
+            base, subs, model, preds["model"], usable_m, tr.meas, tr.in_truth, tr.is_ran, inside
         )
     out["submissions"] = tr.n_jobs
     out["rows"] = int(tr.in_truth.sum())
@@ -259,9 +260,11 @@ def _anchor_counts(
     meas: np.ndarray,
     in_truth: np.ndarray,
     is_ran: np.ndarray,
+    inside: np.ndarray,
 ) -> dict[str, dict[str, list[int]]]:
-    """[rows, hits] of the model per breakdown key, for all candidates and the ran-on ones:
-    where accuracy is lost (anchor kind, device count changed since the prior, family)."""
+    """[rows, hits, inside the 80 % interval] of the model per breakdown key, for all
+    candidates and the ran-on ones: where accuracy is lost (anchor kind, device count changed
+    since the prior, family) and whether the intervals are honest there."""
     from leap_stream.core.predictor import KINDS, anchor_kind
 
     kind = np.asarray(KINDS, dtype=object)[anchor_kind(base, model.groups)]
@@ -280,11 +283,12 @@ def _anchor_counts(
         for labels in (kind, dev, fam):
             lab = labels[sel]
             h = hit[sel]
+            ins = (usable & inside)[sel]
             for name in np.unique(lab):
                 if not name:
                     continue
                 m = lab == name
-                d[str(name)] = [int(m.sum()), int(h[m].sum())]
+                d[str(name)] = [int(m.sum()), int(h[m].sum()), int(ins[m].sum())]
         out[scope] = d
     return out
 
@@ -469,22 +473,23 @@ def _summarise(per_night: list[dict[str, Any]], variants: list[str]) -> dict[str
     for n in per_night:
         for scope, d in n.get("by_anchor", {}).items():
             tgt = by.setdefault(scope, {})
-            for k, (rows, hits) in d.items():
-                acc = tgt.setdefault(k, [0, 0])
-                acc[0] += rows
-                acc[1] += hits
+            for k, counts in d.items():
+                acc = tgt.setdefault(k, [0, 0, 0])
+                for i, c in enumerate(counts):
+                    acc[i] += c
     if by:
         # pooled over nights: accuracy and share of rows per breakdown key
         out["by_anchor"] = {
             scope: {
                 k: {
                     "accuracy": round(h / r, 4) if r else None,
+                    "interval_coverage_80": round(i / r, 4) if r else None,
                     "rows": r,
                     "share": round(
                         r / max(1, sum(v[0] for kk, v in d.items() if kk in KIND_KEYS)), 4
                     ),
                 }
-                for k, (r, h) in sorted(d.items())
+                for k, (r, h, i) in sorted(d.items())
             }
             for scope, d in by.items()
         }

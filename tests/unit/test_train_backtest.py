@@ -46,6 +46,12 @@ def test_backtest_breaks_accuracy_down_by_anchor() -> None:
     rows = sum(v[0] for k, v in n.items() if k in ("self", "transfer", "model"))
     hits = sum(v[1] for k, v in n.items() if k in ("self", "transfer", "model"))
     assert abs(hits / rows - summary["model"]["accuracy"]) < 1e-3
+    # interval coverage per anchor kind, pooled the same way as the overall figure
+    inside = sum(v[2] for k, v in n.items() if k in ("self", "transfer", "model"))
+    usable = summary["per_night"][0]["model"]["predicted"] * rows
+    assert abs(inside / usable - summary["model"]["interval_coverage_80"]) < 0.02
+    for kind in ("self", "transfer", "model"):
+        assert 0.0 <= by["all"][kind]["interval_coverage_80"] <= 1.0
 
 
 def test_lookup_scores_match_a_lookup_only_ranker() -> None:
