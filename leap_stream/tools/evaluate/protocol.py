@@ -57,6 +57,8 @@ def pairs(rows: pd.DataFrame, catalog: HardwareCatalog) -> pd.DataFrame:
             "d_log_flops": logs[b, 0] - logs[a, 0],
             "d_log_bw": logs[b, 1] - logs[a, 1],
             "log_ratio": r["log_pd"].to_numpy()[b] - r["log_pd"].to_numpy()[a],
+            "log_count_ratio": np.log(r["count"].to_numpy(np.float64)[b])
+            - np.log(r["count"].to_numpy(np.float64)[a]),
         }
     )
     for column, parts in M.KEYS.items():  # integer keys: the estimators group on them

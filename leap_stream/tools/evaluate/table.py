@@ -33,7 +33,7 @@ class TableError(ValueError):
 class Table:
     """Measurements with a known accelerator type: `group`, `workload`, `job` (rows compared
     only within one), `type_id`, `vendor`, `precision`, `family`, `log_pd` (log per-device
-    throughput). `skipped` counts what was left out, by reason; `unknown_types` names the
+    throughput), `count` (devices). `skipped` counts what was left out, by reason; `unknown_types` names the
     accelerator types without specs (reported, never guessed)."""
 
     name: str
@@ -176,6 +176,7 @@ def normalise(table: pd.DataFrame, catalog: HardwareCatalog, name: str = "table"
             "type_id": ids,
             "vendor": np.asarray([catalog[i].vendor for i in ids], object),
             "log_pd": np.log(rate[ok] / count[ok]),
+            "count": count[ok],
         }
     )
     keys = [_text(t, c) for c in JOB_KEYS]
