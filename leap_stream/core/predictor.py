@@ -172,11 +172,14 @@ class ThroughputModel:
         scorer: Scorer | None = None,
         scorer_kind: str = "lightgbm",
         ratio: lgb.Booster | None = None,
+        ratio_scorer: Scorer | None = None,
     ) -> None:
         self.booster = booster
         self.metadata = metadata
         self.ratio = ratio  # the transfer rows' ratio model (None: the booster difference)
         self.ratio_features: list[str] = list(metadata.get("ratio_features") or [])
+        # the ratio model's raw output: LightGBM's predict, or the same trees compiled
+        self.ratio_score: Scorer = ratio_scorer or self.ratio_lightgbm
         # the trees' raw output for a float matrix: LightGBM's predict, or the same trees
         # compiled (stream/compiled.py, checked equal to LightGBM's before it serves)
         self.score: Scorer = scorer or self.score_lightgbm
@@ -203,9 +206,18 @@ class ThroughputModel:
     def version(self) -> str:
         return str(self.metadata["version"])
 
-    def with_scorer(self, scorer: Scorer, kind: str) -> ThroughputModel:
-        """The same model (booster, metadata, intervals) scoring its trees with `scorer`."""
-        return type(self)(self.booster, self.metadata, scorer, kind, self.ratio)
+    def with_scorer(
+        self, scorer: Scorer, kind: str, ratio_scorer: Scorer | None = None
+    ) -> ThroughputModel:
+        """The same model (boosters, metadata, intervals) scoring its trees with `scorer` (and
+        the ratio model's with `ratio_scorer`, LightGBM's own when None)."""
+        return type(self)(self.booster, self.metadata, scorer, kind, self.ratio, ratio_scorer)
+
+    def ratio_lightgbm(self, X: np.ndarray) -> np.ndarray:
+        """LightGBM's own predict of the ratio model (the reference a scorer is checked on)."""
+        if self.ratio is None:
+            raise ValueError("this model has no ratio model")
+        return np.asarray(self.ratio.predict(X, num_threads=_threads(len(X), predict=True)))
 
     def score_lightgbm(self, X: np.ndarray) -> np.ndarray:
         """LightGBM's own predict, whatever `score` is (the reference a scorer is checked on)."""
@@ -382,8 +394,7 @@ class ThroughputModel:
                 Xr = _ratio_matrix(
                     frame, self.ratio_features, booster_ratio, self._levels, self._luts, rows
                 )
-                g = self.ratio.predict(Xr, num_threads=_threads(len(rows), predict=True))
-                moved[rows] = other_lpd[rows] + np.asarray(g)
+                moved[rows] = other_lpd[rows] + self.ratio_score(Xr)
         return blind, moved
 
     def _pair(self, mt_code: np.ndarray | None, hw: np.ndarray) -> np.ndarray:

@@ -58,9 +58,22 @@ def wanted(setting: str) -> bool:
     return available() if setting == "auto" else setting == "1"
 
 
-def probe_matrix(model: ThroughputModel, rows: int = PROBE_ROWS, seed: int = 0) -> np.ndarray:
-    """Rows on both sides of every split threshold, NaN, and unseen categories, at random."""
-    dump = model.booster.dump_model()
+def _trees(model: ThroughputModel, ratio: bool) -> tuple[Any, list[str], dict[str, Any]]:
+    """(booster, feature names, categories by feature) of the main or the ratio model."""
+    cats = model.metadata.get("categories", {})
+    if not ratio:
+        return model.booster, model.feature_names, dict(cats)
+    names = model.ratio_features
+    return model.ratio, names, {n: cats.get(n[2:] if n.startswith("o_") else n, ()) for n in names}
+
+
+def probe_matrix(
+    model: ThroughputModel, rows: int = PROBE_ROWS, seed: int = 0, ratio: bool = False
+) -> np.ndarray:
+    """Rows on both sides of every split threshold, NaN, and unseen categories, at random (of
+    the main booster, or of the ratio model with `ratio`)."""
+    booster, feature_names, categories = _trees(model, ratio)
+    dump = booster.dump_model()
     n_feat = int(dump["max_feature_idx"]) + 1
     cuts: list[list[float]] = [[] for _ in range(n_feat)]
     categorical = set()
@@ -79,8 +92,8 @@ def probe_matrix(model: ThroughputModel, rows: int = PROBE_ROWS, seed: int = 0) 
     X = np.empty((rows, n_feat), np.float64)
     for f in range(n_feat):
         if f in categorical:
-            name = model.feature_names[f] if f < len(model.feature_names) else ""
-            n_levels = len(model.metadata.get("categories", {}).get(name, ())) or 32
+            name = feature_names[f] if f < len(feature_names) else ""
+            n_levels = len(categories.get(name, ())) or 32
             pool = np.append(np.arange(n_levels + 2, dtype=np.float64), np.nan)
         else:
             t = np.asarray(cuts[f] or [0.0])
@@ -94,8 +107,11 @@ def probe_matrix(model: ThroughputModel, rows: int = PROBE_ROWS, seed: int = 0) 
     return X
 
 
-def compile_scorer(model: ThroughputModel) -> Callable[[np.ndarray], np.ndarray]:
-    """The model's trees compiled; raises `CompileError` unless they match LightGBM exactly."""
+def compile_scorer(
+    model: ThroughputModel, ratio: bool = False
+) -> Callable[[np.ndarray], np.ndarray]:
+    """The model's trees (the ratio model's with `ratio`) compiled; raises `CompileError`
+    unless they match LightGBM exactly."""
     try:
         import lleaves
     except Exception as exc:
@@ -105,7 +121,7 @@ def compile_scorer(model: ThroughputModel) -> Callable[[np.ndarray], np.ndarray]
     fd, path = tempfile.mkstemp(prefix="leap-model-", suffix=".txt")
     try:
         with os.fdopen(fd, "w") as f:
-            f.write(model.booster.model_to_string())
+            f.write(_trees(model, ratio)[0].model_to_string())
         compiled = lleaves.Model(model_file=path)
         compiled.compile(**_COMPILE_OPTIONS)
     except Exception as exc:
@@ -113,17 +129,19 @@ def compile_scorer(model: ThroughputModel) -> Callable[[np.ndarray], np.ndarray]
     finally:
         os.unlink(path)
 
+    reference = model.ratio_lightgbm if ratio else model.score_lightgbm
+
     def score(X: np.ndarray) -> np.ndarray:
         X = np.ascontiguousarray(X, np.float64)
         jobs = 2 if len(X) >= 2000 and (os.cpu_count() or 1) > 1 else 1
         out = np.asarray(compiled.predict(X, n_jobs=jobs))
         tiny = ((np.abs(X) < ZERO_BAND) & (X != 0.0)).any(axis=1)
         if tiny.any():  # LightGBM's zero band: those rows are scored by LightGBM itself
-            out[tiny] = model.score_lightgbm(X[tiny])
+            out[tiny] = reference(X[tiny])
         return out
 
-    X = probe_matrix(model)
-    want, got = model.score_lightgbm(X), score(X)
+    X = probe_matrix(model, ratio=ratio)
+    want, got = reference(X), score(X)
     if not np.array_equal(want, got, equal_nan=True):
         worst = float(np.nanmax(np.abs(want - got)))
         raise CompileError(f"compiled trees differ from LightGBM on probe rows (max |d| {worst})")
@@ -131,8 +149,9 @@ def compile_scorer(model: ThroughputModel) -> Callable[[np.ndarray], np.ndarray]
 
 
 def compiled_model(model: ThroughputModel) -> ThroughputModel:
-    """`model` scoring with its compiled trees (`compile_scorer`)."""
-    return model.with_scorer(compile_scorer(model), KIND)
+    """`model` scoring with its compiled trees (`compile_scorer`), the ratio model's too."""
+    ratio = compile_scorer(model, ratio=True) if model.ratio is not None else None
+    return model.with_scorer(compile_scorer(model), KIND, ratio)
 
 
 __all__ = [

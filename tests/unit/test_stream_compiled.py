@@ -29,7 +29,8 @@ NOW = datetime(2026, 11, 2, tzinfo=UTC)
 
 @cache
 def _sim() -> SimResult:
-    return simulate(SimConfig(seed=4, days=1, rate=1500))
+    # enough days for lineages measured on two types: the model then has a ratio model
+    return simulate(SimConfig(seed=4, days=4, rate=2000))
 
 
 @cache
@@ -46,9 +47,19 @@ def test_compiled_trees_give_lightgbm_output_bit_for_bit() -> None:
     model = _model()
     fast = C.compiled_model(model)
     assert fast.scorer_kind == C.KIND and model.scorer_kind == "lightgbm"
+    assert model.ratio is not None  # the ratio model is compiled and checked too
+    assert fast.ratio_score != fast.ratio_lightgbm
     frame = _rows().frame
     for want, got in zip(model.predict(frame), fast.predict(frame), strict=True):
         assert np.array_equal(want, got, equal_nan=True)
+
+
+def test_compiled_ratio_model_gives_lightgbm_output_bit_for_bit() -> None:
+    model = _model()
+    X = C.probe_matrix(model, ratio=True)
+    assert X.shape[1] == len(model.ratio_features)
+    score = C.compile_scorer(model, ratio=True)
+    assert np.array_equal(score(X), model.ratio_lightgbm(X), equal_nan=True)
 
 
 def test_probe_rows_take_both_sides_of_every_numeric_split() -> None:
