@@ -75,19 +75,10 @@ LINEAGE_SHRINK = 2.0
 # The ratio model: small (a third of the main booster's nodes), fitted on the pairs a fleet
 # has (lineages measured on two types); below RATIO_MIN_ROWS pairs the booster difference stays.
 RATIO_PARAMS: dict[str, Any] = {
-    "objective": "huber",
-    "alpha": 0.3,
-    "learning_rate": 0.2,
+    **DEFAULT_PARAMS,
     "num_leaves": 31,
     "min_data_in_leaf": 30,
     "feature_fraction": 0.8,
-    "bagging_fraction": 0.8,
-    "bagging_freq": 1,
-    "lambda_l2": 5.0,
-    "max_bin": 127,
-    "cat_smooth": 10.0,
-    "max_cat_to_onehot": 8,
-    "verbose": -1,
 }
 RATIO_ROUNDS = 100
 RATIO_EARLY_STOP = 20
