@@ -13,6 +13,7 @@ never change once its submission time has passed), so a night costs one training
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from dataclasses import dataclass
@@ -274,13 +275,16 @@ def _anchor_counts(
         np.where(np.abs(ratio) > 1e-9, "self_devices_changed", "self_same_devices"),
         "",
     )
-    fam = "family=" + subs["family"].to_numpy(object)[base["job"].to_numpy(np.int64)].astype(str)
+    family = subs["family"].to_numpy(object)[base["job"].to_numpy(np.int64)].astype(str)
+    fam = "family=" + family
+    # (family, vendor of the candidate): what a vendor's software release moves
+    fv = "fv=" + family + "|" + base["vendor"].to_numpy(object).astype(str)
     with np.errstate(invalid="ignore", divide="ignore"):
         hit = usable & (np.abs(pred / meas - 1.0) <= 0.10)
     out: dict[str, dict[str, list[int]]] = {}
     for scope, sel in (("all", in_truth), ("ran", in_truth & is_ran)):
         d: dict[str, list[int]] = {}
-        for labels in (kind, dev, fam):
+        for labels in (kind, dev, fam, fv):
             lab = labels[sel]
             h = hit[sel]
             ins = (usable & inside)[sel]
@@ -317,7 +321,10 @@ def run_backtest(
     progress: bool = True,
     train_window_days: int = TRAIN_WINDOW_DAYS,
     train_rows: int = TRAIN_ROWS,
+    drift: list[Any] | None = None,
 ) -> tuple[dict[str, Any], list[pd.DataFrame]]:
+    """`drift`: the simulator's DriftEvents to run instead of its random ones (a controlled
+    software-release scenario; `drift_recovery` in the summary follows each)."""
     from tqdm import tqdm
 
     from leap_stream.catalog import load_catalog
@@ -325,7 +332,10 @@ def run_backtest(
 
     catalog = load_catalog()
     specs = catalog.spec_matrix()
-    sim = FleetSimulator(SimConfig(seed=seed, days=warmup_days + nights, rate=rate), catalog)
+    config = SimConfig(seed=seed, days=warmup_days + nights, rate=rate)
+    if drift is not None:
+        config = dataclasses.replace(config, drift_events=tuple(drift))
+    sim = FleetSimulator(config, catalog)
     rep = pit.Replayer()
     train_parts: list[tuple[pd.DataFrame, pd.DataFrame, np.ndarray]] = []  # frame, rows, ended
     datasets: list[pd.DataFrame] = []
@@ -428,6 +438,7 @@ def run_backtest(
         )
     bar.close()
     summary = _summarise(per_night, variants)
+    summary["drift_recovery"] = drift_recovery(per_night, sim.drift_events, warmup_days)
     summary.update(
         seed=seed,
         nights=nights,
@@ -495,6 +506,62 @@ def _summarise(per_night: list[dict[str, Any]], variants: list[str]) -> dict[str
         }
     if ablation:
         out["ablation_delta"] = ablation  # variant minus full model, mean over nights
+    return out
+
+
+DRIFT_OFFSETS = (-1, 0, 1, 2, 3, 5, 7)
+
+
+def parse_drift(text: str) -> Any:
+    """FAMILY:VENDOR:DAY:FACTOR → the simulator's DriftEvent (ValueError naming what is off)."""
+    from leap_stream.contracts.vocab import FAMILIES, VENDORS
+    from leap_stream.tools.sim.fleet import DriftEvent
+
+    parts = text.split(":")
+    if len(parts) != 4:
+        raise ValueError(f"--drift {text!r}: expected FAMILY:VENDOR:DAY:FACTOR")
+    family, vendor, day, factor = parts
+    if family not in FAMILIES or vendor not in VENDORS:
+        raise ValueError(f"--drift {text!r}: family one of {FAMILIES}, vendor one of {VENDORS}")
+    try:
+        event = DriftEvent(int(day), vendor, family, float(factor), "scenario")
+    except ValueError:
+        raise ValueError(f"--drift {text!r}: DAY is a whole number, FACTOR a number") from None
+    if event.day < 0 or not event.factor > 0:
+        raise ValueError(f"--drift {text!r}: DAY ≥ 0 and FACTOR > 0")
+    return event
+
+
+def drift_recovery(
+    per_night: list[dict[str, Any]], events: list[Any], warmup_days: int
+) -> list[dict[str, Any]]:
+    """For each drift event inside the scored nights: the model's accuracy on the rows of the
+    family and vendor it changed, on the hardware the jobs ran on and over every candidate, at
+    nights relative to the event (night 0: the first day at the new speed, ranked by a model
+    trained before it). How many nights until it is back is what on-call wants to know."""
+    out = []
+    for e in events:
+        night0 = e.day - warmup_days
+        if not 0 <= night0 < len(per_night):
+            continue
+        key = f"fv={e.family}|{e.vendor}"
+        row: dict[str, Any] = {
+            "day": e.day,
+            "night": night0 + 1,
+            "family": e.family,
+            "vendor": e.vendor,
+            "factor": round(e.factor, 4),
+        }
+        for scope in ("ran", "all"):
+            acc = {}
+            for off in DRIFT_OFFSETS:
+                n = night0 + off
+                if 0 <= n < len(per_night):
+                    counts = per_night[n].get("by_anchor", {}).get(scope, {}).get(key)
+                    if counts and counts[0]:
+                        acc[str(off)] = round(counts[1] / counts[0], 4)
+            row[f"accuracy_{scope}_by_offset"] = acc
+        out.append(row)
     return out
 
 
@@ -595,6 +662,13 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--ablate", default="", help="feature groups to drop, e.g. prior,specs")
     parser.add_argument("--policy", choices=("default", "ranked"), default="default")
+    parser.add_argument(
+        "--drift",
+        action="append",
+        metavar="FAMILY:VENDOR:DAY:FACTOR",
+        help="a software release from DAY (0-based, warm-up included) multiplying VENDOR's speed "
+        "on FAMILY by FACTOR, instead of the simulator's random ones; repeatable",
+    )
     parser.add_argument("--plots", type=Path, help="folder for PNG plots")
     parser.add_argument("--json", action="store_true", help="print the full per-night JSON")
     parser.add_argument("--no-progress", action="store_true")
@@ -608,7 +682,13 @@ def run(args: argparse.Namespace, _settings: Settings) -> int:
             f"backtest: unknown feature groups {unknown}; known: {list(F.GROUPS)}", file=sys.stderr
         )
         return 2
+    try:
+        drift = None if args.drift is None else [parse_drift(d) for d in args.drift]
+    except ValueError as exc:
+        print(f"backtest: {exc}", file=sys.stderr)
+        return 2
     summary, scored = run_backtest(
+        drift=drift,
         seed=args.seed,
         nights=args.nights,
         warmup_days=args.warmup_days,

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+import pytest
 
 from leap_stream.tools.backtest import _argmax_per_job, run_backtest
 
@@ -74,3 +77,36 @@ def test_lookup_scores_match_a_lookup_only_ranker() -> None:
     np.testing.assert_array_equal(got["source"].to_numpy(), ref["source"].to_numpy())
     np.testing.assert_allclose(got["pred"].to_numpy(), ref["pred"].to_numpy(), equal_nan=True)
     assert (got["source"] == 1).mean() > 0.3
+
+
+def test_drift_recovery_follows_the_changed_family_and_vendor() -> None:
+    from leap_stream.tools.backtest import drift_recovery
+    from leap_stream.tools.sim.fleet import DriftEvent
+
+    key = "fv=dense_llm|nvidia"
+
+    def night(ran: tuple[int, int]) -> dict[str, Any]:
+        return {"by_anchor": {"ran": {key: [ran[0], ran[1], 0]}, "all": {key: [10, 2, 0]}}}
+
+    per_night = [night((10, 8)), night((10, 5)), night((10, 7)), night((10, 8))]
+    events = [
+        DriftEvent(15, "nvidia", "dense_llm", 1.3),  # night index 1 with a 14-day warm-up
+        DriftEvent(3, "nvidia", "dense_llm", 1.3),  # in the warm-up: not scored
+        DriftEvent(15, "amd", "dense_llm", 1.3),  # no rows of that key: empty figures
+    ]
+    out = drift_recovery(per_night, events, warmup_days=14)
+    assert [e["vendor"] for e in out] == ["nvidia", "amd"]
+    assert out[0]["night"] == 2
+    assert out[0]["accuracy_ran_by_offset"] == {"-1": 0.8, "0": 0.5, "1": 0.7, "2": 0.8}
+    assert out[0]["accuracy_all_by_offset"]["0"] == 0.2
+    assert out[1]["accuracy_ran_by_offset"] == {}
+
+
+def test_parse_drift_builds_the_event_or_names_the_fault() -> None:
+    from leap_stream.tools.backtest import parse_drift
+
+    e = parse_drift("moe_llm:amd:20:0.9")
+    assert (e.family, e.vendor, e.day, e.factor) == ("moe_llm", "amd", 20, 0.9)
+    for bad in ("moe_llm:amd:20", "moe:amd:20:0.9", "moe_llm:amd:x:0.9", "moe_llm:amd:3:-1"):
+        with pytest.raises(ValueError, match="--drift"):
+            parse_drift(bad)
