@@ -189,8 +189,10 @@ def _night_eval(
     specs: pd.DataFrame,
     model: ThroughputModel | None,
     lookup: LookupTable | None,
+    watch: str | None = None,
 ) -> tuple[dict[str, Any], pd.DataFrame]:
-    """Metrics of one night for model, lookup and oracle, and the scored rows (for plots)."""
+    """Metrics of one night for model, lookup and oracle, and the scored rows (for plots);
+    with `watch`, how the model treats that (new) hardware type."""
     base, _reason = Ranker(_SpecCatalog(specs), model, lookup).score_batch(
         subs, _candidates(subs), snap.histories, snap.aggregates, snap.now
     )
@@ -222,6 +224,9 @@ def _night_eval(
         out["by_anchor"] = _anchor_counts(
             base, subs, model, preds["model"], usable_m, tr.meas, tr.in_truth, tr.is_ran, inside
         )
+    if watch is not None:
+        usable_m = (sources["model"] != SRC_NONE) & np.isfinite(preds["model"]) & fits
+        out["new_hardware"] = _watched_type(watch, base, tr, preds["model"], usable_m)
     out["submissions"] = tr.n_jobs
     out["rows"] = int(tr.in_truth.sum())
     out["not_fit_excluded_in_truth"] = (
@@ -231,6 +236,70 @@ def _night_eval(
         {"measured": tr.meas, "model": preds["model"], "lookup": preds["lookup"], "oracle": tr.true}
     )[tr.in_truth]
     return out, scored
+
+
+def _watched_type(
+    hw_type: str, base: pd.DataFrame, tr: _NightTruth, pred: np.ndarray, usable: np.ndarray
+) -> dict[str, Any]:
+    """One night of a type new to the fleet: how many jobs could use it, how often the model's
+    top choice is it against the oracle's, the model's accuracy and interval honesty on it."""
+    hw = base["hardware_type"].to_numpy(object)
+    is_t = hw == hw_type
+    score = np.where(usable & tr.in_truth, throughput_per_cost(pred, tr.cost, tr.nd), -np.inf)
+    top = _argmax_per_job(tr.job, score, tr.n_jobs)
+    model_top = (top >= 0) & (hw[np.maximum(top, 0)] == hw_type)
+    oracle_top = (tr.best_row >= 0) & (hw[np.maximum(tr.best_row, 0)] == hw_type)
+    rows = is_t & tr.in_truth & usable
+    lo, hi = base["low"].to_numpy(np.float64), base["high"].to_numpy(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        width = np.log(hi / lo)
+        hit = np.abs(pred / tr.meas - 1.0) <= 0.10
+    others = ~is_t & tr.in_truth & usable
+    return {
+        "jobs_with_candidate": len(np.unique(tr.job[is_t])),
+        "ran_on": int((is_t & tr.is_ran).sum()),
+        "model_top": int(model_top.sum()),
+        "oracle_top": int(oracle_top.sum()),
+        "both_top": int((model_top & oracle_top).sum()),
+        "accuracy": float(hit[rows].mean()) if rows.any() else None,
+        "interval_coverage_80": (
+            float(((tr.meas >= lo) & (tr.meas <= hi))[rows].mean()) if rows.any() else None
+        ),
+        "interval_width_log": float(np.median(width[rows])) if rows.any() else None,
+        "interval_width_log_other_types": (
+            float(np.median(width[others])) if others.any() else None
+        ),
+    }
+
+
+def new_hardware_summary(
+    per_night: list[dict[str, Any]], hw_type: str, from_day: int, warmup_days: int
+) -> dict[str, Any]:
+    """The nights from the type's first day: the per-night figures, the first night on which
+    the model's top choice is the new type for at least half the jobs the oracle would send
+    there (routed), and the model's savings as a share of the oracle's over those nights."""
+    first = max(0, from_day - warmup_days)
+    nights = [n for n in per_night[first:] if "new_hardware" in n]
+    routed = next(
+        (
+            i
+            for i, n in enumerate(nights)
+            if n["new_hardware"]["oracle_top"] > 0
+            and n["new_hardware"]["model_top"] >= 0.5 * n["new_hardware"]["oracle_top"]
+        ),
+        None,
+    )
+    model_savings = float(np.mean([n["model"]["savings"] for n in nights])) if nights else 0.0
+    oracle_savings = float(np.mean([n["oracle"]["savings"] for n in nights])) if nights else 0.0
+    return {
+        "type": hw_type,
+        "from_day": from_day,
+        "nights_until_routed": routed,
+        "savings_share_of_oracle": round(model_savings / oracle_savings, 4)
+        if oracle_savings
+        else None,
+        "per_night": [{"night": first + i + 1, **n["new_hardware"]} for i, n in enumerate(nights)],
+    }
 
 
 def _lookup_only(
@@ -322,9 +391,12 @@ def run_backtest(
     train_window_days: int = TRAIN_WINDOW_DAYS,
     train_rows: int = TRAIN_ROWS,
     drift: list[Any] | None = None,
+    new_hardware: tuple[str, int] | None = None,
 ) -> tuple[dict[str, Any], list[pd.DataFrame]]:
     """`drift`: the simulator's DriftEvents to run instead of its random ones (a controlled
-    software-release scenario; `drift_recovery` in the summary follows each)."""
+    software-release scenario; `drift_recovery` in the summary follows each).
+    `new_hardware`: (type, day) a catalog type the fleet only gets on that day (0-based); the
+    summary's `new_hardware` follows it from then on."""
     from tqdm import tqdm
 
     from leap_stream.catalog import load_catalog
@@ -335,6 +407,8 @@ def run_backtest(
     config = SimConfig(seed=seed, days=warmup_days + nights, rate=rate)
     if drift is not None:
         config = dataclasses.replace(config, drift_events=tuple(drift))
+    if new_hardware is not None:
+        config = dataclasses.replace(config, hardware_from=(new_hardware,))
     sim = FleetSimulator(config, catalog)
     rep = pit.Replayer()
     train_parts: list[tuple[pd.DataFrame, pd.DataFrame, np.ndarray]] = []  # frame, rows, ended
@@ -421,7 +495,14 @@ def run_backtest(
         day = sim.step_day(policy_fn)
         snap = ingest(day)
         result, scored = _night_eval(
-            day.submissions, day.truth, day.completions, snap, specs, models["full"], lookup
+            day.submissions,
+            day.truth,
+            day.completions,
+            snap,
+            specs,
+            models["full"],
+            lookup,
+            None if new_hardware is None else new_hardware[0],
         )
         result["date"] = str(day.day)
         result["train_rows"] = int(known.sum())
@@ -439,6 +520,8 @@ def run_backtest(
     bar.close()
     summary = _summarise(per_night, variants)
     summary["drift_recovery"] = drift_recovery(per_night, sim.drift_events, warmup_days)
+    if new_hardware is not None:
+        summary["new_hardware"] = new_hardware_summary(per_night, *new_hardware, warmup_days)
     summary.update(
         seed=seed,
         nights=nights,
@@ -663,6 +746,12 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ablate", default="", help="feature groups to drop, e.g. prior,specs")
     parser.add_argument("--policy", choices=("default", "ranked"), default="default")
     parser.add_argument(
+        "--new-hardware",
+        metavar="TYPE",
+        help="a catalog type the fleet only gets from --from-day on (no history before it)",
+    )
+    parser.add_argument("--from-day", type=int, default=20, help="with --new-hardware (0-based)")
+    parser.add_argument(
         "--drift",
         action="append",
         metavar="FAMILY:VENDOR:DAY:FACTOR",
@@ -687,7 +776,19 @@ def run(args: argparse.Namespace, _settings: Settings) -> int:
     except ValueError as exc:
         print(f"backtest: {exc}", file=sys.stderr)
         return 2
+    new_hw = None
+    if args.new_hardware:
+        from leap_stream.catalog import load_catalog
+
+        if args.new_hardware not in load_catalog():
+            print(
+                f"backtest: --new-hardware {args.new_hardware!r} is not in the catalog",
+                file=sys.stderr,
+            )
+            return 2
+        new_hw = (args.new_hardware, args.from_day)
     summary, scored = run_backtest(
+        new_hardware=new_hw,
         drift=drift,
         seed=args.seed,
         nights=args.nights,

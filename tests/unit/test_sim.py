@@ -335,3 +335,22 @@ def test_dataset_rows_equal_what_the_offline_store_builds_from_the_events(
                 assert pd.isna(b), col
             else:
                 assert a == b, (col, a, b)
+
+
+def test_hardware_from_keeps_a_type_out_until_its_day() -> None:
+    from leap_stream.tools.sim.fleet import SimConfig, simulate
+
+    plain = simulate(SimConfig(seed=2, days=3, rate=600))
+    same = simulate(SimConfig(seed=2, days=3, rate=600, hardware_from=()))
+    assert plain.truth.equals(same.truth)  # no entry: the same fleet, draw for draw
+    res = simulate(SimConfig(seed=2, days=4, rate=800, hardware_from=(("mi355x", 2),)))
+    subs = res.submissions
+    day = (subs["submitted_at"] - subs["submitted_at"].min()).dt.days.to_numpy()
+    offered = subs["candidate_hardware"].str.split("|").apply(lambda c: "mi355x" in c)
+    assert not offered[day < 2].any() and offered[day >= 2].any()
+    assert not (subs["default_hardware"][day < 2] == "mi355x").any()
+    key = ["job_id", "attempt"]
+    early = res.truth.merge(subs.loc[day < 2, key], on=key)  # attempts submitted before day 2
+    assert len(early) and not (early["hardware_type"] == "mi355x").any()
+    with pytest.raises(ValueError, match="catalog lacks"):
+        simulate(SimConfig(seed=2, days=1, rate=100, hardware_from=(("no-such", 1),)))

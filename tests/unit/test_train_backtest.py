@@ -110,3 +110,22 @@ def test_parse_drift_builds_the_event_or_names_the_fault() -> None:
     for bad in ("moe_llm:amd:20", "moe:amd:20:0.9", "moe_llm:amd:x:0.9", "moe_llm:amd:3:-1"):
         with pytest.raises(ValueError, match="--drift"):
             parse_drift(bad)
+
+
+def test_new_hardware_summary_finds_the_night_it_is_routed() -> None:
+    from leap_stream.tools.backtest import new_hardware_summary
+
+    def night(model_top: int, oracle_top: int, savings: float) -> dict[str, Any]:
+        return {
+            "new_hardware": {"model_top": model_top, "oracle_top": oracle_top},
+            "model": {"savings": savings},
+            "oracle": {"savings": 0.4},
+        }
+
+    per_night = [night(0, 0, 0.2)] * 3 + [night(1, 10, 0.2), night(4, 10, 0.3), night(6, 10, 0.3)]
+    out = new_hardware_summary(per_night, "mi355x", from_day=17, warmup_days=14)
+    assert out["per_night"][0]["night"] == 4  # the type's first day is the fourth scored night
+    assert out["nights_until_routed"] == 2  # 6 ≥ half of 10 on its third night
+    assert out["savings_share_of_oracle"] == round((0.2 + 0.3 + 0.3) / 3 / 0.4, 4)
+    never = new_hardware_summary([night(0, 5, 0.1)] * 2, "x", from_day=0, warmup_days=14)
+    assert never["nights_until_routed"] is None

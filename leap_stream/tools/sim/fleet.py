@@ -146,6 +146,9 @@ class SimConfig:
     rescale_prob: float = 0.05  # a new job changes its data-parallel size
     drift_rate: float = 0.2  # chance per day (after day 0) of a drift event
     drift_events: tuple[DriftEvent, ...] | None = None  # explicit list replaces random drift
+    # (type id, day): a type the fleet adds on that day (0-based); before it, no job has it as a
+    # candidate or a default. The catalog holds its specs from the start, as a real one would.
+    hardware_from: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass
@@ -281,6 +284,12 @@ class FleetSimulator:
         self.hw = HardwareArrays.from_catalog(self.catalog)
         self.models = model_catalog()
         self.day_index = 0
+        unknown = [t for t, _d in config.hardware_from if t not in self.hw.types]
+        if unknown:
+            raise ValueError(f"hardware_from names types the catalog lacks: {unknown}")
+        self._from_day = np.zeros(len(self.hw.types), np.int64)
+        for t, day in config.hardware_from:
+            self._from_day[self.hw.types.index(t)] = day
         self._rng_master = np.random.SeedSequence(config.seed)
         init = np.random.default_rng(np.random.SeedSequence([config.seed, 1_000_003]))
         n_t = len(self.hw.types)
@@ -345,6 +354,10 @@ class FleetSimulator:
             events.append(DriftEvent(d, vendor, family, factor, reason))
         return events
 
+    def available(self, day: int | None = None) -> np.ndarray[Any, Any]:
+        """Per type, whether the fleet has it on `day` (today when None): `hardware_from`."""
+        return np.asarray(self._from_day <= (self.day_index if day is None else day))
+
     def drift_matrix(self, day: int) -> F64:
         """(family × vendor) speed multiplier in force on ``day``."""
         mat = np.ones((len(FAMILIES), len(VENDORS)))
@@ -400,7 +413,7 @@ class FleetSimulator:
         cols["team_idx"] = team.astype(np.int64)
         cand, job, hw_idx = self._draw_candidates(rng, cols, team)
         cols.update(self._draw_hidden(rng, cand, job, hw_idx, cols["num_devices"], t0, t1))
-        keep = cand.any(axis=1)
+        keep = (cand & self.available()).any(axis=1)
         return {k: v[keep] for k, v in cols.items()}
 
     def _draw_models(self, rng: np.random.Generator, n: int) -> np.ndarray[Any, Any]:
@@ -549,8 +562,8 @@ class FleetSimulator:
         """The default type, the hidden per-lineage factors the model must learn from data,
         and the schedule state (when it first submits, how many times)."""
         n, n_t = cand.shape
-        # default: popular types more likely
-        w = np.where(cand, self._popularity[None, :], 0.0)
+        # default: popular types more likely, among those the fleet has today
+        w = np.where(cand & self.available(), self._popularity[None, :], 0.0)
         default = _choice_rows(rng, w / np.maximum(w.sum(axis=1, keepdims=True), 1e-12))
         # per-lineage hidden factors
         lin_f = np.exp(rng.normal(0.0, self.config.lineage_sigma, n))
@@ -603,7 +616,7 @@ class FleetSimulator:
             move = new_job & (L["job_seq"][active] > 0) & (rng.random(k) < cfg.move_prob)
             if move.any():
                 ids = active[move]
-                w = np.where(L["cand"][ids], self._popularity[None, :], 0.0)
+                w = np.where(L["cand"][ids] & self.available(), self._popularity[None, :], 0.0)
                 w[np.arange(len(ids)), L["default"][ids]] = 0.0
                 has = w.sum(axis=1) > 0
                 pick = _choice_rows(rng, w / np.maximum(w.sum(axis=1, keepdims=True), 1e-12))
@@ -712,7 +725,7 @@ class FleetSimulator:
         s = {k: v[order] for k, v in s.items()}
         s["submitted"] = np.round(s["submitted"], 3)
         ids = self._day_ids(s)
-        cand = self._lin["cand"][s["lin"]]
+        cand = self._lin["cand"][s["lin"]] & self.available(d)
         subs = self._submissions_frame(s, ids, cand)
         true, measured, truth, pos = self._truth(rng, d, s, ids, cand)
         chosen, invalid = self._choose(policy, subs, s, cand)
