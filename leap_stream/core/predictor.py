@@ -289,17 +289,17 @@ class ThroughputModel:
         va = calib[rows] if calib is not None else np.zeros(len(rows), bool)
         cats = [i for i, c in enumerate(names) if _level_name(c) in self._levels]
         rp = {**RATIO_PARAMS, "num_threads": _threads(len(rows)), "seed": seed}
-        dtrain = lgb.Dataset(X[tr], target[tr], feature_name=names, categorical_feature=cats)
-        valid: list[lgb.Dataset] = []
-        callbacks: list[Callable[..., None]] = []
-        if va.sum() >= MIN_BUCKET_ROWS:
-            valid = [lgb.Dataset(X[va], target[va], reference=dtrain)]
-            callbacks.append(lgb.early_stopping(RATIO_EARLY_STOP, verbose=False))
-        booster = lgb.train(
-            rp, dtrain, num_boost_round=RATIO_ROUNDS, valid_sets=valid, callbacks=callbacks
+        ratio, best = _train(
+            rp,
+            X,
+            target,
+            names,
+            cats,
+            tr,
+            va if va.sum() >= MIN_BUCKET_ROWS else None,
+            RATIO_ROUNDS,
+            RATIO_EARLY_STOP,
         )
-        best = booster.best_iteration or booster.current_iteration()
-        ratio = lgb.Booster(model_str=booster.model_to_string(num_iteration=best))
         meta: ModelMetadata = {
             **self.metadata,
             "ratio_features": names,
@@ -479,23 +479,37 @@ def _train_booster(
 
         callbacks.append(_cb)
     cats = [i for i, c in enumerate(names) if c in F.CATEGORIES or c in F.OPEN_CATEGORIES]
+    booster, best = _train(
+        p, X, target, names, cats, train_idx, calib, num_rounds, EARLY_STOP, callbacks
+    )
+    return _Fitted(booster, names, best, X)
+
+
+def _train(
+    p: dict[str, Any],
+    X: np.ndarray,
+    target: np.ndarray,
+    names: list[str],
+    cats: list[int],
+    train: np.ndarray,
+    valid: np.ndarray | None,
+    rounds: int,
+    early_stop: int,
+    callbacks: list[Callable[..., None]] | None = None,
+) -> tuple[lgb.Booster, int]:
+    """LightGBM on the `train` rows, early stopping on the `valid` rows when given; the
+    booster cut at its best iteration (what serving and the text artefact keep)."""
+    cbs = list(callbacks or [])
     dtrain = lgb.Dataset(
-        X[train_idx],
-        target[train_idx],
-        feature_name=names,
-        categorical_feature=cats,
-        free_raw_data=True,
+        X[train], target[train], feature_name=names, categorical_feature=cats, free_raw_data=True
     )
     valid_sets = []
-    if calib is not None:
-        valid_sets = [lgb.Dataset(X[calib], target[calib], reference=dtrain)]
-        callbacks.append(lgb.early_stopping(EARLY_STOP, verbose=False))
-    booster = lgb.train(
-        p, dtrain, num_boost_round=num_rounds, valid_sets=valid_sets, callbacks=callbacks
-    )
-    best = booster.best_iteration or booster.current_iteration()
-    booster = lgb.Booster(model_str=booster.model_to_string(num_iteration=best))
-    return _Fitted(booster, names, int(best), X)
+    if valid is not None:
+        valid_sets = [lgb.Dataset(X[valid], target[valid], reference=dtrain)]
+        cbs.append(lgb.early_stopping(early_stop, verbose=False))
+    booster = lgb.train(p, dtrain, num_boost_round=rounds, valid_sets=valid_sets, callbacks=cbs)
+    best = int(booster.best_iteration or booster.current_iteration())
+    return lgb.Booster(model_str=booster.model_to_string(num_iteration=best)), best
 
 
 def _lineage_effects(lineage_ids: np.ndarray | pd.Series, resid: np.ndarray) -> np.ndarray:
