@@ -2,7 +2,7 @@
 
 Layout under ``root``::
 
-    versions/<version>/      model.txt, metadata.json, lookup.json (+ MANIFEST.json, ours)
+    versions/<version>/      model.txt, ratio_model.txt, metadata.json, lookup.json (+ MANIFEST.json, ours)
     current                  the promoted version, one line (temp file + os.replace)
     history.jsonl            one line per promotion
 
