@@ -156,13 +156,18 @@ def test_cli_specs_add_a_type_and_a_bad_table_exits_2(
     new = dict(doc["hardware"][0], type_id="x9000", aliases=["X-9000"])
     (tmp_path / "specs.json").write_bytes(orjson.dumps({"schema_version": 1, "hardware": [new]}))
     _standard(
-        [("w", "X-9000", 1.0), ("w", "t4", 2.0), ("v", "X-9000", 1.0), ("v", "t4", 3.0)]
+        [("w", "X-9000", 1.0), ("w", "t4", 2.0), ("w", "l4", 3.0)]
+        + [("v", "X-9000", 1.0), ("v", "t4", 3.0), ("v", "l4", 5.0)]
     ).to_csv(tmp_path / "t.csv", index=False)
     argv = ["evaluate", "--table", str(tmp_path / "t.csv"), "--json"]
     assert main([*argv, "--specs", str(tmp_path / "specs.json")]) == 0
-    assert orjson.loads(capsys.readouterr().out.splitlines()[-1])["rows"] == 4
+    assert orjson.loads(capsys.readouterr().out.splitlines()[-1])["rows"] == 6
     assert main(argv) == 0  # without the specs: the X-9000 rows are skipped, not guessed
     out = orjson.loads(capsys.readouterr().out.splitlines()[-1])
     assert out["skipped"]["types_without_specs"] == {"X-9000": 2}
     (tmp_path / "bad.csv").write_text("a,b\n1,2\n")
     assert main(["evaluate", "--table", str(tmp_path / "bad.csv")]) == 2
+    # one type per job: nothing to predict, said so
+    _standard([("w", "t4", 1.0), ("v", "t4", 2.0)]).to_csv(tmp_path / "one_type.csv", index=False)
+    assert main(["evaluate", "--table", str(tmp_path / "one_type.csv")]) == 2
+    assert "nothing to predict" in capsys.readouterr().err

@@ -96,9 +96,20 @@ def run(args: argparse.Namespace, _settings: Settings) -> int:
         print(f"evaluate: {exc}", file=sys.stderr)
         return 2
     if table.rows.empty:
-        print(f"evaluate: {args.table}: no row with a known accelerator type", file=sys.stderr)
+        print(
+            f"evaluate: {args.table}: no usable row (skipped: {table.skipped}; "
+            f"types without specs: {table.unknown_types})",
+            file=sys.stderr,
+        )
         return 2
     out = report(table, catalog, args.by_group)
+    if not out["predictions"]:
+        print(
+            f"evaluate: {args.table}: no job was measured on two accelerator types "
+            f"(rows are compared within one group, workload and configuration): nothing to predict",
+            file=sys.stderr,
+        )
+        return 2
     _print_table(out)
     if args.json:
         print(orjson.dumps(out, option=orjson.OPT_SERIALIZE_NUMPY).decode())

@@ -158,7 +158,7 @@ def normalise(table: pd.DataFrame, catalog: HardwareCatalog, name: str = "table"
     rate = _rate(t)
     skipped: dict[str, int] = {}
     ok = np.isfinite(rate) & (rate > 0) & np.isfinite(count) & (count > 0)
-    skipped["no_throughput"] = int((~ok).sum())
+    skipped["no_throughput_or_count"] = int((~ok).sum())
     names = t["accelerator_type"].astype(str).to_numpy(object)
     type_id = np.asarray([catalog.resolve(n) for n in names], object)
     unknown = ok & (type_id == None)  # noqa: E711 (elementwise)
