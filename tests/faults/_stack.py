@@ -45,6 +45,10 @@ class Stack(WorkerStack):
     ``extra_env`` before ``start``."""
 
     extra_env: dict[str, str] = field(default_factory=lambda: dict(FAULT_SETTINGS))
+    # completion event_id -> offset in the (one-partition) completions topic, filled by `feed`:
+    # the order the worker really saw, which a producer's retries may make differ from the
+    # order the test sent in
+    comp_offsets: dict[str, int] = field(default_factory=dict)
 
 
 class Feeder:
@@ -146,15 +150,23 @@ def feed(
     for s in subs:
         feeder.send(stack.topics["sub"], s["job_id"], orjson.dumps(s))
     for c in comps:
-        feeder.send(stack.topics["comp"], c["job_id"], orjson.dumps(c))
+        feeder.send(stack.topics["comp"], c["job_id"], orjson.dumps(c), tag=("comp", c["event_id"]))
     feeder.flush()
+    stack.comp_offsets.update(
+        {
+            tag[1]: off
+            for tag, (_t, _p, off) in feeder.placed.items()
+            if isinstance(tag, tuple) and tag[0] == "comp"
+        }
+    )
 
 
 def check_nothing_lost(
     stack: Stack, fl: Fleet, latest: dict[tuple[str, int], Any]
 ) -> dict[str, int]:
     """Every submission ranked; the dataset has every completion once; Redis history equals a
-    replay of the completions in arrival order (the completions topic has one partition)."""
+    replay of the completions in arrival order (the completions topic has one partition: its
+    offsets, as `feed` recorded them, are that order)."""
     missing_rankings = fl.keys - set(latest)
     assert not missing_rankings, f"{len(missing_rankings)} submissions never ranked"
     frame = read_dataset(stack.tmp / "dataset")
@@ -165,7 +177,13 @@ def check_nothing_lost(
     assert not lost, f"{len(lost)} completions missing from the dataset"
     assert set(ids) == want
     book = HistoryBook()
-    for c in fl.comps:
+    arrival = stack.comp_offsets
+    order = fl.comps
+    if arrival:  # fed through `feed`: every completion's offset is known
+        unplaced = [c["event_id"] for c in fl.comps if c["event_id"] not in arrival]
+        assert not unplaced, f"{len(unplaced)} completions without a recorded offset"
+        order = sorted(fl.comps, key=lambda c: arrival[c["event_id"]])
+    for c in order:
         book.apply_completion(c)
     store = OnlineStore(connect(stack.redis_url), prefix=stack.prefix)
     hist, aggs = store.read_batch(book.lineage_ids, book.model_types)

@@ -156,8 +156,10 @@ def test_cli_specs_add_a_type_and_a_bad_table_exits_2(
     new = dict(doc["hardware"][0], type_id="x9000", aliases=["X-9000"])
     (tmp_path / "specs.json").write_bytes(orjson.dumps({"schema_version": 1, "hardware": [new]}))
     _standard(
-        [("w", "X-9000", 1.0), ("w", "t4", 2.0), ("w", "l4", 3.0)]
-        + [("v", "X-9000", 1.0), ("v", "t4", 3.0), ("v", "l4", 5.0)]
+        [
+            *[("w", "X-9000", 1.0), ("w", "t4", 2.0), ("w", "l4", 3.0)],
+            *[("v", "X-9000", 1.0), ("v", "t4", 3.0), ("v", "l4", 5.0)],
+        ]
     ).to_csv(tmp_path / "t.csv", index=False)
     argv = ["evaluate", "--table", str(tmp_path / "t.csv"), "--json"]
     assert main([*argv, "--specs", str(tmp_path / "specs.json")]) == 0
