@@ -106,8 +106,9 @@ ALL_FEATURES: tuple[str, ...] = tuple(f for g in GROUPS.values() for f in g)
 _OPT_STATE_BYTES = {"adamw": 12.0, "adam": 12.0, "lamb": 12.0, "adafactor": 6.0, "lion": 8.0}
 _OPT_STATE_DEFAULT = 8.0  # sgd (momentum), adagrad
 _ELEM_BYTES = {"fp32": 4.0, "tf32": 4.0, "fp16": 2.0, "bf16": 2.0, "fp8": 1.0}
-# Share of the dense bf16 peak a precision can use (fp32 rarely hits tensor cores).
-_PREC_PEAK = {"fp32": 0.125, "tf32": 0.5, "fp16": 1.0, "bf16": 1.0, "fp8": 1.6}
+# Share of the dense bf16 peak a precision can use (fp32 rarely hits tensor cores). fp8 runs at
+# the part's own fp8 peak where it has one (`_peak_tflops`), else at the bf16 rate.
+_PREC_PEAK = {"fp32": 0.125, "tf32": 0.5, "fp16": 1.0, "bf16": 1.0, "fp8": 1.0}
 ATTENTION_FLOPS = 12.0  # training FLOPs of attention scores per (layer × hidden × seq²)
 # Usable share of device memory (allocator, buffers, framework overhead).
 FIT_HEADROOM = 1.0
@@ -520,9 +521,7 @@ def _peak_tflops(
     multiplier."""
     peak = sa.flops[codes] * phys.prec_peak[job]
     fp8 = sa.fp8[codes]
-    peak = np.where(
-        phys.is_fp8[job] & np.isfinite(fp8), fp8, np.where(phys.is_fp8[job], sa.flops[codes], peak)
-    )
+    peak = np.where(phys.is_fp8[job] & np.isfinite(fp8), fp8, peak)
     slow = phys.is_bf16[job] & ~sa.bf16_native[codes]
     return np.asarray(np.where(slow, sa.flops[codes] * _PREC_PEAK["fp32"], peak))
 
