@@ -250,7 +250,9 @@ class ThroughputModel:
         lineage_effect = np.zeros(len(frame))
         if names and len(frame) >= 400:
             # the second fit, on targets without each lineage's own shrunk mean residual
-            lineage_effect = _lineage_effects(lineage_ids, y - offset - fitted.predict(p))
+            lineage_effect = _lineage_effects(
+                lineage_ids, y - offset - fitted.predict(p["num_threads"])
+            )
             fitted = _train_booster(
                 X, y - offset - lineage_effect, names, train_idx, calib, p, num_rounds, progress
             )
@@ -436,9 +438,9 @@ class _Fitted:
     best_iteration: int
     X: np.ndarray
 
-    def predict(self, p: dict[str, Any]) -> np.ndarray:
+    def predict(self, num_threads: int) -> np.ndarray:
         """The booster's output on every row it was fitted from (train and calibration)."""
-        return np.asarray(self.booster.predict(self.X, num_threads=p["num_threads"]))
+        return np.asarray(self.booster.predict(self.X, num_threads=num_threads))
 
 
 def _levels(frame: pd.DataFrame, names: Sequence[str]) -> dict[str, list[str]]:
@@ -555,11 +557,12 @@ def _ratio_matrix(
     """The ratio model's input for `rows` of `frame` (all when None) as one float matrix."""
     idx = np.arange(len(frame)) if rows is None else rows
     X = np.empty((len(idx), len(names)), np.float64)
+    col = {c: i for i, c in enumerate(names)}
     for i, c in enumerate(names):
         if c == BOOSTER_RATIO:
             X[:, i] = booster_ratio
-        elif c.startswith("d_"):
-            X[:, i] = f64(frame, c[2:])[idx] - f64(frame, "o_" + c[2:])[idx]
+        elif c.startswith("d_"):  # both sides are earlier columns (`ratio_features` order)
+            X[:, i] = X[:, col[c[2:]]] - X[:, col["o_" + c[2:]]]
         elif _level_name(c) in levels:
             codes = codes_of(np.asarray(frame[c], object)[idx], luts[_level_name(c)])
             X[:, i] = np.where(codes >= 0, codes, np.nan)
