@@ -140,6 +140,13 @@ class _NightTruth:
         )
 
 
+def _top_choice(tr: _NightTruth, p: np.ndarray, usable: np.ndarray) -> np.ndarray:
+    """Per job, the row a predictor ranks first (best predicted throughput per cost among its
+    usable rows with a truth); -1 when none."""
+    score = np.where(usable & tr.in_truth, throughput_per_cost(p, tr.cost, tr.nd), -np.inf)
+    return _argmax_per_job(tr.job, score, tr.n_jobs)
+
+
 def _predictor_metrics(
     tr: _NightTruth,
     p: np.ndarray,
@@ -163,8 +170,7 @@ def _predictor_metrics(
     m["accuracy_ran"] = mr["accuracy"]
     if "interval_coverage" in mr:
         m["interval_coverage_ran"] = mr["interval_coverage"]
-    score = np.where(usable & tr.in_truth, throughput_per_cost(p, tr.cost, tr.nd), -np.inf)
-    top = _argmax_per_job(tr.job, score, tr.n_jobs)
+    top = _top_choice(tr, p, usable)
     covered = top >= 0
     chosen_cost = np.where(covered, tr.row_cost[np.maximum(top, 0)], tr.cost_default)
     best_cost = np.where(tr.best_row >= 0, tr.row_cost[np.maximum(tr.best_row, 0)], np.nan)
@@ -245,8 +251,7 @@ def _watched_type(
     top choice is it against the oracle's, the model's accuracy and interval honesty on it."""
     hw = base["hardware_type"].to_numpy(object)
     is_t = hw == hw_type
-    score = np.where(usable & tr.in_truth, throughput_per_cost(pred, tr.cost, tr.nd), -np.inf)
-    top = _argmax_per_job(tr.job, score, tr.n_jobs)
+    top = _top_choice(tr, pred, usable)
     model_top = (top >= 0) & (hw[np.maximum(top, 0)] == hw_type)
     oracle_top = (tr.best_row >= 0) & (hw[np.maximum(tr.best_row, 0)] == hw_type)
     rows = is_t & tr.in_truth & usable
