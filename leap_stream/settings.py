@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from leap_stream.contracts.window import TimeWindow
+
 Parser = Callable[[str, str], Any]  # (env name, raw value) -> value; raises SettingsError
 
 SECRETS = ("LEAP_KAFKA_SASL_PASSWORD", "LEAP_REDIS_PASSWORD")
@@ -407,6 +409,18 @@ class Settings:
         "How long a completion waits for its submission to be joined before it is dead-lettered as orphan_completion.",
         _float(0),
     )
+    event_max_age_s: float = _setting(
+        "LEAP_EVENT_MAX_AGE_S",
+        "2592000",
+        "Oldest submitted_at / ended_at accepted, in seconds before the worker's clock (30 days); older events are dead-lettered as time_out_of_bounds. 0: no bound (replays of old data).",
+        _float(0),
+    )
+    event_max_lead_s: float = _setting(
+        "LEAP_EVENT_MAX_LEAD_S",
+        "3600",
+        "Latest event time accepted, in seconds past the worker's clock (a producer's clock skew); later events are dead-lettered as time_out_of_bounds. 0: no bound.",
+        _float(0),
+    )
     kafka_session_timeout_s: float = _setting(
         "LEAP_KAFKA_SESSION_TIMEOUT_S",
         "10",
@@ -493,6 +507,10 @@ class Settings:
         if not self.redis_url:
             raise SettingsError("LEAP_REDIS_URL is empty and no `leap-stream dev up` Redis runs")
         return self.redis_url
+
+    def time_window(self) -> TimeWindow:
+        """The accepted window of event times (LEAP_EVENT_MAX_AGE_S / LEAP_EVENT_MAX_LEAD_S)."""
+        return TimeWindow(self.event_max_age_s, self.event_max_lead_s)
 
     def kafka_client_config(self, bootstrap: str | None = None) -> dict[str, Any]:
         """librdkafka settings shared by every producer, consumer and admin client."""

@@ -30,6 +30,7 @@ from leap_stream.contracts.events import (
 )
 from leap_stream.contracts.schemas import SCHEMA_NAMES, load_schema, schema_dir, validator
 from leap_stream.contracts.timestamps import format_ts, parse_ts, utc_now_iso
+from leap_stream.contracts.window import TimeWindow
 
 __all__ = [
     "DLQ_PAYLOAD_LIMIT",
@@ -48,6 +49,7 @@ __all__ = [
     "Ok",
     "RankedCandidate",
     "Throughput",
+    "TimeWindow",
     "TrainingSpec",
     "dead_letter_event_id",
     "decode",

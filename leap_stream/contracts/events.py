@@ -33,6 +33,8 @@ ErrorKind = Literal[
     "unknown_hardware",
     "semantic",
     "orphan_completion",
+    "time_out_of_bounds",
+    "completion_mismatch",
     "internal",
 ]
 Vendor = Literal["nvidia", "amd", "google", "aws", "intel"]

@@ -30,6 +30,7 @@ from leap_stream.contracts import (
     JobCompleted,
     JobSubmitted,
     Ok,
+    TimeWindow,
     decode,
     make_dead_letter,
 )
@@ -112,12 +113,21 @@ def decode_records(
     *,
     max_bytes: int,
     known_hardware: Container[str] | None = None,
+    window: TimeWindow | None = None,
 ) -> tuple[list[tuple[Record, Any]], list[DeadLetter]]:
-    """Split a batch into decoded events (of ``schema``) and dead letters; never raises."""
+    """Split a batch into decoded events (of ``schema``) and dead letters; never raises.
+
+    ``window``: events whose timestamps fall outside it (around ``now``) are dead letters too.
+    """
     good: list[tuple[Record, Any]] = []
     dead: list[DeadLetter] = []
+    clock = now.timestamp()
     for rec in records:
         result = decode(rec.value, schema, max_bytes=max_bytes, known_hardware=known_hardware)
+        if isinstance(result, Ok) and window is not None:
+            late = window.check(result.event, schema, clock)
+            if late is not None:
+                result = late
         if isinstance(result, Ok):
             good.append((rec, result.event))
         else:
@@ -176,10 +186,12 @@ class SubmissionProcessor:
         max_bytes: int,
         known_hardware: Container[str] | None = None,
         backoff: Backoff | None = None,
+        window: TimeWindow | None = None,
     ) -> None:
         self.store = store
         self.max_bytes = max_bytes
         self.known_hardware = known_hardware
+        self.window = window
         self._ranker = ranker  # called once per batch: the hot-reload holder's current ranker
         self.backoff = backoff or Backoff()
         # Submissions whose SET failed while Redis was down; written when it is back so their
@@ -191,7 +203,12 @@ class SubmissionProcessor:
         # ranker lists them in `excluded` (unknown_hardware); only an unknown default_hardware
         # (so no known candidate: the default is one of them) is dead-lettered.
         good, dead = decode_records(
-            records, SUBMISSION_SCHEMA, now, max_bytes=self.max_bytes, known_hardware=None
+            records,
+            SUBMISSION_SCHEMA,
+            now,
+            max_bytes=self.max_bytes,
+            known_hardware=None,
+            window=self.window,
         )
         known = self.known_hardware
         if known is not None:
@@ -309,10 +326,12 @@ class CompletionProcessor:
         *,
         max_bytes: int,
         known_hardware: Container[str] | None = None,
+        window: TimeWindow | None = None,
     ) -> None:
         self.store = store
         self.max_bytes = max_bytes
         self.known_hardware = known_hardware
+        self.window = window
 
     def process(
         self, records: Sequence[Record], now: datetime, *, wait_for_join: bool = False
@@ -323,6 +342,7 @@ class CompletionProcessor:
             now,
             max_bytes=self.max_bytes,
             known_hardware=self.known_hardware,
+            window=self.window,
         )
         out = CompletionBatchResult(dead_letters=dead, valid=len(good))
         if not good:

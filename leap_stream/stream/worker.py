@@ -61,7 +61,11 @@ def ranking_core(cfg: Settings) -> RankingCore:
     )
     holder.poll()  # serve the current model from the first request on
     processor = SubmissionProcessor(
-        store, holder.get, max_bytes=cfg.max_message_bytes, known_hardware=known
+        store,
+        holder.get,
+        max_bytes=cfg.max_message_bytes,
+        known_hardware=known,
+        window=cfg.time_window(),
     )
     return RankingCore(metrics, store, holder, processor, known)
 
@@ -88,7 +92,10 @@ def build_deps(cfg: Settings, kafka: KafkaClients) -> WorkerDeps:
         kafka=kafka,
         submissions=core.submissions,
         completions=CompletionProcessor(
-            store, max_bytes=cfg.max_message_bytes, known_hardware=core.known
+            store,
+            max_bytes=cfg.max_message_bytes,
+            known_hardware=core.known,
+            window=cfg.time_window(),
         ),
         dataset_append=sink.append,
         make_output=lambda: OutputProducer(

@@ -89,6 +89,10 @@ def worker_env(
         LEAP_DATASET_DIR=str(dataset_dir),
         LEAP_REGISTRY_DIR=str(registry_dir),
         LEAP_METRICS_PORT=str(metrics_port),
+        # these workers replay the simulator's history, dated by its calendar and not by this
+        # clock: only the fixed time range applies (tests of the window set their own)
+        LEAP_EVENT_MAX_AGE_S="0",
+        LEAP_EVENT_MAX_LEAD_S="0",
     )
     env.update(settings or {})
     return env

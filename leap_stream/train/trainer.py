@@ -9,6 +9,7 @@ drift). `leap-stream train` prints a tqdm bar on stderr and one JSON object as i
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import tempfile
 import time
@@ -28,6 +29,8 @@ from leap_stream.core.predictor import NUM_ROUNDS, ThroughputModel
 from leap_stream.settings import Settings
 from leap_stream.store.artefact import read_model, write_model
 from leap_stream.train import pit
+
+log = logging.getLogger(__name__)
 
 # Candidate may be this much below the current model's ±10 % accuracy and still pass (noise).
 GATE_TOLERANCE = 0.005
@@ -162,6 +165,17 @@ def gate(cand: dict[str, float], cur: dict[str, float] | None) -> tuple[bool, st
     )
 
 
+def drop_future_rows(dataset: pd.DataFrame, latest: pd.Timestamp) -> tuple[pd.DataFrame, int]:
+    """The rows whose submitted_at and ended_at are not after ``latest``, and how many were not."""
+    ok = np.ones(len(dataset), bool)
+    for col in ("submitted_at", "ended_at"):
+        ok &= (pd.to_datetime(dataset[col], utc=True) <= latest).to_numpy()
+    if ok.all():
+        return dataset, 0
+    log.warning("left out %d dataset rows dated after %s", int((~ok).sum()), latest)
+    return dataset.loc[ok].reset_index(drop=True), int((~ok).sum())
+
+
 def train_and_publish(
     dataset: pd.DataFrame,
     registry_root: Path,
@@ -170,15 +184,25 @@ def train_and_publish(
     refit: bool = True,
     progress: bool = True,
     now: pd.Timestamp | None = None,
+    latest: pd.Timestamp | None = None,
 ) -> dict[str, Any]:
+    """Fit, gate against the current model on the held-out last nights, publish, promote.
+
+    ``latest``: rows submitted or ended after it are impossible (a producer's clock ran ahead,
+    e.g. before the worker's time window existed) and are left out; one such row would
+    otherwise become "now" and leave every later retrain without held-out rows.
+    """
     from leap_stream.store.registry import ModelLoadError, Registry
 
     t0 = time.perf_counter()
     registry = Registry(registry_root)
+    report: dict[str, Any] = {"dataset_rows": len(dataset)}
+    if latest is not None:
+        dataset, report["future_rows"] = drop_future_rows(dataset, latest)
     sub = pd.to_datetime(dataset["submitted_at"], utc=True)
     now = now or sub.max()  # the last submission: "the held-out last nights" are submission days
     everything = training_rows(dataset)
-    report: dict[str, Any] = {"rows": len(everything.rows), "dataset_rows": len(dataset)}
+    report["rows"] = len(everything.rows)
     if len(everything.rows) == 0:
         report.update(promoted=False, reason="no measured rows")
         return report
@@ -249,6 +273,13 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true")
 
 
+def _latest_plausible(cfg: Settings) -> pd.Timestamp | None:
+    """The wall clock plus the accepted clock skew (LEAP_EVENT_MAX_LEAD_S; 0: no bound)."""
+    if cfg.event_max_lead_s <= 0:
+        return None
+    return pd.Timestamp.now(tz="UTC") + pd.Timedelta(seconds=cfg.event_max_lead_s)
+
+
 def run(args: argparse.Namespace, cfg: Settings) -> int:
     from leap_stream.store.offline import read_dataset
 
@@ -263,6 +294,7 @@ def run(args: argparse.Namespace, cfg: Settings) -> int:
         seed=args.seed,
         refit=not args.no_refit,
         progress=not args.no_progress,
+        latest=_latest_plausible(cfg),
     )
     verdict = "promoted" if report.get("promoted") else "NOT promoted"
     print(f"train: {report.get('version')} {verdict}: {report.get('reason')}", file=sys.stderr)

@@ -51,6 +51,9 @@ def _settings(tmp: Path, redis_url: str, prefix: str, bootstrap: str, rank_topic
             "LEAP_KAFKA_BOOTSTRAP": bootstrap,
             "LEAP_TOPIC_RANKINGS": rank_topic,
             "LEAP_COMPILED_TREES": "0",
+            # the simulator's calendar, not this clock
+            "LEAP_EVENT_MAX_AGE_S": "0",
+            "LEAP_EVENT_MAX_LEAD_S": "0",
         }
     )
 

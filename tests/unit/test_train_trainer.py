@@ -64,6 +64,29 @@ def test_train_publish_promote_then_gate(tmp_path: Path) -> None:
         assert r.current_version() == second["version"]
 
 
+def test_a_row_from_the_future_does_not_stop_the_gate(tmp_path: Path) -> None:
+    d = _dataset()
+    reg = tmp_path / "registry"
+    early = d[d["submitted_at"] < pd.Timestamp("2026-11-08", tz="UTC")]
+    trainer.train_and_publish(early, reg, holdout_days=2, progress=False)
+    poisoned = d.copy()
+    poisoned.loc[0, "submitted_at"] = pd.Timestamp("2031-01-01", tz="UTC")
+    poisoned.loc[0, "ended_at"] = pd.Timestamp("2031-01-02", tz="UTC")
+    # without a bound the one row is "now": no held-out rows, the current model is kept
+    blind = trainer.train_and_publish(poisoned, tmp_path / "r2", holdout_days=2, progress=False)
+    blind_gate = trainer.train_and_publish(poisoned, reg, holdout_days=2, progress=False)
+    assert blind["promoted"] is True  # (an empty registry promotes anything)
+    assert blind_gate["gate_rows"] < 200 and "newer than the current" in blind_gate["reason"]
+    latest = pd.Timestamp("2026-12-03", tz="UTC")
+    bounded = trainer.train_and_publish(
+        poisoned, reg, holdout_days=2, progress=False, latest=latest
+    )
+    assert bounded["future_rows"] == 1 and bounded["dataset_rows"] == len(d)
+    assert bounded["gate_rows"] >= 200 and bounded["candidate"] is not None
+    kept, n = trainer.drop_future_rows(poisoned, latest)
+    assert n == 1 and len(kept) == len(d) - 1
+
+
 def test_cli_last_line_is_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     d = _dataset(1500, seed=9)
     path = tmp_path / "dataset.parquet"
