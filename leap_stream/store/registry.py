@@ -18,6 +18,7 @@ import hashlib
 import os
 import re
 import shutil
+import stat
 import time
 import uuid
 from collections.abc import Callable
@@ -40,6 +41,7 @@ LOOKUP = "lookup.json"
 MANIFEST = "MANIFEST.json"
 REQUIRED_METADATA = ("version", "trained_at")
 _VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_POINTER_MAX_BYTES = 256  # `current` holds one version name (≤ 128 characters) and a newline
 
 
 class RegistryError(Exception):
@@ -192,11 +194,33 @@ class Registry:
 
     # --- read
     def current_version(self) -> str | None:
+        """The promoted version; None when nothing is. Raises `RegistryError` when ``current``
+        is not a small regular file naming a version (a FIFO would block the poll thread, a
+        link to a large file would be read whole; its content is never echoed)."""
         try:
-            version = self.pointer.read_text().strip()
+            fd = os.open(self.pointer, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
         except FileNotFoundError:
             return None
-        return version or None
+        except OSError as exc:  # ELOOP: a symbolic link
+            raise RegistryError(f"{self.pointer}: not a regular file ({exc.strerror})") from exc
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise RegistryError(f"{self.pointer}: not a regular file")
+            if st.st_size > _POINTER_MAX_BYTES:
+                raise RegistryError(f"{self.pointer}: {st.st_size} bytes, not a version name")
+            raw = os.read(fd, _POINTER_MAX_BYTES + 1)
+        finally:
+            os.close(fd)
+        try:
+            version = raw.decode("ascii").strip()
+        except UnicodeDecodeError:
+            raise RegistryError(f"{self.pointer}: not a version name") from None
+        if not version:
+            return None
+        if not _VERSION_RE.match(version):
+            raise RegistryError(f"{self.pointer}: not a version name")
+        return version
 
     def current_dir(self) -> Path | None:
         version = self.current_version()
@@ -257,7 +281,10 @@ class Registry:
         Any failure (missing folder, bad metadata, checksum mismatch, loader error) raises
         `ModelLoadError`: the caller keeps its previous model.
         """
-        version = self.current_version()
+        try:
+            version = self.current_version()
+        except RegistryError as exc:
+            raise ModelLoadError("current", str(exc)) from exc
         if version is None:
             return None
         try:
@@ -285,10 +312,13 @@ class CurrentModel(Generic[M]):
         if token == self._token:
             return False
         self._token = token
-        if token is None or self.registry.current_version() == self.version:
-            return False
         try:
+            if token is None or self.registry.current_version() == self.version:
+                return False
             loaded = self.registry.load_current(self.loader)
+        except RegistryError as exc:
+            self.failures += 1
+            raise ModelLoadError("current", str(exc)) from exc
         except ModelLoadError:
             self.failures += 1
             raise

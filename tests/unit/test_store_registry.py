@@ -160,3 +160,38 @@ def test_prune_keeps_current_and_rollback_target(tmp_path: Path) -> None:
     left = sorted(p.name for p in reg.versions.iterdir())
     assert left == [".tmp-v8-in-progress", "v0", "v1", "v4", "v5"]
     assert reg.load_current(lambda p: (p / "model.txt").read_text()) == ("v1", "tree 1\n")
+
+
+def _loaded_registry(tmp_path: Path) -> tuple[Registry, CurrentModel[Path]]:
+    r = Registry(tmp_path / "reg")
+    v = r.publish(_model_dir(tmp_path, "v1"))
+    r.promote(v)
+    cur: CurrentModel[Path] = CurrentModel(r, lambda p: p)
+    assert cur.poll() and cur.version == "v1"
+    return r, cur
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink", "large", "not a name"])
+def test_a_hostile_current_pointer_is_refused_unread(tmp_path: Path, kind: str) -> None:
+    """`current` must be a small regular file naming a version: a FIFO used to block the poll
+    thread (and the lag gauge behind it), a link to a large file was read whole and logged."""
+    r, cur = _loaded_registry(tmp_path)
+    secret = "s3cr3t-" + "x" * 64
+    r.pointer.unlink()
+    if kind == "fifo":
+        os.mkfifo(r.pointer)
+    elif kind == "symlink":
+        target = tmp_path / "elsewhere"
+        target.write_text("v1\n")
+        r.pointer.symlink_to(target)
+    elif kind == "large":
+        r.pointer.write_text(secret * 100_000)
+    else:
+        r.pointer.write_text(f"../../{secret}\n")
+    with pytest.raises(RegistryError) as err:
+        r.current_version()
+    assert secret not in str(err.value)
+    with pytest.raises(ModelLoadError) as failed:
+        cur.poll()
+    assert secret not in str(failed.value)
+    assert cur.version == "v1" and cur.failures == 1  # the loaded model stays
