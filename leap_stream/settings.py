@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from leap_stream.contracts.window import TimeWindow
+from leap_stream.core.history import HistoryRules
 
 Parser = Callable[[str, str], Any]  # (env name, raw value) -> value; raises SettingsError
 
@@ -259,6 +260,48 @@ class Settings:
         "How long a submission's config is kept to join its completion (30 days).",
         _int(1),
     )
+    redis_allow_eviction: bool = _setting(
+        "LEAP_REDIS_ALLOW_EVICTION",
+        "0",
+        "1: start even when Redis's maxmemory-policy evicts keys (dedup markers, submissions and histories are then lost silently; evictions are still counted in leap_redis_evicted_keys).",
+        _bool("1", "0"),
+    )
+    history_ttl_s: int = _setting(
+        "LEAP_HISTORY_TTL_S",
+        "15552000",
+        "Retention of a lineage's and a model type's history (lin: and agg: keys): dropped this long after their last update (180 days), so invented ids cannot grow Redis without bound.",
+        _int(1),
+    )
+    history_recent: int = _setting(
+        "LEAP_HISTORY_RECENT",
+        "5",
+        "Accepted measurements kept per (lineage, hardware type); the prior is their median.",
+        _int(1),
+    )
+    quarantine_lineage_factor: float = _setting(
+        "LEAP_QUARANTINE_LINEAGE_FACTOR",
+        "3",
+        "A measurement off by more than this factor from its lineage's recent median on the type (same device count) is quarantined until a later one corroborates it.",
+        _float(1, above=True),
+    )
+    quarantine_aggregate_factor: float = _setting(
+        "LEAP_QUARANTINE_AGGREGATE_FACTOR",
+        "100",
+        "For a lineage new to the type (or at another device count): quarantined when off by more than this factor from the model type's aggregate on it (lineages of one model type differ by sequence length and batch: wide).",
+        _float(1, above=True),
+    )
+    quarantine_min_aggregate: int = _setting(
+        "LEAP_QUARANTINE_MIN_AGGREGATE",
+        "5",
+        "Measurements an aggregate needs before it can quarantine.",
+        _int(1),
+    )
+    allow_orphans: bool = _setting(
+        "LEAP_ALLOW_ORPHANS",
+        "0",
+        "1: a completion whose submission was never stored still updates the history (it is dead-lettered as orphan_completion either way, with no dataset row).",
+        _bool("1", "0"),
+    )
     # --- Files
     home: Path = _setting(
         "LEAP_HOME",
@@ -355,6 +398,11 @@ class Settings:
         "Fetch max wait of Faust's consumer (the completions): they are not latency-critical, and each empty fetch is parsed in Python on the interpreter lock the ranking needs.",
         _int(0),
     )
+    metrics_addr: str = _setting(
+        "LEAP_METRICS_ADDR",
+        "127.0.0.1",
+        "Address the Prometheus /metrics endpoint listens on. The image sets 0.0.0.0 so a scraper on the container network reaches it; publish it no further (docs/security.md).",
+    )
     metrics_port: int = _setting(
         "LEAP_METRICS_PORT",
         "9108",
@@ -395,6 +443,12 @@ class Settings:
         "LEAP_COMMIT_INTERVAL_S",
         "1.0",
         "How often the worker commits acked offsets.",
+        _float(0, above=True),
+    )
+    metadata_refresh_s: float = _setting(
+        "LEAP_METADATA_REFRESH_S",
+        "30",
+        "How often the worker's Kafka clients refresh topic metadata: partitions added to the input topics (scaling out) are consumed and in the lag gauge this soon (the clients' own default is 5 minutes).",
         _float(0, above=True),
     )
     lag_interval_s: float = _setting(
@@ -507,6 +561,15 @@ class Settings:
         if not self.redis_url:
             raise SettingsError("LEAP_REDIS_URL is empty and no `leap-stream dev up` Redis runs")
         return self.redis_url
+
+    def history_rules(self) -> HistoryRules:
+        """What may become a prior (LEAP_HISTORY_RECENT, LEAP_QUARANTINE_*)."""
+        return HistoryRules(
+            recent=self.history_recent,
+            lineage_factor=self.quarantine_lineage_factor,
+            aggregate_factor=self.quarantine_aggregate_factor,
+            aggregate_min_count=self.quarantine_min_aggregate,
+        )
 
     def time_window(self) -> TimeWindow:
         """The accepted window of event times (LEAP_EVENT_MAX_AGE_S / LEAP_EVENT_MAX_LEAD_S)."""

@@ -1,17 +1,28 @@
-"""What a lineage measured before: the feature that moves accuracy most.
+"""What a lineage measured before: the feature that moves accuracy most, and the rules that
+decide which telemetry may become it.
+
+A completion is a claim made by a telemetry producer. Each (lineage, hardware type) keeps its
+last few accepted per-device measurements; the prior is their median, so one noisy run moves
+it little and one wrong one not at all. "Last" is by ``ended_at``, not arrival, so honest
+telemetry gives the same priors in whatever order it arrives (a completion that waited for its
+submission is applied late). A measurement far from that lineage's own recent values,
+or (for a lineage new to the type) from the model type's aggregate, is quarantined: kept out of
+the prior and the aggregate, flagged in the dataset, counted by rule. It is accepted once a
+later measurement corroborates it (the lineage really changed: a new code version, another
+interconnect), and the window restarts from the two.
 
 The same rules run online (the Redis store applies them in a Lua script) and offline (the
 trainer and the backtest replay the dataset with `HistoryBook`), so a model is trained on exactly
-the history it will see when serving. Keep `apply_measurement` and `apply_aggregate` in step with
-`leap_stream/store/online.py`'s script; `tests/` checks that both give the same state.
+the history it will see when serving. Keep `judge`, `apply_measurement` and `apply_aggregate` in
+step with `leap_stream/store/online.py`'s script; `tests/` checks that both give the same state.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from leap_stream.contracts.timestamps import epoch_s
 
@@ -19,15 +30,87 @@ HISTORY_EWMA_ALPHA = 0.2
 # Completions whose throughput counts as a measurement; failed attempts rarely report a steady state.
 MEASURED_STATUSES = frozenset({"succeeded", "preempted"})
 
+# What became of a measurement: taken into the history, taken together with the quarantined one
+# it corroborates, or quarantined (by the rule that caught it, see `judge`).
+Verdict = Literal["accepted", "corroborated", "devices", "lineage", "aggregate"]
+QUARANTINE_RULES: tuple[Verdict, ...] = ("devices", "lineage", "aggregate")
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryRules:
+    """How many measurements the prior keeps and how far a new one may stray (docs/model.md).
+
+    The factors bound |log(new / reference)|. A lineage repeats itself within a few per cent on
+    one type (a ×3 jump is a wrong device count, unit or software regression); lineages of one
+    model type differ more (batch sizes, parallelism), hence the wider aggregate factor, which
+    only applies once the aggregate has ``aggregate_min_count`` measurements. On four simulated
+    days (1,302 measurements judged by an aggregate) the honest ones were at most ×27 from it
+    (99th percentile ×13): ×100 leaves a margin, and a ×1000 or ×1e-6 error is far beyond.
+    """
+
+    recent: int = 5
+    lineage_factor: float = 3.0
+    aggregate_factor: float = 100.0
+    aggregate_min_count: int = 5
+
+    def __post_init__(self) -> None:
+        if self.recent < 1 or self.lineage_factor <= 1 or self.aggregate_factor <= 1:
+            raise ValueError(f"invalid history rules {self}")
+
+    @property
+    def lineage_limit(self) -> float:
+        return math.log(self.lineage_factor)
+
+    @property
+    def aggregate_limit(self) -> float:
+        return math.log(self.aggregate_factor)
+
+
+DEFAULT_RULES = HistoryRules()
+
+
+def median(values: Sequence[float]) -> float:
+    """The median as the Lua script computes it: sorted, the middle value or the mean of two."""
+    s = sorted(values)
+    n = len(s)
+    mid = n // 2
+    return s[mid] if n % 2 else (s[mid - 1] + s[mid]) / 2
+
+
+Timed = tuple[float, float]  # (measured_at, log per-device throughput)
+
 
 @dataclass(frozen=True, slots=True)
 class Measurement:
-    """Last measured throughput of one lineage on one hardware type."""
+    """What one lineage measured on one hardware type: the prior and the values behind it."""
 
-    samples_per_s: float  # whole job, all devices
-    num_devices: int
-    measured_at: float  # epoch seconds (ended_at of the completion)
-    count: int  # measurements of this lineage on this type so far
+    samples_per_s: float  # the prior, whole job: exp(median of recent) × num_devices
+    num_devices: int  # of the newest accepted measurement
+    measured_at: float  # epoch seconds, newest accepted ended_at
+    count: int  # accepted measurements of this lineage on this type so far
+    recent: tuple[Timed, ...] = ()  # the newest accepted (by measured_at), oldest first
+    pending: Timed | None = None  # quarantined, awaiting corroboration
+
+    @property
+    def has_prior(self) -> bool:
+        """False for an entry holding only a quarantined measurement: not history yet."""
+        return bool(self.recent)
+
+
+def prior_samples_per_s(recent: Sequence[Timed], num_devices: int) -> float:
+    return math.exp(median([x for _at, x in recent])) * num_devices
+
+
+def measurement(
+    recent: tuple[Timed, ...],
+    num_devices: int,
+    measured_at: float,
+    count: int,
+    pending: Timed | None,
+) -> Measurement:
+    """A measurement entry with its prior computed from ``recent`` (online and offline alike)."""
+    sps = prior_samples_per_s(recent, num_devices) if recent else 0.0
+    return Measurement(sps, num_devices, measured_at, count, recent, pending)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +122,7 @@ class TypeAggregate:
     last_at: float
 
 
-LineageHistory = dict[str, Measurement]  # hardware_type -> last measurement
+LineageHistory = dict[str, Measurement]  # hardware_type -> measurement (with a prior)
 TypeAggregates = dict[str, TypeAggregate]  # hardware_type -> aggregate, for one model type
 
 
@@ -52,40 +135,100 @@ def is_measurement(status: str, samples_per_s: float | None) -> bool:
     )
 
 
+def log_per_device(samples_per_s: float, num_devices: int) -> float:
+    """The value the rules compare, computed in Python for both sides (one libm)."""
+    return math.log(samples_per_s / num_devices)
+
+
+def judge(
+    previous: Measurement | None,
+    aggregate: TypeAggregate | None,
+    x: float,
+    num_devices: int,
+    submitted_devices: int | None = None,
+    rules: HistoryRules = DEFAULT_RULES,
+) -> Verdict:
+    """Whether log per-device throughput ``x`` measured on ``num_devices`` may enter the history
+    (the Lua script's rule). Checked in order:
+
+    - ``devices``: the job was submitted for another device count (``submitted_devices``, when
+      known): a completion that says 1 device for a job on 8 reads 8× too fast per device;
+    - ``lineage``: off its lineage's recent median on the type, at the same device count (per-
+      device throughput moves with the count, so another count is judged as below);
+    - ``aggregate``: off the model type's aggregate on the type, once that is established.
+
+    A suspicious value within the lineage factor of the pending one is ``corroborated``.
+    """
+    rule: Verdict | None = None
+    if submitted_devices is not None and num_devices != submitted_devices:
+        rule = "devices"
+    elif previous is not None and previous.recent and num_devices == previous.num_devices:
+        ref = median([v for _at, v in previous.recent])
+        rule = "lineage" if abs(x - ref) > rules.lineage_limit else None
+    elif aggregate is not None and aggregate.count >= rules.aggregate_min_count:
+        off = abs(x - aggregate.ewma_log_per_device)
+        rule = "aggregate" if off > rules.aggregate_limit else None
+    if rule is None:
+        return "accepted"
+    pending = None if previous is None else previous.pending
+    if pending is not None and abs(x - pending[1]) <= rules.lineage_limit:
+        return "corroborated"
+    return rule
+
+
 def apply_measurement(
-    previous: Measurement | None, samples_per_s: float, num_devices: int, measured_at: float
+    previous: Measurement | None,
+    x: float,
+    num_devices: int,
+    measured_at: float,
+    verdict: Verdict,
+    rules: HistoryRules = DEFAULT_RULES,
 ) -> Measurement:
-    """Keep the newest measurement (by measured_at); out-of-order arrivals only bump the count."""
-    if previous is None:
-        return Measurement(samples_per_s, num_devices, measured_at, 1)
-    if measured_at >= previous.measured_at:
-        return Measurement(samples_per_s, num_devices, measured_at, previous.count + 1)
-    return Measurement(
-        previous.samples_per_s, previous.num_devices, previous.measured_at, previous.count + 1
-    )
+    """The entry after a measurement judged ``verdict``. The window keeps the newest by
+    measured_at (ties by value): the same set of accepted values gives the same entry."""
+    this = (measured_at, x)
+    if verdict in QUARANTINE_RULES:
+        if previous is None:
+            return measurement((), num_devices, measured_at, 0, this)
+        return measurement(
+            previous.recent, previous.num_devices, previous.measured_at, previous.count, this
+        )
+    if verdict == "corroborated":
+        assert previous is not None and previous.pending is not None
+        pair = tuple(sorted((previous.pending, this)))
+        return measurement(pair, num_devices, pair[-1][0], previous.count + 2, None)
+    if previous is None or not previous.recent:
+        count = 0 if previous is None else previous.count
+        return measurement((this,), num_devices, measured_at, count + 1, None)
+    recent = tuple(sorted((*previous.recent, this)))[-rules.recent :]
+    if measured_at < previous.measured_at:  # a late arrival: the newest keeps its device count
+        nd, at = previous.num_devices, previous.measured_at
+        return measurement(recent, nd, at, previous.count + 1, None)
+    return measurement(recent, num_devices, measured_at, previous.count + 1, None)
 
 
-def apply_aggregate(
-    previous: TypeAggregate | None, samples_per_s: float, num_devices: int, measured_at: float
-) -> TypeAggregate:
+def apply_aggregate(previous: TypeAggregate | None, x: float, measured_at: float) -> TypeAggregate:
     """EWMA in log space, in arrival order (order-dependent by design: recent data weighs more)."""
-    x = math.log(samples_per_s / num_devices)
     if previous is None:
         return TypeAggregate(x, 1, measured_at)
     ewma = previous.ewma_log_per_device + HISTORY_EWMA_ALPHA * (x - previous.ewma_log_per_device)
     return TypeAggregate(ewma, previous.count + 1, max(previous.last_at, measured_at))
 
 
+Outcome = Verdict | Literal["none"]  # "none": the completion carries no measurement
+
+
 class HistoryBook:
     """In-memory history for training and backtests: replay completions in time order."""
 
-    def __init__(self) -> None:
-        self._lineages: dict[str, LineageHistory] = {}
+    def __init__(self, rules: HistoryRules = DEFAULT_RULES) -> None:
+        self.rules = rules
+        self._lineages: dict[str, dict[str, Measurement]] = {}
         self._aggregates: dict[str, TypeAggregates] = {}
 
-    def apply_completion(self, completion: Mapping[str, Any]) -> bool:
+    def apply_completion(self, completion: Mapping[str, Any]) -> Outcome:
         """Apply one job-completed event (measured at its ``ended_at``) as the online store's
-        Lua script does; False when it carries no measurement."""
+        Lua script does."""
         return self.apply(
             completion["lineage_id"],
             completion["model_type"],
@@ -105,22 +248,34 @@ class HistoryBook:
         samples_per_s: float | None,
         num_devices: int,
         measured_at: float,
-    ) -> bool:
-        """Apply one completion; False when it carries no measurement."""
-        if not is_measurement(status, samples_per_s):
-            return False
+        submitted_devices: int | None = None,
+    ) -> Outcome:
+        """Apply one completion; what became of its measurement. ``submitted_devices``: the
+        count its submission asked for (the online store reads it from the stored submission,
+        the replay from the row's data × tensor × pipeline parallel)."""
+        if not is_measurement(status, samples_per_s) or num_devices <= 0:
+            return "none"
         assert samples_per_s is not None
+        x = log_per_device(samples_per_s, num_devices)
         lin = self._lineages.setdefault(lineage_id, {})
-        lin[hardware_type] = apply_measurement(
-            lin.get(hardware_type), samples_per_s, num_devices, measured_at
-        )
         agg = self._aggregates.setdefault(model_type, {})
-        agg[hardware_type] = apply_aggregate(
-            agg.get(hardware_type), samples_per_s, num_devices, measured_at
+        previous = lin.get(hardware_type)
+        verdict = judge(
+            previous, agg.get(hardware_type), x, num_devices, submitted_devices, self.rules
         )
-        return True
+        lin[hardware_type] = apply_measurement(
+            previous, x, num_devices, measured_at, verdict, self.rules
+        )
+        if verdict not in QUARANTINE_RULES:
+            agg[hardware_type] = apply_aggregate(agg.get(hardware_type), x, measured_at)
+        return verdict
 
     def lineage(self, lineage_id: str) -> LineageHistory:
+        """The types this lineage has a prior on (quarantine-only entries are not history)."""
+        return {t: m for t, m in self._lineages.get(lineage_id, {}).items() if m.recent}
+
+    def entries(self, lineage_id: str) -> dict[str, Measurement]:
+        """Every entry, quarantine-only ones included (what the online store holds)."""
         return dict(self._lineages.get(lineage_id, {}))
 
     def aggregates(self, model_type: str) -> TypeAggregates:

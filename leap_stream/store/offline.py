@@ -64,14 +64,21 @@ SCHEMA = pa.schema(
         ("started_at", _TS),
         ("ended_at", _TS),
         ("device_hours", pa.float64()),
+        # the history rule that quarantined the measurement (core.history), null when accepted
+        ("quarantine", pa.string()),
     ]
 )
 DATASET_COLUMNS: tuple[str, ...] = tuple(SCHEMA.names)
 TIMESTAMP_COLUMNS = ("submitted_at", "started_at", "ended_at")
+# Columns added after the first release: files written before them read as null.
+LATER_COLUMNS = ("quarantine",)
 
 
-def flatten(submission: Mapping[str, Any], completion: Mapping[str, Any]) -> dict[str, Any]:
-    """One dataset row. ``num_devices`` is the completion's: the count the throughput was measured at."""
+def flatten(
+    submission: Mapping[str, Any], completion: Mapping[str, Any], quarantine: str | None = None
+) -> dict[str, Any]:
+    """One dataset row. ``num_devices`` is the completion's: the count the throughput was measured
+    at; ``quarantine`` the rule that kept its measurement out of the history, if one did."""
     row = submission_fields(submission)
     throughput = completion.get("throughput") or {}
     sps = throughput.get("samples_per_s")
@@ -87,6 +94,7 @@ def flatten(submission: Mapping[str, Any], completion: Mapping[str, Any]) -> dic
         started_at=completion["started_at"],
         ended_at=completion["ended_at"],
         device_hours=float(completion["device_hours"]),
+        quarantine=quarantine,
     )
     for col in TIMESTAMP_COLUMNS:
         row[col] = to_timestamp(row[col])
@@ -118,7 +126,7 @@ def rows_to_table(rows: Iterable[Mapping[str, Any]]) -> pa.Table:
     columns: dict[str, list[Any]] = {c: [] for c in DATASET_COLUMNS}
     for row in rows:
         for c in DATASET_COLUMNS:
-            columns[c].append(row[c])
+            columns[c].append(row.get(c) if c in LATER_COLUMNS else row[c])
     arrays = []
     for field in SCHEMA:
         values = columns[field.name]
@@ -134,6 +142,9 @@ def conform(table: pa.Table) -> pa.Table:
     """Cast a table read from disk (ours or the simulator's) to ``SCHEMA``, dropping extra columns."""
     arrays = []
     for field in SCHEMA:
+        if field.name in LATER_COLUMNS and field.name not in table.column_names:
+            arrays.append(pa.nulls(table.num_rows, field.type))
+            continue
         col = table.column(field.name)
         if col.type != field.type:
             if pa.types.is_timestamp(col.type) and col.type.tz is None:

@@ -9,7 +9,6 @@ is applied atomically and at most once, with exactly the rules of `leap_stream.c
 from __future__ import annotations
 
 import hashlib
-import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -22,12 +21,17 @@ from redis.retry import Retry
 from leap_stream.contracts.events import JobCompleted, JobSubmitted
 from leap_stream.contracts.timestamps import epoch_s
 from leap_stream.core.history import (
+    DEFAULT_RULES,
     HISTORY_EWMA_ALPHA,
+    QUARANTINE_RULES,
+    HistoryRules,
     LineageHistory,
     Measurement,
     TypeAggregate,
     TypeAggregates,
     is_measurement,
+    log_per_device,
+    measurement,
 )
 from leap_stream.core.rows import SUBMISSION_COLUMNS, submission_fields
 from leap_stream.settings import Settings
@@ -44,52 +48,205 @@ class OnlineStoreUnavailable(Exception):
         self.cause = cause
 
 
+# What the script did with one completion (its return codes, see APPLY_LUA)
+_OUTCOMES = {
+    1: "none",
+    2: "accepted",
+    3: "corroborated",
+    4: "lineage",
+    5: "aggregate",
+    6: "devices",
+    7: "mismatch",
+    8: "no_submission",
+}
+
+
 @dataclass(frozen=True, slots=True)
 class ApplyResult:
+    """One completion's fate. ``outcome``: ``none`` (no measurement), ``accepted``,
+    ``corroborated``, ``devices`` / ``lineage`` / ``aggregate`` (quarantined by that rule),
+    ``mismatch`` (its
+    stored submission names another lineage or model type) or ``no_submission`` (none stored
+    and orphans are not allowed); for a duplicate, what the first delivery got."""
+
     event_id: str
     new: bool  # False: seen before (duplicate), nothing changed
-    measured: bool  # True: the history was updated
+    outcome: str = "none"
+
+    @property
+    def measured(self) -> bool:
+        """The history was updated by this delivery."""
+        return self.new and self.outcome in ("accepted", "corroborated")
+
+    @property
+    def quarantine(self) -> str | None:
+        """The rule that quarantined the measurement (this delivery or the first one)."""
+        return self.outcome if self.outcome in QUARANTINE_RULES else None
+
+    @property
+    def applied(self) -> bool:
+        """The completion was taken (now or before): not a mismatch, not waiting for its
+        submission."""
+        return self.outcome not in ("mismatch", "no_submission")
 
 
-# One call applies many completions in arrival order. Per event: KEYS seen, lin, agg; ARGV
-# measured flag, hardware, samples_per_s, num_devices, measured_at, log(samples_per_s/num_devices)
-# (computed in Python so both sides use the same libm). Floats leave as %.17g: exact round trip.
-# Returns per event 0 duplicate, 1 new without measurement, 2 new and applied.
+def _result(event_id: str, code: int) -> ApplyResult:
+    if code >= 100:
+        return ApplyResult(event_id, False, _OUTCOMES.get(code - 100, "none"))
+    return ApplyResult(event_id, True, _OUTCOMES[code])
+
+
+def decode_measurement(v: Sequence[Any]) -> Measurement:
+    """A stored lineage entry; the 4-value form is the single-measurement layout of 0.x."""
+    if len(v) == 4:
+        nd = int(v[1])
+        x = log_per_device(float(v[0]), nd)
+        return measurement(((float(v[2]), x),), nd, float(v[2]), int(v[3]), None)
+    pending = (float(v[4]), float(v[5])) if v[3] == 1 else None
+    recent = tuple((float(v[j]), float(v[j + 1])) for j in range(6, len(v) - 1, 2))
+    return measurement(recent, int(v[0]), float(v[1]), int(v[2]), pending)
+
+
+# One call applies many completions in arrival order, with the rules of core.history (judge,
+# apply_measurement, apply_aggregate). Global ARGV: alpha, dedup TTL, history TTL, recent window,
+# lineage and aggregate limits (log space), aggregate min count, whether a completion without a
+# stored submission still counts ('1'), and where lineage_id / model_type / num_devices sit
+# in a stored submission array. Per event: KEYS seen, lin, agg, sub; ARGV measured flag, hardware,
+# num_devices, measured_at, log(samples_per_s/num_devices) (computed in Python so both sides use
+# the same libm), lineage_id, model_type. Floats leave as %.17g: exact round trip.
+# A stored submission gives the device count the job asked for (the `devices` rule).
+# A lineage entry is [num_devices, measured_at, count, has_pending, pending_at, pending,
+# (at, value) of the recent window, oldest first...].
+# Returns per event: 1 no measurement, 2 accepted, 3 corroborated, 4 quarantined by the
+# lineage, 5 by the aggregate, 6 by the device count, 7 submission mismatch, 8 no submission
+# (nothing changed for 7 and 8), 100 + the first outcome for a duplicate.
 APPLY_LUA = """
 local alpha = tonumber(ARGV[1])
-local ttl = ARGV[2]
-local out = {}
-local n = #KEYS / 3
-for i = 0, n - 1 do
-  local a = 3 + 6 * i
-  if not redis.call('SET', KEYS[3*i+1], '1', 'NX', 'EX', ttl) then
-    out[i+1] = 0
-  elseif ARGV[a] ~= '1' then
-    out[i+1] = 1
+local seen_ttl = ARGV[2]
+local hist_ttl = tonumber(ARGV[3])
+local window = tonumber(ARGV[4])
+local llim = tonumber(ARGV[5])
+local alim = tonumber(ARGV[6])
+local amin = tonumber(ARGV[7])
+local orphans = ARGV[8] == '1'
+local li = tonumber(ARGV[9])
+local mi = tonumber(ARGV[10])
+local di = tonumber(ARGV[11])
+local G = 11
+local function median(r)
+  local s = {}
+  for j = 1, #r do s[j] = r[j][2] end
+  table.sort(s)
+  local m = math.floor(#s / 2)
+  if #s % 2 == 1 then return s[m + 1] end
+  return (s[m] + s[m + 1]) / 2
+end
+local function older(u, v)
+  if u[1] ~= v[1] then return u[1] < v[1] end
+  return u[2] < v[2]
+end
+local function entry_of(raw)
+  local p = cjson.decode(raw)
+  if #p == 4 then return p[2], p[3], p[4], {{p[3], math.log(p[1] / p[2])}}, nil end
+  local recent = {}
+  for j = 7, #p - 1, 2 do recent[#recent + 1] = {p[j], p[j+1]} end
+  local pend = nil
+  if p[4] == 1 then pend = {p[5], p[6]} end
+  return p[1], p[2], p[3], recent, pend
+end
+local function encode(nd, at, count, recent, pend)
+  local parts = {string.format('%d,%.17g,%d', nd, at, count)}
+  if pend then
+    parts[2] = string.format('1,%.17g,%.17g', pend[1], pend[2])
   else
-    local hw = ARGV[a+1]
-    local s = tonumber(ARGV[a+2])
-    local nd = tonumber(ARGV[a+3])
-    local at = tonumber(ARGV[a+4])
-    local x = tonumber(ARGV[a+5])
-    local prev = redis.call('HGET', KEYS[3*i+2], hw)
-    local m1, m2, m3, m4 = s, nd, at, 1
-    if prev then
-      local p = cjson.decode(prev)
-      m4 = p[4] + 1
-      if at < p[3] then m1, m2, m3 = p[1], p[2], p[3] end
+    parts[2] = '0,0,0'
+  end
+  for j = 1, #recent do
+    parts[#parts + 1] = string.format('%.17g,%.17g', recent[j][1], recent[j][2])
+  end
+  return '[' .. table.concat(parts, ',') .. ']'
+end
+local out = {}
+local n = #KEYS / 4
+for i = 0, n - 1 do
+  local k = 4 * i
+  local a = G + 1 + 7 * i
+  local first = redis.call('GET', KEYS[k+1])
+  if first then
+    out[i+1] = 100 + tonumber(first)
+  else
+    local code = nil
+    local snd = nil
+    local sub = redis.call('GET', KEYS[k+4])
+    if sub then
+      local s = cjson.decode(sub)
+      if s[li] ~= ARGV[a+5] or s[mi] ~= ARGV[a+6] then code = 7 end
+      snd = tonumber(s[di])
+    elseif not orphans then
+      code = 8
     end
-    redis.call('HSET', KEYS[3*i+2], hw, string.format('[%.17g,%d,%.17g,%d]', m1, m2, m3, m4))
-    local pa = redis.call('HGET', KEYS[3*i+3], hw)
-    local e, c, last = x, 1, at
-    if pa then
-      local q = cjson.decode(pa)
-      e = q[1] + alpha * (x - q[1])
-      c = q[2] + 1
-      last = math.max(q[3], at)
+    if code == nil and ARGV[a] ~= '1' then code = 1 end
+    if code == nil then
+      local hw = ARGV[a+1]
+      local nd = tonumber(ARGV[a+2])
+      local at = tonumber(ARGV[a+3])
+      local x = tonumber(ARGV[a+4])
+      local raw = redis.call('HGET', KEYS[k+2], hw)
+      local pnd, pat, pcount, recent, pend = nd, at, 0, {}, nil
+      if raw then pnd, pat, pcount, recent, pend = entry_of(raw) end
+      local rawagg = redis.call('HGET', KEYS[k+3], hw)
+      local q = nil
+      if rawagg then q = cjson.decode(rawagg) end
+      code = 2
+      local rule = nil
+      if snd and nd ~= snd then
+        rule = 6
+      elseif #recent > 0 and nd == pnd then
+        if math.abs(x - median(recent)) > llim then rule = 4 end
+      elseif q and q[2] >= amin then
+        if math.abs(x - q[1]) > alim then rule = 5 end
+      end
+      if rule then
+        if pend and math.abs(x - pend[2]) <= llim then code = 3 else code = rule end
+      end
+      local this = {at, x}
+      local entry
+      if code >= 4 then
+        entry = encode(pnd, pat, pcount, recent, this)
+      elseif code == 3 then
+        local pair = {pend, this}
+        table.sort(pair, older)
+        entry = encode(nd, pair[2][1], pcount + 2, pair, nil)
+      elseif #recent == 0 then
+        entry = encode(nd, at, pcount + 1, {this}, nil)
+      else
+        local all = {}
+        for j = 1, #recent do all[j] = recent[j] end
+        all[#all + 1] = this
+        table.sort(all, older)
+        local r2 = {}
+        for j = math.max(1, #all - window + 1), #all do r2[#r2 + 1] = all[j] end
+        if at < pat then
+          entry = encode(pnd, pat, pcount + 1, r2, nil)
+        else
+          entry = encode(nd, at, pcount + 1, r2, nil)
+        end
+      end
+      redis.call('HSET', KEYS[k+2], hw, entry)
+      redis.call('EXPIRE', KEYS[k+2], hist_ttl)
+      if code <= 3 then
+        local e, c, last = x, 1, at
+        if q then
+          e = q[1] + alpha * (x - q[1])
+          c = q[2] + 1
+          last = math.max(q[3], at)
+        end
+        redis.call('HSET', KEYS[k+3], hw, string.format('[%.17g,%d,%.17g]', e, c, last))
+        redis.call('EXPIRE', KEYS[k+3], hist_ttl)
+      end
     end
-    redis.call('HSET', KEYS[3*i+3], hw, string.format('[%.17g,%d,%.17g]', e, c, last))
-    out[i+1] = 2
+    if code <= 6 then redis.call('SET', KEYS[k+1], code, 'EX', seen_ttl) end
+    out[i+1] = code
   end
 end
 return out
@@ -129,6 +286,10 @@ def _unique(values: Iterable[str]) -> list[str]:
 
 
 _SUB_FORMAT = 1  # first element of a stored submission: the column list it was written with
+# 1-based positions (the Lua script's) of the fields a completion must agree with
+_SUB_LINEAGE = SUBMISSION_COLUMNS.index("lineage_id") + 2
+_SUB_MODEL_TYPE = SUBMISSION_COLUMNS.index("model_type") + 2
+_SUB_DEVICES = SUBMISSION_COLUMNS.index("num_devices") + 2
 
 
 def encode_submission(fields: Mapping[str, Any]) -> bytes:
@@ -194,11 +355,17 @@ class OnlineStore:
         *,
         dedup_ttl_s: int = 1_209_600,
         submission_ttl_s: int = 2_592_000,
+        history_ttl_s: int = 15_552_000,
+        rules: HistoryRules = DEFAULT_RULES,
+        allow_orphans: bool = False,
     ) -> None:
         self.r = client
         self.prefix = prefix
         self.dedup_ttl_s = dedup_ttl_s
         self.submission_ttl_s = submission_ttl_s
+        self.history_ttl_s = history_ttl_s
+        self.rules = rules
+        self.allow_orphans = allow_orphans
         self._use_scripts(APPLY_LUA, READ_LUA)
 
     @classmethod
@@ -209,6 +376,9 @@ class OnlineStore:
             cfg.redis_prefix,
             dedup_ttl_s=cfg.dedup_ttl_s,
             submission_ttl_s=cfg.submission_ttl_s,
+            history_ttl_s=cfg.history_ttl_s,
+            rules=cfg.history_rules(),
+            allow_orphans=cfg.allow_orphans,
         )
 
     # --- keys
@@ -288,7 +458,9 @@ class OnlineStore:
                         name = names[f] = _text(f)
                     v = next(it)
                     if i < len(lineage_ids):
-                        one[name] = Measurement(float(v[0]), int(v[1]), float(v[2]), int(v[3]))
+                        m = decode_measurement(v)
+                        if m.recent:  # an entry with only a quarantined value is no prior
+                            one[name] = m
                     else:
                         one[name] = TypeAggregate(float(v[0]), int(v[1]), float(v[2]))
                 out.append(one)
@@ -352,45 +524,68 @@ class OnlineStore:
         return [decode_submission(v) for v in results[0]]
 
     # --- completions
-    def _queue_apply(self, pipe: Any, completions: Sequence[Mapping[str, Any]]) -> None:
+    def _apply_args(self, require_submission: bool) -> list[str | int]:
+        r = self.rules
+        return [
+            repr(HISTORY_EWMA_ALPHA),
+            self.dedup_ttl_s,
+            self.history_ttl_s,
+            r.recent,
+            repr(r.lineage_limit),
+            repr(r.aggregate_limit),
+            r.aggregate_min_count,
+            "0" if require_submission else "1",
+            _SUB_LINEAGE,
+            _SUB_MODEL_TYPE,
+            _SUB_DEVICES,
+        ]
+
+    def _queue_apply(
+        self, pipe: Any, completions: Sequence[Mapping[str, Any]], require_submission: bool
+    ) -> None:
         for start in range(0, len(completions), _APPLY_CHUNK):
             keys: list[str] = []
-            args: list[str | int] = [repr(HISTORY_EWMA_ALPHA), self.dedup_ttl_s]
+            args = self._apply_args(require_submission)
             for c in completions[start : start + _APPLY_CHUNK]:
                 keys += [
                     self.seen_key(c["event_id"]),
                     self.lin_key(c["lineage_id"]),
                     self.agg_key(c["model_type"]),
+                    self.sub_key(c["job_id"], int(c["attempt"])),
                 ]
                 sps_raw = (c.get("throughput") or {}).get("samples_per_s")
                 sps = None if sps_raw is None else float(sps_raw)
                 nd = int(c["num_devices"])
+                ids = [c["lineage_id"], c["model_type"]]
                 if is_measurement(c["status"], sps) and nd > 0:
                     assert sps is not None
                     at = epoch_s(c["ended_at"])
-                    x = math.log(sps / nd)
-                    args += ["1", c["hardware_type"], repr(sps), nd, repr(at), repr(x)]
+                    x = log_per_device(sps, nd)
+                    args += ["1", c["hardware_type"], nd, repr(at), repr(x), *ids]
                 else:
-                    args += ["0", c["hardware_type"], "0", 0, "0", "0"]
+                    args += ["0", c["hardware_type"], nd, "0", "0", *ids]
             pipe.evalsha(self._apply_sha, len(keys), *keys, *args)
 
     def _apply_results(
         self, results: Sequence[Any], completions: Sequence[Mapping[str, Any]]
     ) -> list[ApplyResult]:
         codes = [int(code) for chunk in results for code in chunk]
-        return [
-            ApplyResult(c["event_id"], new=code > 0, measured=code == 2)
-            for c, code in zip(completions, codes, strict=True)
-        ]
+        return [_result(c["event_id"], code) for c, code in zip(completions, codes, strict=True)]
 
-    def apply_completions(self, completions: Sequence[Mapping[str, Any]]) -> list[ApplyResult]:
+    def apply_completions(
+        self, completions: Sequence[Mapping[str, Any]], *, require_submission: bool = False
+    ) -> list[ApplyResult]:
         """Dedup and history update, atomic per event, in list (arrival) order, one round trip.
 
         Takes job-completed events or the completion fields of dataset rows
-        (`offline.completions_from_frame`, for a rebuild): only what the history needs."""
+        (`offline.completions_from_frame`, for a rebuild): only what the history needs. A
+        stored submission that disagrees is a mismatch either way; its absence only matters
+        with ``require_submission`` (a rebuild replays rows whose submissions have expired)."""
         if not completions:
             return []
-        results = self._execute("apply", lambda p: self._queue_apply(p, completions))
+        results = self._execute(
+            "apply", lambda p: self._queue_apply(p, completions, require_submission)
+        )
         return self._apply_results(results, completions)
 
     def apply_and_fetch(
@@ -402,7 +597,7 @@ class OnlineStore:
         names = [self.sub_key(c["job_id"], int(c["attempt"])) for c in completions]
 
         def build(p: Any) -> None:
-            self._queue_apply(p, completions)
+            self._queue_apply(p, completions, not self.allow_orphans)
             p.mget(names)
 
         results = self._execute("apply", build)
@@ -441,6 +636,39 @@ class OnlineStore:
     def ping(self) -> bool:
         return bool(self._guard("ping", self.r.ping))
 
+    def eviction_policy(self) -> str | None:
+        """Redis's ``maxmemory-policy``; None when CONFIG is not allowed (managed services
+        often disable it: the operator then answers for the policy)."""
+        try:
+            got = self.r.config_get("maxmemory-policy")
+        except redis.ResponseError:
+            return None
+        except (redis.RedisError, OSError) as exc:
+            raise OnlineStoreUnavailable("config", exc) from exc
+        value = got.get("maxmemory-policy") or got.get(b"maxmemory-policy")
+        return None if value is None else _text(value)
+
+    def evicted_keys(self) -> int | None:
+        """Keys Redis evicted since it started (INFO stats ``evicted_keys``)."""
+        stats = self._guard("info", lambda: self.r.info("stats"))
+        value = stats.get("evicted_keys")
+        return None if value is None else int(value)
+
+
+def eviction_problem(policy: str | None, allowed: bool) -> str | None:
+    """Why the worker must not start on a Redis with this ``maxmemory-policy`` (None: fine).
+
+    Every key leap-stream writes carries a TTL, so ``volatile-*`` policies evict them as
+    readily as ``allkeys-*``: a lost ``seen:`` marker applies a redelivered completion twice, a
+    lost ``sub:`` makes an orphan, a lost ``lin:`` drops a prior, all without an error."""
+    if policy is None or policy == "noeviction" or allowed:
+        return None
+    return (
+        f"Redis maxmemory-policy is {policy!r}: it silently evicts dedup markers, remembered "
+        "submissions and histories. Set it to noeviction (and size maxmemory, docs/stores.md), "
+        "or accept the losses with LEAP_REDIS_ALLOW_EVICTION=1"
+    )
+
 
 __all__ = [
     "APPLY_LUA",
@@ -449,4 +677,6 @@ __all__ = [
     "OnlineStore",
     "OnlineStoreUnavailable",
     "connect",
+    "decode_measurement",
+    "eviction_problem",
 ]

@@ -105,6 +105,7 @@ class WorkerDeps:
     metrics: Metrics
     model_poll: Callable[[], object] | None = None  # runs in a thread; hot reload
     lag_poll: Callable[[], object] | None = None  # runs in a thread; updates the lag gauge
+    store_poll: Callable[[], object] | None = None  # runs in a thread; Redis evictions
     retry_cap_s: float = 10.0
     stats: dict[str, float] = field(default_factory=dict)
 
@@ -178,13 +179,17 @@ class LeanApp(faust.App):
         return services
 
 
-def tune_consumer_fetch(min_bytes: int, max_wait_ms: int) -> None:
-    """Pass fetch_min_bytes / fetch_max_wait_ms to the aiokafka consumer Faust creates.
+def tune_consumer(min_bytes: int, max_wait_ms: int) -> None:
+    """Settings Faust does not pass to the aiokafka consumer it creates (the completions').
 
-    Faust hard-codes fetch_max_wait_ms=1500 and leaves fetch_min_bytes at 1: each fetch then
-    returns as soon as one record is there, and each costs Python work in the consumer thread
-    and a hop to the event loop (~0.3 ms of GIL at 300/s, most of it per fetch, not per
-    record). A larger minimum with a short wait lets a fetch carry several records."""
+    - ``read_committed``: Faust asks for it only in its own exactly-once mode, so records of an
+      aborted producer transaction were applied to the history. The submissions consumer
+      (librdkafka) reads committed records by default.
+    - fetch_min_bytes / fetch_max_wait_ms: Faust hard-codes fetch_max_wait_ms=1500 and leaves
+      fetch_min_bytes at 1, so each fetch returns as soon as one record is there, and each costs
+      Python work in the consumer thread and a hop to the event loop (~0.3 ms of GIL at 300/s,
+      most of it per fetch, not per record). A larger minimum with a short wait lets a fetch
+      carry several records."""
     from faust.transport.drivers import aiokafka as driver
 
     cls: Any = driver.AIOKafkaConsumerThread
@@ -192,7 +197,9 @@ def tune_consumer_fetch(min_bytes: int, max_wait_ms: int) -> None:
 
     def create(self: Any, transport: Any) -> Any:
         consumer = original(self, transport)
-        consumer._fetch_min_bytes = min_bytes  # read by AIOKafkaConsumer.start() (Fetcher)
+        # read by AIOKafkaConsumer.start() when it builds its Fetcher
+        consumer._isolation_level = "read_committed"
+        consumer._fetch_min_bytes = min_bytes
         consumer._fetch_max_wait_ms = max_wait_ms
         return consumer
 
@@ -205,7 +212,7 @@ def new_faust_app(deps: WorkerDeps) -> faust.App:
     cfg = deps.cfg
     datadir = cfg.home / "faust" / cfg.consumer_group
     datadir.mkdir(parents=True, exist_ok=True)
-    tune_consumer_fetch(cfg.fetch_min_bytes, cfg.completions_fetch_max_wait_ms)
+    tune_consumer(cfg.fetch_min_bytes, cfg.completions_fetch_max_wait_ms)
     session_s = cfg.kafka_session_timeout_s
     return LeanApp(
         cfg.consumer_group,
@@ -231,6 +238,8 @@ def new_faust_app(deps: WorkerDeps) -> faust.App:
         broker_heartbeat_interval=min(3.0, session_s / 3),
         stream_buffer_maxsize=max(4 * cfg.batch_size, 4096),
         broker_max_poll_records=cfg.batch_size,
+        # partitions added to the topic are assigned this soon (aiokafka's default: 5 minutes)
+        consumer_metadata_max_age_ms=int(cfg.metadata_refresh_s * 1000),
         producer_acks=-1,
         autodiscover=False,
     )
@@ -253,6 +262,13 @@ def send_all(
 def count_dead(m: Metrics, topic: str, dead: Sequence[DeadLetter]) -> None:
     for dl in dead:
         m.dead_letter.labels(topic=topic, kind=dl["error"]["kind"]).inc()
+
+
+def count_applied(m: Metrics, res: CompletionBatchResult) -> None:
+    """What applying completions did (on arrival or at a late join): duplicates, quarantines."""
+    m.completions_duplicate.inc(res.duplicates)
+    for rule, n in res.quarantined.items():
+        m.quarantined.labels(rule=rule).inc(n)
 
 
 def observe_submissions(
@@ -375,7 +391,7 @@ class CompletionsAgent:
         m.events_in.labels(topic=topic, outcome="valid").inc(res.valid)
         m.events_in.labels(topic=topic, outcome="invalid").inc(len(records) - res.valid)
         count_dead(m, topic, res.dead_letters)
-        m.completions_duplicate.inc(res.duplicates)
+        count_applied(m, res)
         m.batch_size.labels(agent="completions").observe(len(records))
         m.batch_seconds.labels(agent="completions").observe(took)
         stats["completions_in"] = stats.get("completions_in", 0) + len(records)
@@ -390,13 +406,13 @@ class CompletionsAgent:
         give_up = [mono - since >= self.deps.cfg.orphan_grace_s for *_x, since in pending.waiting]
         now = datetime.now(UTC)
         join = self.deps.completions.join_waiting
-        outcome = await self._step("join", join, items, give_up, now)
-        dead = [dl for kind, dl in outcome if kind == "dead" and dl is not None]
-        if dead:
-            await self._step("produce", self._send_dead, dead)
-            count_dead(self.deps.metrics, self.deps.cfg.topic_completions, dead)
+        res: CompletionBatchResult = await self._step("join", join, items, give_up, now)
+        if res.dead_letters:
+            await self._step("produce", self._send_dead, res.dead_letters)
+            count_dead(self.deps.metrics, self.deps.cfg.topic_completions, res.dead_letters)
+        count_applied(self.deps.metrics, res)
         still: list[tuple[Any, Record, dict[str, Any], float]] = []
-        for item, (kind, value) in zip(pending.waiting, outcome, strict=True):
+        for item, (kind, value) in zip(pending.waiting, res.joined, strict=True):
             if kind == "wait":
                 still.append(item)
                 continue
@@ -477,6 +493,7 @@ def build_app(deps: WorkerDeps) -> faust.App:
         session_timeout_s=cfg.kafka_session_timeout_s,
         commit_interval_s=cfg.commit_interval_s,
         fetch_max_wait_ms=cfg.fetch_max_wait_ms,
+        extra={"topic.metadata.refresh.interval.ms": int(cfg.metadata_refresh_s * 1000)},
     )
 
     async def submissions_loop() -> None:
@@ -487,13 +504,16 @@ def build_app(deps: WorkerDeps) -> faust.App:
             await app.crash(sub_loop.error)
 
     app.task(submissions_loop)
-    aux = ThreadPoolExecutor(1, thread_name_prefix="leap-aux")
+    # a thread each: a model that takes minutes to load or compile must not freeze the lag
+    # gauge, which is what on-call reads when something is slow
     for name, interval, poll in (
         ("model poll", cfg.model_poll_s, deps.model_poll),
         ("lag poll", cfg.lag_interval_s, deps.lag_poll),
+        ("store poll", cfg.lag_interval_s, deps.store_poll),
     ):
         if poll is not None:
-            app.timer(interval, name=name)(_in_aux(aux, name, poll))
+            own = ThreadPoolExecutor(1, thread_name_prefix=f"leap-{name.split()[0]}")
+            app.timer(interval, name=name)(_in_aux(own, name, poll))
 
     async def close(app_: Any, **_kw: Any) -> None:
         agent.stopping.set()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -307,9 +308,13 @@ class CompletionBatchResult:
     duplicates: int = 0
     measured: int = 0
     orphans: int = 0
+    mismatches: int = 0
+    quarantined: Counter[str] = field(default_factory=Counter)  # by rule, new ones only
     # (index in the batch, completion) whose submission is not known yet: the caller retries
-    # the join with `join_waiting` before giving up (only when process(wait_for_join=True))
+    # with `join_waiting` before giving up (only when process(wait_for_join=True))
     waiting: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    # what join_waiting decided, per item it was given
+    joined: list[JoinOutcome] = field(default_factory=list)
 
 
 class CompletionProcessor:
@@ -318,6 +323,11 @@ class CompletionProcessor:
     Rows are produced for duplicates too (when the submission is known): a crash after the
     Redis update but before the dataset write replays the event as a "duplicate", and its row
     must still reach the dataset; `read_dataset` keeps one row per event_id.
+
+    A completion must agree with the submission stored for its job attempt (lineage, model
+    type), else it is a ``completion_mismatch`` dead letter and changes nothing. Without a stored
+    submission it changes nothing either (unless the store allows orphans): it waits for the
+    join, and is applied when its submission arrives, or dead-lettered as an orphan.
     """
 
     def __init__(
@@ -347,39 +357,83 @@ class CompletionProcessor:
         out = CompletionBatchResult(dead_letters=dead, valid=len(good))
         if not good:
             return out
-        completions = [ev for _rec, ev in good]
         index = {id(rec): i for i, rec in enumerate(records)}
-        # raises OnlineStoreUnavailable: the agent retries the whole batch
-        applied, submissions = self.store.apply_and_fetch(completions)
-        for (rec, comp), res, sub in zip(good, applied, submissions, strict=True):
-            i = index[id(rec)]
+        for (rec, comp), kind, value in self._apply(
+            good, [not wait_for_join] * len(good), now, out
+        ):
+            if kind == "wait":
+                out.waiting.append((index[id(rec)], comp))
+            elif kind == "row":
+                out.rows.append(value)
+            else:
+                out.dead_letters.append(value)
+        return out
+
+    def _apply(
+        self,
+        items: Sequence[tuple[Record, Any]],
+        give_up: Sequence[bool],
+        now: datetime,
+        out: CompletionBatchResult,
+    ) -> list[tuple[tuple[Record, Any], str, Any]]:
+        """Apply ``items`` in one round trip (raises OnlineStoreUnavailable: the agent retries);
+        per item ("row", row) | ("dead", dead letter) | ("wait", None), counted in ``out``."""
+        applied, submissions = self.store.apply_and_fetch([c for _r, c in items])
+        decided: list[tuple[tuple[Record, Any], str, Any]] = []
+        for item, res, sub, stop in zip(items, applied, submissions, give_up, strict=True):
+            rec, comp = item
+            if res.outcome == "mismatch":
+                out.mismatches += 1
+                decided.append((item, "dead", self.mismatch(rec, comp, sub, now)))
+                continue
+            if res.outcome == "no_submission" or sub is None:
+                if stop:
+                    out.orphans += 1
+                    decided.append((item, "dead", self.orphan(rec, comp, now, res.applied)))
+                else:
+                    decided.append((item, "wait", None))
+                continue
             if res.new:
                 out.new += 1
                 out.measured += int(res.measured)
+                if res.quarantine is not None:
+                    out.quarantined[res.quarantine] += 1
             else:
                 out.duplicates += 1
-            if sub is None:
-                if wait_for_join:
-                    out.waiting.append((i, comp))
-                else:
-                    out.orphans += 1
-                    out.dead_letters.append(self.orphan(rec, comp, now))
-                continue
             try:
-                out.rows.append(flatten(sub, comp))
+                decided.append((item, "row", flatten(sub, comp, quarantine=res.quarantine)))
             except Exception as exc:
-                out.dead_letters.append(
-                    _dead_letter(rec, "internal", f"dataset row failed: {exc!r}", now)
-                )
-        return out
+                dl = _dead_letter(rec, "internal", f"dataset row failed: {exc!r}", now)
+                decided.append((item, "dead", dl))
+        return decided
 
     @staticmethod
-    def orphan(rec: Record, comp: Mapping[str, Any], now: datetime) -> DeadLetter:
+    def orphan(rec: Record, comp: Mapping[str, Any], now: datetime, applied: bool) -> DeadLetter:
+        effect = "history updated" if applied else "history not updated"
         return _dead_letter(
             rec,
             "orphan_completion",
             f"no submission stored for job {comp['job_id']} attempt {comp['attempt']}; "
-            "history updated, no dataset row",
+            f"{effect}, no dataset row",
+            now,
+            COMPLETION_SCHEMA,
+        )
+
+    @staticmethod
+    def mismatch(
+        rec: Record, comp: Mapping[str, Any], sub: Mapping[str, Any] | None, now: datetime
+    ) -> DeadLetter:
+        differ = [
+            f"{k} {comp[k]!r} (submission: {sub.get(k)!r})"
+            for k in ("lineage_id", "model_type")
+            if sub is not None and sub.get(k) != comp[k]
+        ]
+        return _dead_letter(
+            rec,
+            "completion_mismatch",
+            f"job {comp['job_id']} attempt {comp['attempt']} does not match its submission: "
+            + ("; ".join(differ) or "fields differ")
+            + "; history not updated, no dataset row",
             now,
             COMPLETION_SCHEMA,
         )
@@ -389,29 +443,19 @@ class CompletionProcessor:
         items: Sequence[tuple[Record, Mapping[str, Any]]],
         give_up: Sequence[bool],
         now: datetime,
-    ) -> list[JoinOutcome]:
-        """Retry the join of completions that arrived before their submission was remembered.
+    ) -> CompletionBatchResult:
+        """Retry completions that arrived before their submission was remembered.
 
-        Per item: ("row", row) when the submission is known now, ("dead", orphan dead letter)
-        when it is still unknown and ``give_up``, else ("wait", None). One Redis round trip;
-        raises `OnlineStoreUnavailable` like `process`.
+        In ``joined``, per item: ("row", row) when the submission is known now (the history is
+        updated then), ("dead", orphan dead letter) when it is still unknown and ``give_up``,
+        else ("wait", None). One Redis round trip; raises `OnlineStoreUnavailable` like
+        `process`.
         """
-        if not items:
-            return []
-        subs = self.store.fetch_submissions([(c["job_id"], int(c["attempt"])) for _r, c in items])
-        out: list[JoinOutcome] = []
-        for (rec, comp), sub, stop in zip(items, subs, give_up, strict=True):
-            if sub is not None:
-                try:
-                    out.append(("row", flatten(sub, comp)))
-                except Exception as exc:
-                    out.append(
-                        ("dead", _dead_letter(rec, "internal", f"dataset row failed: {exc!r}", now))
-                    )
-            elif stop:
-                out.append(("dead", self.orphan(rec, comp, now)))
-            else:
-                out.append(("wait", None))
+        out = CompletionBatchResult()
+        if items:
+            decided = self._apply(list(items), give_up, now, out)
+            out.joined = [(kind, value) for _item, kind, value in decided]
+            out.dead_letters = [v for _i, kind, v in decided if kind == "dead"]
         return out
 
 

@@ -1,14 +1,18 @@
-"""Consumer lag of the worker's group: high watermark minus committed offset, per partition.
+"""Consumer lag of the worker's group: high watermark minus committed offset, per partition,
+and the age of the oldest record not yet processed (what on-call reads first).
 
-The worker exports it as `leap_consumer_lag`; `leap-stream lag` prints it for on-call. A
-partition the group never committed counts its whole retained range (high - low) as lag: that
-is what the group would still have to read.
+The worker exports them as `leap_consumer_lag` and `leap_consumer_lag_seconds`; `leap-stream
+lag` prints them. A partition the group never committed counts its whole retained range
+(high - low) as lag: that is what the group would still have to read. Partitions added to a
+topic (the documented way to scale out) appear within `METADATA_REFRESH_MS`; one whose offsets
+cannot be read yet is left out of that reading, not the whole reading.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
@@ -21,6 +25,10 @@ from leap_stream.stream.kafka import KafkaClients
 
 TopicPartitionKey = tuple[str, int]
 T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+# librdkafka learns of new partitions at its metadata refresh (5 minutes by default)
+METADATA_REFRESH_MS = 10_000
 
 # NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE: librdkafka does not
 # flag them retriable for committed(), yet a fresh or restarted broker answers them for a moment
@@ -35,6 +43,7 @@ class PartitionLag:
     low: int
     high: int
     lag: int
+    age_s: float = 0.0  # now - timestamp of the oldest unprocessed record (0: none waiting)
 
 
 def compute_lag(
@@ -52,6 +61,19 @@ def compute_lag(
             lag = max(0, high - max(c, low))
         rows.append(PartitionLag(tp[0], tp[1], c, low, high, lag))
     return rows
+
+
+def with_ages(
+    rows: Iterable[PartitionLag], oldest_ms: Mapping[TopicPartitionKey, int], now_s: float
+) -> list[PartitionLag]:
+    """Pure: rows with ``age_s`` from the timestamp (ms) of each partition's oldest unread
+    record; 0 where none is readable (no lag, or only transaction markers left)."""
+    out = []
+    for r in rows:
+        ts = oldest_ms.get((r.topic, r.partition))
+        age = 0.0 if ts is None or r.lag == 0 else max(0.0, now_s - ts / 1000.0)
+        out.append(PartitionLag(r.topic, r.partition, r.committed, r.low, r.high, r.lag, age))
+    return out
 
 
 def total_lag(rows: Iterable[PartitionLag]) -> int:
@@ -101,11 +123,41 @@ class LagReader:
         self.groups = by_topic
         self.topics = list(by_topic)
         self._consumers: dict[str, Any] = {}
+        conf = {
+            "enable.auto.commit": False,
+            "topic.metadata.refresh.interval.ms": METADATA_REFRESH_MS,
+            "auto.offset.reset": "earliest",
+        }
         for g in dict.fromkeys(by_topic.values()):
-            self._consumers[g] = kafka.consumer(g, {"enable.auto.commit": False})
+            self._consumers[g] = kafka.consumer(g, conf)
 
-    def read(self, timeout: float = 10.0) -> list[PartitionLag]:
-        from confluent_kafka import TopicPartition
+    def _oldest_unread(
+        self, consumer: Any, starts: list[Any], timeout: float
+    ) -> dict[TopicPartitionKey, int]:
+        """Timestamp (ms) of the first record at each start offset: the oldest not processed.
+
+        The consumer is assigned, never subscribed: it reads without joining the group and
+        never commits (read_committed, so an aborted tail is not a record waiting)."""
+        if not starts:
+            return {}
+        consumer.assign(starts)
+        want = {(tp.topic, tp.partition) for tp in starts}
+        found: dict[TopicPartitionKey, int] = {}
+        deadline = time.monotonic() + timeout
+        try:
+            while want - set(found) and time.monotonic() < deadline:
+                for m in consumer.consume(len(want), timeout=0.2):
+                    key = (m.topic(), m.partition())
+                    if m.error() is None and key in want and key not in found:
+                        found[key] = int(m.timestamp()[1])
+        finally:
+            consumer.unassign()
+        return found
+
+    def read(self, timeout: float = 10.0, ages: bool = False) -> list[PartitionLag]:
+        """Lag of every partition of the topics; with ``ages``, also how old the oldest
+        unprocessed record of each lagging partition is (one short read per such partition)."""
+        from confluent_kafka import KafkaException, TopicPartition
 
         if not self._consumers:
             return []
@@ -127,9 +179,24 @@ class LagReader:
             for tp in got:
                 committed[(tp.topic, tp.partition)] = tp.offset if tp.offset >= 0 else None
             for tp in tps:
-                low, high = consumer.get_watermark_offsets(tp, timeout=timeout, cached=False)
+                try:
+                    low, high = consumer.get_watermark_offsets(tp, timeout=timeout, cached=False)
+                except KafkaException as exc:  # a partition this client does not know yet
+                    log.debug("no watermarks for %s[%d] yet: %s", tp.topic, tp.partition, exc)
+                    continue
                 watermarks[(tp.topic, tp.partition)] = (int(low), int(high))
-        return compute_lag(committed, watermarks)
+        rows = compute_lag(committed, watermarks)
+        if not ages:
+            return rows
+        oldest: dict[TopicPartitionKey, int] = {}
+        for g, consumer in self._consumers.items():
+            starts = [
+                TopicPartition(r.topic, r.partition, r.low if r.committed is None else r.committed)
+                for r in rows
+                if r.lag > 0 and self.groups[r.topic] == g
+            ]
+            oldest.update(self._oldest_unread(consumer, starts, min(timeout, 2.0)))
+        return with_ages(rows, oldest, time.time())
 
     def close(self) -> None:
         for consumer in self._consumers.values():
@@ -171,7 +238,7 @@ def run(args: argparse.Namespace, cfg: Settings) -> int:
         groups = worker_groups(cfg.consumer_group, cfg.topic_submissions, cfg.topic_completions)
         if args.topic:
             groups = {t: groups.get(t, cfg.consumer_group) for t in args.topic}
-    rows = LagReader(kafka, groups).read()
+    rows = LagReader(kafka, groups).read(ages=True)
     total = total_lag(rows)
     if args.json:
         doc = {
@@ -184,12 +251,23 @@ def run(args: argparse.Namespace, cfg: Settings) -> int:
         return 0
     for group in dict.fromkeys(groups.values()):
         print(f"group {group}: {', '.join(t for t, g in groups.items() if g == group)}")
-    print(f"{'topic':<32} {'part':>4} {'committed':>10} {'high':>10} {'lag':>8}")
+    print(f"{'topic':<32} {'part':>4} {'committed':>10} {'high':>10} {'lag':>8} {'age_s':>8}")
     for r in rows:
         committed = "-" if r.committed is None else str(r.committed)
-        print(f"{r.topic:<32} {r.partition:>4} {committed:>10} {r.high:>10} {r.lag:>8}")
+        print(
+            f"{r.topic:<32} {r.partition:>4} {committed:>10} {r.high:>10} {r.lag:>8} "
+            f"{r.age_s:>8.1f}"
+        )
     print(f"total lag {total}")
     return 0
 
 
-__all__ = ["LagReader", "PartitionLag", "compute_lag", "total_lag", "worker_groups"]
+__all__ = [
+    "METADATA_REFRESH_MS",
+    "LagReader",
+    "PartitionLag",
+    "compute_lag",
+    "total_lag",
+    "with_ages",
+    "worker_groups",
+]

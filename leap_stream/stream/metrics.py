@@ -75,6 +75,11 @@ class Metrics:
         self.redis_errors = Counter(
             "leap_redis_errors", "Redis operations that failed.", ["op"], registry=r
         )
+        self.redis_evicted_keys = Gauge(
+            "leap_redis_evicted_keys",
+            "Keys the online store's Redis evicted since it started (INFO evicted_keys).",
+            registry=r,
+        )
         self.history_unavailable = Counter(
             "leap_history_unavailable",
             "Rankings made without history because Redis failed.",
@@ -86,8 +91,20 @@ class Metrics:
             ["topic", "partition"],
             registry=r,
         )
+        self.consumer_lag_seconds = Gauge(
+            "leap_consumer_lag_seconds",
+            "Age of the oldest record of the partition the worker's group has not processed.",
+            ["topic", "partition"],
+            registry=r,
+        )
         self.completions_duplicate = Counter(
             "leap_completions_duplicate", "Completions already seen (ignored).", registry=r
+        )
+        self.quarantined = Counter(
+            "leap_measurements_quarantined",
+            "Measurements kept out of the history by a plausibility rule (lineage, aggregate).",
+            ["rule"],
+            registry=r,
         )
         self.dataset_rows_written = Counter(
             "leap_dataset_rows_written", "Rows made durable in the dataset.", registry=r
@@ -120,7 +137,7 @@ class Metrics:
             self.model_info.labels(version=version).set(1)
         self.model_age.set(max(0.0, now - trained_at_epoch) if trained_at_epoch else 0.0)
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
+    def serve(self, port: int, addr: str = "127.0.0.1") -> None:
         """Start /metrics in a daemon thread (prometheus-client's own server)."""
         if port:
             start_http_server(port, addr=addr, registry=self.registry)

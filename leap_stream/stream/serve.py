@@ -20,6 +20,7 @@ import hmac
 import itertools
 import logging
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -406,14 +407,18 @@ def run(args: argparse.Namespace, cfg: Settings) -> int:
         return 0
     import uvicorn
 
-    from leap_stream.stream.worker import ranking_core
+    from leap_stream.stream.worker import RefusedToStart, ranking_core
 
     logging.basicConfig(
         level=cfg.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
     tokens = read_tokens(Path(cfg.serve_tokens_file)) if cfg.serve_tokens_file else None
     kafka = KafkaClients.of(cfg, cfg.require_kafka())
-    core = ranking_core(cfg)
+    try:
+        core = ranking_core(cfg)
+    except RefusedToStart as exc:
+        print(f"serve: {exc}", file=sys.stderr)
+        return 2
     publisher = Publisher(
         OutputProducer(
             kafka,

@@ -11,10 +11,11 @@ import faulthandler
 import gc
 import logging
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from leap_stream.settings import Settings
-from leap_stream.store.online import OnlineStore
+from leap_stream.store.online import OnlineStore, OnlineStoreUnavailable, eviction_problem
 from leap_stream.stream.app import WorkerDeps
 from leap_stream.stream.batch import SubmissionProcessor
 from leap_stream.stream.kafka import KafkaClients
@@ -40,9 +41,44 @@ class RankingCore:
     known: frozenset[str]
 
 
+class RefusedToStart(Exception):
+    """A configuration the worker must not run with; the message says what to change."""
+
+
+def check_eviction(store: OnlineStore, cfg: Settings) -> None:
+    """Refuse a Redis that evicts keys (unless allowed); a Redis down now is checked later."""
+    try:
+        policy = store.eviction_policy()
+    except OnlineStoreUnavailable as exc:
+        log.warning("could not read Redis's maxmemory-policy (%s); checked again later", exc)
+        return
+    problem = eviction_problem(policy, cfg.redis_allow_eviction)
+    if problem is not None:
+        raise RefusedToStart(problem)
+    if policy not in (None, "noeviction"):
+        log.warning("Redis maxmemory-policy is %r (allowed by LEAP_REDIS_ALLOW_EVICTION)", policy)
+
+
+def store_poll(store: OnlineStore, metrics: Metrics, cfg: Settings) -> Callable[[], None]:
+    """What the worker watches on Redis: evictions (a gauge) and a policy changed since start."""
+    warned: list[str] = []
+
+    def poll() -> None:
+        evicted = store.evicted_keys()
+        if evicted is not None:
+            metrics.redis_evicted_keys.set(evicted)
+        policy = store.eviction_policy()
+        problem = eviction_problem(policy, cfg.redis_allow_eviction)
+        if problem is not None and policy not in warned:
+            warned.append(str(policy))
+            log.error("%s", problem)
+
+    return poll
+
+
 def ranking_core(cfg: Settings) -> RankingCore:
     """The catalog, the online store, the hot-reloaded model (its current one loaded now) and
-    the submissions processor over them."""
+    the submissions processor over them. Raises `RefusedToStart` on an evicting Redis."""
     from leap_stream.catalog import load_catalog
     from leap_stream.store.registry import Registry
     from leap_stream.stream import compiled
@@ -52,6 +88,7 @@ def ranking_core(cfg: Settings) -> RankingCore:
     catalog = load_catalog()
     known = frozenset(catalog.types)
     store = OnlineStore.of(cfg)
+    check_eviction(store, cfg)
     holder = RankerHolder(
         catalog,
         Registry(cfg.registry_dir),
@@ -84,8 +121,10 @@ def build_deps(cfg: Settings, kafka: KafkaClients) -> WorkerDeps:
     )
 
     def lag_poll() -> None:
-        for row in lag.read():
-            metrics.consumer_lag.labels(topic=row.topic, partition=str(row.partition)).set(row.lag)
+        for row in lag.read(ages=True):
+            labels = {"topic": row.topic, "partition": str(row.partition)}
+            metrics.consumer_lag.labels(**labels).set(row.lag)
+            metrics.consumer_lag_seconds.labels(**labels).set(row.age_s)
 
     return WorkerDeps(
         cfg=cfg,
@@ -107,6 +146,7 @@ def build_deps(cfg: Settings, kafka: KafkaClients) -> WorkerDeps:
         metrics=metrics,
         model_poll=core.holder.poll,
         lag_poll=lag_poll,
+        store_poll=store_poll(store, metrics, cfg),
     )
 
 
@@ -136,8 +176,14 @@ def run(args: argparse.Namespace, cfg: Settings) -> int:
             file=sys.stderr,
         )
         return 2
-    deps = build_deps(cfg, kafka)
-    deps.metrics.serve(cfg.metrics_port if args.metrics_port is None else args.metrics_port)
+    try:
+        deps = build_deps(cfg, kafka)
+    except RefusedToStart as exc:
+        print(f"worker: {exc}", file=sys.stderr)
+        return 2
+    deps.metrics.serve(
+        cfg.metrics_port if args.metrics_port is None else args.metrics_port, cfg.metrics_addr
+    )
     app = build_app(deps)
     worker = faust.Worker(app, loglevel=level, redirect_stdouts=False)
     if cfg.gc_freeze:
@@ -147,4 +193,12 @@ def run(args: argparse.Namespace, cfg: Settings) -> int:
     return 0
 
 
-__all__ = ["RankingCore", "build_deps", "missing_topics", "ranking_core", "register", "run"]
+__all__ = [
+    "RankingCore",
+    "RefusedToStart",
+    "build_deps",
+    "missing_topics",
+    "ranking_core",
+    "register",
+    "run",
+]

@@ -16,6 +16,7 @@ import argparse
 import dataclasses
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -423,6 +424,7 @@ def run_backtest(
     scored_all: list[pd.DataFrame] = []
     t_start = time.perf_counter()
     train_s = 0.0
+    verdicts: Counter[str] = Counter()  # what the history rules made of every measurement
 
     def ingest(day: Any) -> pit.Snapshots:
         """Histories for the day's submissions, then its rows become training material.
@@ -431,6 +433,7 @@ def run_backtest(
         the completions that ended before it (the replay is point in time), as Redis would."""
         rep.add_completions(day.completions)
         snap = rep.snapshot(day.submissions)
+        verdicts.update(v for v in snap.verdicts.tolist() if v != "none")
         ds = day.dataset
         measured = pit.measured(ds.assign(_snap=np.arange(len(ds))))
         idx = measured["_snap"].to_numpy()
@@ -525,6 +528,7 @@ def run_backtest(
     bar.close()
     summary = _summarise(per_night, variants)
     summary["drift_recovery"] = drift_recovery(per_night, sim.drift_events, warmup_days)
+    summary["history_verdicts"] = dict(sorted(verdicts.items()))
     if new_hardware is not None:
         summary["new_hardware"] = new_hardware_summary(per_night, *new_hardware, warmup_days)
     summary.update(

@@ -18,6 +18,7 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -259,3 +260,21 @@ class WorkerStack:
 
 
 __all__ = ["WorkerProcess", "WorkerStack", "free_port", "wait_for", "worker_env", "worker_topics"]
+
+
+def aggregate_differences(
+    got: Mapping[str, Mapping[str, Any]], want: Mapping[str, Mapping[str, Any]]
+) -> dict[str, Any]:
+    """Model types whose stored aggregates are not those of a replay by what they count: the
+    types measured, the count, the last ``last_at`` (a completion lost or applied twice shows
+    there). Not the EWMA: a completion that waited for its submission is applied after later
+    ones, and an EWMA weighs by order (with two values, 0.8 against 0.2)."""
+    differ: dict[str, Any] = {}
+    for mt in set(got) | set(want):
+        g, w = got.get(mt) or {}, want.get(mt) or {}
+        same = set(g) == set(w) and all(
+            (g[h].count, g[h].last_at) == (w[h].count, w[h].last_at) for h in g
+        )
+        if not same:
+            differ[mt] = (g, w)
+    return differ

@@ -22,19 +22,24 @@ class Snapshots:
     aggregates: list[TypeAggregates]
     now: np.ndarray  # submitted_at, epoch s
     book: HistoryBook  # state after every completion that ended before the last query
+    # per row of `completions` (its order): what the rules made of it; "none" also for rows
+    # not replayed (ended after the last query, unless replay(finish=True))
+    verdicts: np.ndarray
 
 
 def replay(
     completions: pd.DataFrame,
     queries: pd.DataFrame,
     book: HistoryBook | None = None,
+    finish: bool = False,
 ) -> Snapshots:
     """History snapshots for each row of `queries` (lineage_id, model_type, submitted_at),
     built from `completions` (dataset rows) ending strictly before the query's submitted_at.
 
     Snapshots are shared between rows while nothing changed (a lineage's dict, a model type's
     aggregates), which keeps memory linear in completions, not rows × types. Treat them as
-    read-only.
+    read-only. ``finish``: also apply the completions that ended after the last query, for
+    their verdicts (the book then holds them too).
     """
     book = book or HistoryBook()
     c_end = epoch_seconds(completions["ended_at"])
@@ -46,6 +51,7 @@ def replay(
     c_st = completions["status"].to_numpy(object)[c_order]
     c_sps = completions["samples_per_s"].to_numpy(np.float64)[c_order]
     c_nd = completions["num_devices"].to_numpy(np.int64)[c_order]
+    c_asked = submitted_devices(completions)[c_order]
 
     q_now = epoch_seconds(queries["submitted_at"])
     q_order = np.argsort(q_now, kind="stable")
@@ -56,12 +62,14 @@ def replay(
     aggregates: list[TypeAggregates] = [{}] * n
     lin_cache: dict[str, LineageHistory] = {}
     agg_cache: dict[str, TypeAggregates] = {}
+    verdicts = np.full(len(c_end), "none", dtype=object)
     ptr, n_c = 0, len(c_end)
-    for i in q_order.tolist():
-        t = q_now[i]
+
+    def apply_until(t: float) -> None:
+        nonlocal ptr
         while ptr < n_c and c_end[ptr] < t:
             sps = c_sps[ptr]
-            applied = book.apply(
+            outcome = book.apply(
                 c_lin[ptr],
                 c_mt[ptr],
                 c_hw[ptr],
@@ -69,11 +77,17 @@ def replay(
                 None if np.isnan(sps) else float(sps),
                 int(c_nd[ptr]),
                 float(c_end[ptr]),
+                None if c_asked[ptr] <= 0 else int(c_asked[ptr]),
             )
-            if applied:
+            if outcome != "none":
+                verdicts[c_order[ptr]] = outcome
                 lin_cache.pop(c_lin[ptr], None)
                 agg_cache.pop(c_mt[ptr], None)
             ptr += 1
+
+    for i in q_order.tolist():
+        t = q_now[i]
+        apply_until(t)
         lin = q_lin[i]
         h = lin_cache.get(lin)
         if h is None:
@@ -84,7 +98,23 @@ def replay(
         if a is None:
             a = agg_cache[mt] = book.aggregates(mt)
         aggregates[i] = a
-    return Snapshots(histories, aggregates, q_now, book)
+    if finish:
+        apply_until(np.inf)
+    return Snapshots(histories, aggregates, q_now, book, verdicts)
+
+
+_PARALLEL = ("data_parallel", "tensor_parallel", "pipeline_parallel")
+
+
+def submitted_devices(rows: pd.DataFrame) -> np.ndarray:
+    """The device count each row's submission asked for (its data × tensor × pipeline
+    parallel; a row's ``num_devices`` is the completion's); 0 where unknown."""
+    if not all(c in rows.columns for c in _PARALLEL):
+        return np.zeros(len(rows), np.int64)
+    out = np.ones(len(rows), np.int64)
+    for c in _PARALLEL:
+        out *= rows[c].to_numpy(np.int64)
+    return out
 
 
 def measured(dataset: pd.DataFrame) -> pd.DataFrame:
@@ -107,6 +137,7 @@ class Replayer:
 
     def add_completions(self, completions: pd.DataFrame) -> None:
         cols = ["lineage_id", "model_type", "hardware_type", "status", "samples_per_s"]
+        cols += [c for c in _PARALLEL if c in completions.columns]
         part = completions[[*cols, "num_devices"]].copy()
         part["ended_s"] = epoch_seconds(completions["ended_at"])
         self._pending.append(part)

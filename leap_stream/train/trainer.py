@@ -24,6 +24,7 @@ import pandas as pd
 
 from leap_stream.contracts.timestamps import isoformat_z
 from leap_stream.core import features as F
+from leap_stream.core.history import QUARANTINE_RULES
 from leap_stream.core.lookup import LookupTable
 from leap_stream.core.predictor import NUM_ROUNDS, ThroughputModel
 from leap_stream.settings import Settings
@@ -47,13 +48,23 @@ class TrainingRows:
 
 
 def training_rows(dataset: pd.DataFrame, known_before: pd.Timestamp | None = None) -> TrainingRows:
-    """Rows whose measurement had arrived before `known_before` (all when None)."""
+    """Rows whose measurement had arrived before `known_before` (all when None).
+
+    A row the history rules quarantine (core.history) is no training target either: a ×1000
+    telemetry error must not teach the model what it keeps out of the priors."""
     completions = dataset
     if known_before is not None:
         ended = pd.to_datetime(dataset["ended_at"], utc=True)
         completions = dataset.loc[(ended < known_before).to_numpy()]
     rows = pit.measured(completions)
-    snap = pit.replay(completions, rows)
+    snap = pit.replay(rows, rows, finish=True)
+    kept = ~np.isin(snap.verdicts, QUARANTINE_RULES)
+    if not kept.all():
+        log.info("%d quarantined measurements are not training targets", int((~kept).sum()))
+        rows = rows.loc[kept].reset_index(drop=True)
+        snap.histories = [h for h, k in zip(snap.histories, kept, strict=True) if k]
+        snap.aggregates = [a for a, k in zip(snap.aggregates, kept, strict=True) if k]
+        snap.now = snap.now[kept]
     frame = F.build(
         rows,
         [[h] for h in rows["hardware_type"].tolist()],

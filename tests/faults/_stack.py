@@ -18,7 +18,7 @@ from leap_stream.core.history import HistoryBook
 from leap_stream.store.artefact import write_model
 from leap_stream.store.offline import read_dataset
 from leap_stream.store.online import OnlineStore, connect
-from leap_stream.tools.harness import WorkerStack
+from leap_stream.tools.harness import WorkerStack, aggregate_differences
 from leap_stream.tools.sim.events import (
     completion_events,
     completions_in_arrival_order,
@@ -187,11 +187,17 @@ def check_nothing_lost(
         book.apply_completion(c)
     store = OnlineStore(connect(stack.redis_url), prefix=stack.prefix)
     hist, aggs = store.read_batch(book.lineage_ids, book.model_types)
-    assert hist == [book.lineage(x) for x in book.lineage_ids], (
-        "Redis history differs from a replay"
+    differ_lin = [
+        (x, got, book.lineage(x))
+        for x, got in zip(book.lineage_ids, hist, strict=True)
+        if got != book.lineage(x)
+    ]
+    assert not differ_lin, (
+        f"Redis history differs from a replay for {len(differ_lin)} lineages; first (lineage, "
+        f"redis, replay): {differ_lin[0]}"
     )
     want_aggs = {m: book.aggregates(m) for m in book.model_types}
-    differ = {m: (aggs.get(m), want_aggs[m]) for m in want_aggs if aggs.get(m) != want_aggs[m]}
+    differ = aggregate_differences(aggs, want_aggs)
     assert not differ, (
         f"Redis aggregates differ from a replay for {len(differ)} model types; first (redis, "
         f"replay): {next(iter(differ.items()))}"

@@ -9,6 +9,7 @@ import time
 import pytest
 import redis
 
+from leap_stream.contracts.timestamps import epoch_s
 from leap_stream.core.history import HistoryBook, is_measurement
 from leap_stream.core.rows import submission_fields
 from leap_stream.store.offline import flatten
@@ -176,8 +177,12 @@ def test_rebuild_history_from_the_dataset(store: OnlineStore, tmp_path) -> None:
     applied, measured = store.rebuild_history(completions)
     assert applied == 400
 
-    book = _replay(completions)
-    assert measured == sum(
+    book = HistoryBook()
+    outcomes = [book.apply_completion(c) for c in completions]
+    assert measured == sum(o in ("accepted", "corroborated") for o in outcomes)
+    # the synthetic throughputs are random per run: the guard quarantines many of them
+    assert sum(o in ("lineage", "aggregate") for o in outcomes) > 10
+    assert sum(o != "none" for o in outcomes) == sum(
         is_measurement(c["status"], (c["throughput"] or {}).get("samples_per_s"))
         for c in completions
     )
@@ -229,3 +234,98 @@ def test_private_redis_killed_and_restarted(tmp_path) -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def _telemetry(values: list[tuple[float, int]], lineage: str = "lin-poison") -> list[dict]:
+    """Completions of one lineage on one type: (samples_per_s, num_devices), one hour apart."""
+    [(_sub, base)] = synthetic.pairs(1, seed=21)
+    out = []
+    for i, (sps, nd) in enumerate(values):
+        out.append(
+            dict(
+                base,
+                event_id=f"cmp-{lineage}-{i}",
+                job_id=f"job-{lineage}-{i}",
+                lineage_id=lineage,
+                hardware_type="h100",
+                status="succeeded",
+                num_devices=nd,
+                throughput={"samples_per_s": sps},
+                ended_at=f"2026-11-20T{i:02d}:00:00.000Z",
+                started_at="2026-11-19T00:00:00.000Z",
+            )
+        )
+    return out
+
+
+def test_the_guard_in_lua_is_the_guard_in_python(store: OnlineStore, redis_client) -> None:
+    """Poisoned telemetry (×1000, ×1e-6, one device for eight), a real change corroborated,
+    a window overflow: every outcome and the whole state agree with HistoryBook, and the
+    history keys carry the retention TTL."""
+    values = [(800.0, 8), (820.0, 8), (790.0, 8), (800_000.0, 8), (805.0, 8), (0.0008, 8)]
+    values += [(800.0, 1), (800.0, 8), (4000.0, 8), (4100.0, 8), (4050.0, 8)] + [
+        (4000.0 + i, 8) for i in range(6)
+    ]
+    comps = _telemetry(values)
+    # a new lineage far off the model type's aggregate (which has enough measurements by then)
+    comps += _telemetry([(9.0e6, 8)], lineage="lin-stranger")
+    # every job was submitted on 8 devices: the stored submissions say so
+    [(sub, _c)] = synthetic.pairs(1, seed=21)
+    store.remember_submissions(
+        [
+            dict(
+                sub,
+                job_id=c["job_id"],
+                attempt=c["attempt"],
+                lineage_id=c["lineage_id"],
+                training=dict(sub["training"], num_devices=8),
+            )
+            for c in comps
+        ]
+    )
+    results = []
+    for c in comps:
+        results += store.apply_completions([c], require_submission=True)
+    book = HistoryBook(store.rules)
+    want = [
+        book.apply(
+            c["lineage_id"],
+            c["model_type"],
+            c["hardware_type"],
+            c["status"],
+            c["throughput"]["samples_per_s"],
+            c["num_devices"],
+            epoch_s(c["ended_at"]),
+            8,
+        )
+        for c in comps
+    ]
+    assert [r.outcome for r in results] == want
+    assert want[3] == want[5] == want[8] == "lineage" and want[6] == "devices"
+    assert want[9] == "corroborated" and want[-1] == "aggregate"
+    got, aggs = store.read_batch(["lin-poison", "lin-stranger"], [comps[0]["model_type"]])
+    assert got == [book.lineage("lin-poison"), {}]
+    assert aggs[comps[0]["model_type"]] == book.aggregates(comps[0]["model_type"])
+    m = got[0]["h100"]
+    assert len(m.recent) == store.rules.recent and m.samples_per_s == pytest.approx(4003.0)
+    for key in (store.lin_key("lin-poison"), store.agg_key(comps[0]["model_type"])):
+        assert 0 < redis_client.ttl(key) <= store.history_ttl_s
+    # a redelivery reports the first outcome (for the dataset flag) and changes nothing
+    again = store.apply_completions([comps[3]])
+    assert not again[0].new and again[0].quarantine == "lineage"
+    assert store.read_batch(["lin-poison"], [])[0] == [book.lineage("lin-poison")]
+
+
+def test_an_entry_in_the_single_measurement_layout_still_reads_and_updates(
+    store: OnlineStore, redis_client
+) -> None:
+    key = store.lin_key("lin-old")
+    redis_client.hset(key, "h100", "[800,8,1796000000.0,3]")
+    [hist], _ = store.read_batch(["lin-old"], [])
+    assert hist["h100"].count == 3 and hist["h100"].samples_per_s == pytest.approx(800.0)
+    [c] = _telemetry([(810.0, 8)], lineage="lin-old")
+    [r] = store.apply_completions([c])
+    assert r.outcome == "accepted"
+    [hist], _ = store.read_batch(["lin-old"], [])
+    assert hist["h100"].count == 4 and len(hist["h100"].recent) == 2
+    assert hist["h100"].recent[-1][0] == hist["h100"].measured_at == 1796000000.0  # newest last

@@ -98,20 +98,29 @@ def test_submissions_then_completions_round_trip(
     assert all(g is not None for g in got)
 
     orphan = dict(comps[0], event_id="cmp-orphan-1", job_id="job-never-submitted")
+    # another lineage than its submission's: it would write that lineage's history
+    stray = dict(comps[1], event_id="cmp-stray-1", lineage_id="lin-someone-else")
     dup = comps[3]
-    cres = cp.process(_records("comps", [*comps, dup, orphan]), NOW)
-    assert cres.valid == len(comps) + 2
-    assert cres.new == len(comps) + 1  # the orphan is new too: its history counts
+    cres = cp.process(_records("comps", [stray, *comps, dup, orphan]), NOW)
+    assert cres.valid == len(comps) + 3
+    assert cres.new == len(comps)  # the orphan and the stray change nothing
     assert cres.duplicates == 1
-    assert cres.orphans == 1
-    assert [d["error"]["kind"] for d in cres.dead_letters] == ["orphan_completion"]
-    assert cres.dead_letters[0]["source"]["offset"] == len(comps) + 1
+    assert cres.orphans == 1 and cres.mismatches == 1
+    kinds = [d["error"]["kind"] for d in cres.dead_letters]
+    assert kinds == ["completion_mismatch", "orphan_completion"]
+    assert "lin-someone-else" in cres.dead_letters[0]["error"]["message"]
+    assert cres.dead_letters[0]["source"]["offset"] == 0
+    assert cres.dead_letters[1]["source"]["offset"] == len(comps) + 2
+    assert "history not updated" in cres.dead_letters[1]["error"]["message"]
     # one row per completion with a known submission; the duplicate's row is the same event
     assert len({r["event_id"] for r in cres.rows}) == len(comps)
+    flagged = {r["event_id"]: r["quarantine"] for r in cres.rows}
+    assert sum(v is not None for v in flagged.values()) == sum(cres.quarantined.values())
+    assert store.read_batch(["lin-someone-else"], [])[0] == [{}]
 
     # Redis history == HistoryBook replay of the same completions in the same order
     book = HistoryBook()
-    for c in [*comps, orphan]:
+    for c in comps:
         book.apply_completion(c)
     lineages = book.lineage_ids
     types = book.model_types
@@ -255,18 +264,25 @@ def test_completion_before_its_submission_waits_for_the_join(
     stranger = dict(comps[0], event_id="cmp-stranger", job_id="job-stranger")
     records = _records("comps", [*comps, stranger])
     res = cp.process(records, NOW, wait_for_join=True)
-    # the history is applied at once; the rows wait for the submissions
-    assert res.new == len(comps) + 1 and not res.rows and not res.dead_letters
+    # nothing is applied before the submission is known; the completions wait
+    assert res.new == 0 and not res.rows and not res.dead_letters
     assert [i for i, _c in res.waiting] == list(range(len(comps) + 1))
     items = [(records[i], c) for i, c in res.waiting]
+    lineages = sorted({c["lineage_id"] for c in comps})
+    assert store.read_batch(lineages, [])[0] == [{}] * len(lineages)
 
-    assert [k for k, _v in cp.join_waiting(items, [False] * len(items), NOW)] == ["wait"] * len(
-        items
-    )
+    waited = cp.join_waiting(items, [False] * len(items), NOW)
+    assert [k for k, _v in waited.joined] == ["wait"] * len(items)
     sp.process(_records("subs", subs), NOW)  # the submissions agent catches up
-    outcome = cp.join_waiting(items, [False] * (len(items) - 1) + [True], NOW)
+    res = cp.join_waiting(items, [False] * (len(items) - 1) + [True], NOW)
+    outcome = res.joined
     assert [k for k, _v in outcome] == ["row"] * len(comps) + ["dead"]
     assert {v["event_id"] for k, v in outcome if k == "row" and v} == {c["event_id"] for c in comps}
+    assert res.new == len(comps) and res.orphans == 1  # applied now, once
+    book = HistoryBook()
+    for c in comps:
+        book.apply_completion(c)
+    assert store.read_batch(lineages, [])[0] == [book.lineage(x) for x in lineages]
     dead = outcome[-1][1]
     assert dead is not None and dead["error"]["kind"] == "orphan_completion"
     assert dead["source"]["offset"] == len(comps)

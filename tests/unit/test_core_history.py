@@ -1,9 +1,14 @@
-"""HistoryBook applied from job-completed events: the same rules as the field-by-field apply."""
+"""History rules (pure): the robust prior, the plausibility guard, corroboration; and
+HistoryBook applied from events is the field-by-field apply."""
 
 from __future__ import annotations
 
+import math
+
+import pytest
+
 from leap_stream.contracts.timestamps import epoch_s
-from leap_stream.core.history import HistoryBook
+from leap_stream.core.history import HistoryBook, HistoryRules, median
 from leap_stream.tools import synthetic_events as synthetic
 
 
@@ -21,10 +26,131 @@ def test_apply_completion_is_apply_with_the_event_fields() -> None:
             c["num_devices"],
             epoch_s(c["ended_at"]),
         )
-    assert 0 < sum(measured) < len(completions)  # failed attempts measure nothing
+    # failed attempts measure nothing
+    assert 0 < sum(m != "none" for m in measured) < len(completions)
     assert by_event.lineage_ids == by_fields.lineage_ids
     assert [by_event.lineage(x) for x in by_event.lineage_ids] == [
         by_fields.lineage(x) for x in by_fields.lineage_ids
     ]
     for mt in by_event.model_types:
         assert by_event.aggregates(mt) == by_fields.aggregates(mt)
+
+
+def _book(rules: HistoryRules | None = None) -> HistoryBook:
+    return HistoryBook(rules or HistoryRules())
+
+
+def _run(
+    book: HistoryBook,
+    sps: float,
+    nd: int = 8,
+    at: float = 0.0,
+    lin: str = "L",
+    asked: int | None = None,
+) -> str:
+    return book.apply(lin, "mt", "h100", "succeeded", sps, nd, at, asked)
+
+
+def test_median_is_the_middle_or_the_mean_of_the_two_middles() -> None:
+    assert median([3.0, 1.0, 2.0]) == 2.0
+    assert median([4.0, 1.0, 3.0, 2.0]) == 2.5
+    assert median([7.0]) == 7.0
+
+
+def test_the_prior_is_the_median_of_the_last_few_per_device_values() -> None:
+    book = _book(HistoryRules(recent=3))
+    for i, sps in enumerate([800.0, 880.0, 720.0, 840.0]):
+        assert _run(book, sps, at=float(i)) == "accepted"
+    m = book.lineage("L")["h100"]
+    assert m.count == 4 and len(m.recent) == 3  # the oldest (800) left the window
+    assert m.samples_per_s == pytest.approx(840.0)  # median of 880, 720, 840 (8 devices each)
+    assert m.measured_at == 3.0 and m.pending is None
+
+
+@pytest.mark.parametrize(
+    ("sps", "nd", "rule"),
+    # ×1000, ×1e-6, one device for a job submitted on eight
+    [(800_000.0, 8, "lineage"), (0.0008, 8, "lineage"), (800.0, 1, "devices")],
+)
+def test_one_wrong_measurement_is_quarantined_and_leaves_the_prior_alone(
+    sps: float, nd: int, rule: str
+) -> None:
+    book = _book()
+    for i in range(3):
+        _run(book, 800.0, at=float(i), asked=8)
+    before_lin, before_agg = book.lineage("L"), book.aggregates("mt")
+    assert _run(book, sps, nd=nd, at=10.0, asked=8) == rule
+    after = book.lineage("L")["h100"]
+    assert after.samples_per_s == before_lin["h100"].samples_per_s
+    assert after.recent == before_lin["h100"].recent and after.count == 3
+    assert after.pending == (10.0, pytest.approx(math.log(sps / nd)))
+    assert book.aggregates("mt") == before_agg  # the aggregate did not move either
+    # an honest one next: accepted, and the quarantined value is forgotten
+    assert _run(book, 810.0, at=11.0, asked=8) == "accepted"
+    assert book.lineage("L")["h100"].pending is None
+    assert _run(book, sps, nd=nd, at=12.0, asked=8) == rule  # so it must start over
+
+
+def test_another_device_count_is_judged_by_the_aggregate_not_the_lineage() -> None:
+    book = _book(HistoryRules(aggregate_min_count=3))
+    for i in range(3):
+        _run(book, 800.0, at=float(i))
+    # 16 devices at a third of the per-device rate: poor scaling, not an error
+    assert _run(book, 800.0 * 2 / 3, nd=16, at=5.0, asked=16) == "accepted"
+    assert book.lineage("L")["h100"].num_devices == 16
+    # an elastic job that really ran on another count than submitted: accepted the second time
+    assert _run(book, 1600.0, nd=16, at=6.0, asked=8) == "devices"
+    assert _run(book, 1650.0, nd=16, at=7.0, asked=8) == "corroborated"
+
+
+def test_a_real_change_is_accepted_once_a_second_measurement_corroborates_it() -> None:
+    book = _book()
+    for i in range(4):
+        _run(book, 800.0, at=float(i))
+    assert _run(book, 4000.0, at=10.0) == "lineage"
+    assert _run(book, 4100.0, at=11.0) == "corroborated"
+    m = book.lineage("L")["h100"]
+    assert len(m.recent) == 2 and m.count == 6  # the window restarts from the two
+    assert m.samples_per_s == pytest.approx(8 * math.exp(median([x for _t, x in m.recent])))
+    assert m.samples_per_s == pytest.approx(math.sqrt(4000.0 * 4100.0))
+    assert book.aggregates("mt")["h100"].count == 5  # the corroborating value entered it
+
+
+def test_a_new_lineage_is_judged_against_its_model_types_aggregate() -> None:
+    rules = HistoryRules(aggregate_min_count=3)
+    book = _book(rules)
+    for i in range(3):
+        _run(book, 800.0, at=float(i), lin=f"other-{i}")
+    assert _run(book, 40_000.0, lin="new") == "accepted"  # ×50 is within the wider factor 100
+    assert _run(book, 800_000.0, lin="newer") == "aggregate"
+    assert "h100" not in book.lineage("newer")  # a quarantined value alone is no prior
+    assert book.entries("newer")["h100"].pending is not None
+    # below the minimum count the aggregate judges nothing
+    young = _book(HistoryRules(aggregate_min_count=10))
+    _run(young, 800.0, lin="a")
+    assert _run(young, 800_000.0, lin="b") == "accepted"
+
+
+def test_rules_reject_nonsense() -> None:
+    with pytest.raises(ValueError):
+        HistoryRules(recent=0)
+    with pytest.raises(ValueError):
+        HistoryRules(lineage_factor=1.0)
+
+
+def test_honest_telemetry_gives_the_same_priors_in_any_arrival_order() -> None:
+    import random
+
+    values = [
+        (float(i), 800.0 * (1 + 0.03 * ((i * 7) % 5 - 2)), 8 if i < 6 else 16) for i in range(9)
+    ]
+    first, shuffled = _book(), _book()
+    for at, sps, nd in values:
+        _run(first, sps, nd=nd, at=at)
+    order = values[:]
+    random.Random(3).shuffle(order)
+    for at, sps, nd in order:
+        _run(shuffled, sps, nd=nd, at=at)
+    a, b = first.lineage("L")["h100"], shuffled.lineage("L")["h100"]
+    assert a == b  # the newest five by ended_at, the newest's device count
+    assert [t for t, _x in a.recent] == [4.0, 5.0, 6.0, 7.0, 8.0] and a.num_devices == 16

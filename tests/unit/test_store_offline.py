@@ -53,6 +53,7 @@ DESIGN_COLUMNS = [
     "started_at",
     "ended_at",
     "device_hours",
+    "quarantine",
 ]
 
 

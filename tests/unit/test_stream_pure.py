@@ -154,6 +154,9 @@ def test_metrics_names_are_exactly_the_design_contract() -> None:
     m.batch_size.labels(agent="submissions").observe(3)
     m.redis_errors.labels(op="read").inc()
     m.consumer_lag.labels(topic="t", partition="0").set(4)
+    m.consumer_lag_seconds.labels(topic="t", partition="0").set(1.5)
+    m.quarantined.labels(rule="lineage").inc()
+    m.redis_evicted_keys.set(0)
     m.set_model("v1", 0.0, 10.0)
     exported = {
         (fam.name + "_total" if fam.type == "counter" else fam.name) for fam in m.registry.collect()
@@ -281,22 +284,25 @@ def test_consumer_fetch_settings_reach_the_aiokafka_consumer(
 
     from faust.transport.drivers import aiokafka as driver
 
-    from leap_stream.stream.app import tune_consumer_fetch
+    from leap_stream.stream.app import tune_consumer
 
     cls = driver.AIOKafkaConsumerThread
-    made = SimpleNamespace(_fetch_min_bytes=1, _fetch_max_wait_ms=1500)
+    made = SimpleNamespace(
+        _fetch_min_bytes=1, _fetch_max_wait_ms=1500, _isolation_level="read_uncommitted"
+    )
 
     def original(self: object, transport: object) -> SimpleNamespace:
         return made
 
     monkeypatch.setattr(cls, "_create_worker_consumer", original)
     monkeypatch.delattr(cls, "_leap_original_create", raising=False)
-    tune_consumer_fetch(4096, 9)
-    tune_consumer_fetch(65536, 5)  # a second app in the same process: wraps the original once
+    tune_consumer(4096, 9)
+    tune_consumer(65536, 5)  # a second app in the same process: wraps the original once
     assert cls._leap_original_create is original  # type: ignore[attr-defined]
     consumer = cls._create_worker_consumer(object(), object())  # type: ignore[arg-type]
     assert consumer is made
     assert (made._fetch_min_bytes, made._fetch_max_wait_ms) == (65536, 5)
+    assert made._isolation_level == "read_committed"  # aborted transactions stay unseen
 
 
 def test_lean_app_has_no_faust_monitor_sensor() -> None:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
+import pytest
 
 from leap_stream.contracts.timestamps import epoch_s
 from leap_stream.train import pit
@@ -34,9 +37,11 @@ def test_row_sees_only_completions_ended_before_its_submission() -> None:
     snap = pit.replay(d, d)
     assert snap.histories[0] == {}
     assert snap.histories[1] == {}  # row 0 ends at 05:00, after row 1 was submitted
-    assert snap.histories[2]["l4"].samples_per_s == 10.0
+    assert snap.histories[2]["l4"].samples_per_s == pytest.approx(10.0)
     assert set(snap.histories[3]) == {"l4", "h100"}
-    assert snap.histories[3]["l4"].samples_per_s == 20.0 and snap.histories[3]["l4"].count == 2
+    # the prior is the median of the recent per-device values: of two, their geometric mean
+    assert snap.histories[3]["l4"].samples_per_s == pytest.approx(math.sqrt(10.0 * 20.0))
+    assert snap.histories[3]["l4"].count == 2
     assert snap.aggregates[3]["l4"].count == 2
     assert len(pit.measured(d)) == 4
 
@@ -52,3 +57,11 @@ def test_replayed_measured_at_is_what_redis_stores_bit_for_bit() -> None:
     snap = pit.replay(d, later)
     got = [h["l4"].measured_at for h in snap.histories]
     assert got == [epoch_s(end) for end in ends]
+
+
+def test_finish_replays_every_completion_for_its_verdict() -> None:
+    rows = [_row("a", "l4", "2026-01-01T00:00", f"2026-01-01T0{i}:00", 10.0) for i in range(1, 5)]
+    rows.append(_row("a", "l4", "2026-01-01T00:00", "2026-01-01T06:00", 10_000.0))
+    d = pd.DataFrame(rows)
+    assert list(pit.replay(d, d).verdicts) == ["none"] * 5  # all ended after every query
+    assert list(pit.replay(d, d, finish=True).verdicts) == ["accepted"] * 4 + ["lineage"]

@@ -982,6 +982,7 @@ class FleetSimulator:
             ],
             axis=1,
         )
+        merged["quarantine"] = None  # the simulator's telemetry is honest
         return merged[list(DATASET_COLUMNS)]
 
 

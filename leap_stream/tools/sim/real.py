@@ -121,6 +121,7 @@ def load_gavel(table: Literal["simulation", "physical"] = "simulation") -> pd.Da
             "started_at": submitted,
             "ended_at": submitted + pd.Timedelta(hours=1),
             "device_hours": n.astype(float),
+            "quarantine": None,
         }
     )
     return out[list(DATASET_COLUMNS)]

@@ -1,0 +1,314 @@
+"""Telemetry a hostile or sloppy producer sends, against the running worker (issue #16).
+
+Each case reproduced on the release before the guard: a ×1000 completion became the prior at
+once; a completion dated next year stayed "newest" for a year; submissions dated year 1, 1677,
+1996 or 2263 were ranked; a completion naming another lineage wrote that lineage's history; an
+orphan wrote history; an aborted transaction's completion was applied; a Redis evicting keys
+was used in silence. Every message sent has exactly one outcome here, and it is counted.
+"""
+
+from __future__ import annotations
+
+import copy
+import glob
+import math
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from _stack import Feeder, Stack, dead_letters
+
+from leap_stream.contracts.timestamps import format_ts
+from leap_stream.store.offline import read_dataset
+from leap_stream.store.online import OnlineStore, connect
+from leap_stream.stream.client import RankingsClient
+from leap_stream.stream.kafka import KafkaClients
+from leap_stream.tools.harness import wait_for
+
+pytestmark = pytest.mark.faults
+
+ROOT = Path(__file__).resolve().parents[2]
+HOUR = 3600.0
+WINDOW = {"LEAP_EVENT_MAX_AGE_S": "2592000", "LEAP_EVENT_MAX_LEAD_S": "3600"}
+
+
+def _example(kind: str, name: str) -> dict[str, Any]:
+    path = sorted(glob.glob(str(ROOT / "schemas" / "examples" / kind / "valid" / f"{name}*")))[0]
+    return dict(orjson.loads(Path(path).read_bytes()))
+
+
+SUB = _example("job-submitted", "llama-70b")
+COMP = _example("job-completed", "llama-70b")  # 64 × h100-sxm, 14.62 samples/s
+
+
+def _sub(i: str, submitted_at: float | str, lineage: str = "lin-t") -> dict[str, Any]:
+    s = copy.deepcopy(SUB)
+    when = submitted_at if isinstance(submitted_at, str) else format_ts(submitted_at)
+    s.update(event_id=f"sub-t-{i}", job_id=f"job-t-{i}", lineage_id=lineage, submitted_at=when)
+    return s
+
+
+def _comp(i: str, ended_at: float, sps: float = 14.62, **over: Any) -> dict[str, Any]:
+    c = copy.deepcopy(COMP)
+    c.update(
+        event_id=f"cmp-t-{i}",
+        job_id=f"job-t-{i}",
+        lineage_id="lin-t",
+        started_at=format_ts(ended_at - HOUR),
+        ended_at=format_ts(ended_at),
+        throughput={"samples_per_s": sps},
+    )
+    c.update(over)
+    return c
+
+
+def _rank_all(stack: Stack, feeder: Feeder, subs: list[dict[str, Any]]) -> None:
+    rankings = RankingsClient(KafkaClients(stack.bootstrap), stack.topics["rank"], keep_all=True)
+    for s in subs:
+        feeder.send(stack.topics["sub"], s["job_id"], orjson.dumps(s))
+    feeder.flush()
+    want = {(s["job_id"], 1) for s in subs}
+
+    def ranked() -> bool:
+        assert stack.alive(), stack.log_tail()
+        rankings.poll(timeout=0.2, max_messages=1000)
+        return want <= set(rankings.latest())
+
+    wait_for("the submissions ranked", ranked, 60)
+    rankings.close()
+
+
+def test_poisoned_untimely_and_stray_telemetry(stack: Stack) -> None:
+    stack.extra_env.update(WINDOW, LEAP_ORPHAN_GRACE_S="3")
+    now = time.time()
+    t = stack.topics
+    honest = [_comp(f"ok{i}", now - 5 * HOUR + i * 60, 14.62 * (1 + 0.02 * i)) for i in range(3)]
+    poison = {
+        "x1000": _comp("x1000", now - 4 * HOUR, 14_620.0),
+        "x1e-6": _comp("x1e-6", now - 4 * HOUR + 60, 14.62e-6),
+        "one device": _comp("one-device", now - 4 * HOUR + 120, num_devices=1),
+    }
+    after = _comp("ok-after", now - 3 * HOUR, 14.9)
+    subs = [_sub(c["job_id"].removeprefix("job-t-"), now - 6 * HOUR) for c in honest]
+    subs += [_sub(c["job_id"].removeprefix("job-t-"), now - 6 * HOUR) for c in poison.values()]
+    subs += [_sub("ok-after", now - 6 * HOUR), _sub("future", now - 6 * HOUR)]
+    subs += [_sub("stray", now - 6 * HOUR)]
+    stack.start()
+    feeder = Feeder(stack.bootstrap)
+    _rank_all(stack, feeder, subs)
+
+    expected: dict[str, str] = {}
+    # submissions outside the window: never ranked
+    for name, when in [
+        ("year 1", "0001-01-01T00:00:00Z"),
+        ("1677", "1677-09-21T00:00:00Z"),
+        ("decades old", "1996-05-01T00:00:00Z"),
+        ("2263", "2263-01-01T00:00:00Z"),
+    ]:
+        s = _sub(f"when-{name.replace(' ', '-')}", when)
+        feeder.send(t["sub"], s["job_id"], orjson.dumps(s), tag=name)
+        expected[name] = "time_out_of_bounds"
+    for c in honest:
+        feeder.send(t["comp"], c["job_id"], orjson.dumps(c))
+    for name, c in poison.items():
+        feeder.send(t["comp"], c["job_id"], orjson.dumps(c), tag=name)
+    feeder.send(t["comp"], after["job_id"], orjson.dumps(after))
+    future = _comp("future", now + 365 * 86_400.0)
+    feeder.send(t["comp"], future["job_id"], orjson.dumps(future), tag="future")
+    expected["future"] = "time_out_of_bounds"
+    stray = _comp("stray", now - 2 * HOUR, lineage_id="lin-someone-else")
+    feeder.send(t["comp"], stray["job_id"], orjson.dumps(stray), tag="stray")
+    expected["stray"] = "completion_mismatch"
+    orphan = _comp("orphan", now - 2 * HOUR, lineage_id="lin-orphan")
+    feeder.send(t["comp"], orphan["job_id"], orjson.dumps(orphan), tag="orphan")
+    expected["orphan"] = "orphan_completion"
+    feeder.flush()
+
+    def all_dead() -> bool:
+        assert stack.alive(), stack.log_tail()
+        return len(dead_letters(stack.bootstrap, t["dlq"])) >= len(expected)
+
+    wait_for("the dead letters", all_dead, 60, every=1.0)
+    dead = dead_letters(stack.bootstrap, t["dlq"])
+    for name, kind in expected.items():
+        assert dead[feeder.placed[name]]["error"]["kind"] == kind, name
+    assert len(dead) == len(expected)
+
+    # the prior is the honest lineage's median; the poison waits as "pending"
+    store = OnlineStore(connect(stack.redis_url), prefix=stack.prefix)
+    hist, _aggs = store.read_batch(["lin-t", "lin-someone-else", "lin-orphan"], [])
+    prior = hist[0]["h100-sxm"]
+    # the median of four: the geometric mean of the middle two (14.9 and 14.62 × 1.02)
+    assert prior.count == 4
+    assert prior.samples_per_s == pytest.approx(math.sqrt(14.9 * 14.62 * 1.02), rel=1e-9)
+    assert hist[1] == {} and hist[2] == {}  # the stray and the orphan wrote no history
+    store.r.close()
+
+    def rows_written() -> bool:
+        return len(read_dataset(stack.tmp / "dataset")) >= 7
+
+    wait_for("the dataset rows", rows_written, 30)
+    frame = read_dataset(stack.tmp / "dataset").set_index("event_id")
+    flags = {eid: frame.loc[eid, "quarantine"] for eid in frame.index}
+    flags = {eid: None if not isinstance(v, str) else v for eid, v in flags.items()}
+    assert flags == {
+        "cmp-t-ok0": None,
+        "cmp-t-ok1": None,
+        "cmp-t-ok2": None,
+        "cmp-t-x1000": "lineage",
+        "cmp-t-x1e-6": "lineage",
+        "cmp-t-one-device": "devices",
+        "cmp-t-ok-after": None,
+    }
+    assert stack.metric("leap_measurements_quarantined", rule="lineage") == 2
+    assert stack.metric("leap_measurements_quarantined", rule="devices") == 1
+    assert stack.metric("leap_dead_letter", topic=t["sub"], kind="time_out_of_bounds") == 4
+    assert stack.metric("leap_dead_letter", topic=t["comp"], kind="time_out_of_bounds") == 1
+    assert stack.stop(signal.SIGTERM) == 0, stack.log_tail()
+    print(
+        f"\n--- telemetry: {len(subs) + 4} submissions, {len(honest) + len(poison) + 4} "
+        f"completions; quarantined {{lineage: 2, devices: 1}}; dead letters "
+        f"{sorted(d['error']['kind'] for d in dead.values())}; prior {prior.samples_per_s:.3f}"
+    )
+
+
+def test_an_aborted_transaction_is_never_applied(stack: Stack) -> None:
+    from confluent_kafka import Producer
+
+    stack.extra_env.update(WINDOW)
+    now = time.time()
+    t = stack.topics
+    stack.start()
+    feeder = Feeder(stack.bootstrap)
+    _rank_all(stack, feeder, [_sub("aborted", now - 2 * HOUR), _sub("kept", now - 2 * HOUR)])
+    tx = Producer({"bootstrap.servers": stack.bootstrap, "transactional.id": f"t-{stack.group}"})
+    tx.init_transactions(30)
+    tx.begin_transaction()
+    aborted = _comp("aborted", now - HOUR, 14_620.0)
+    tx.produce(t["comp"], key=aborted["job_id"].encode(), value=orjson.dumps(aborted))
+    tx.flush(30)
+    tx.abort_transaction(30)
+    tx.begin_transaction()
+    kept = _comp("kept", now - HOUR + 60)
+    tx.produce(t["comp"], key=kept["job_id"].encode(), value=orjson.dumps(kept))
+    tx.commit_transaction(30)
+
+    def kept_written() -> bool:
+        assert stack.alive(), stack.log_tail()
+        frame = read_dataset(stack.tmp / "dataset")
+        return "cmp-t-kept" in set(frame["event_id"])
+
+    wait_for("the committed completion in the dataset", kept_written, 60)
+    time.sleep(2)  # anything of the aborted one would have landed with it
+    frame = read_dataset(stack.tmp / "dataset")
+    assert set(frame["event_id"]) == {"cmp-t-kept"}
+    store = OnlineStore(connect(stack.redis_url), prefix=stack.prefix)
+    assert store.r.exists(store.seen_key("cmp-t-aborted")) == 0
+    [hist], _ = store.read_batch(["lin-t"], [])
+    assert hist["h100-sxm"].count == 1 and hist["h100-sxm"].samples_per_s == pytest.approx(14.62)
+    store.r.close()
+    assert stack.stop(signal.SIGTERM) == 0, stack.log_tail()
+
+
+def test_an_evicting_redis_is_refused_unless_allowed(stack: Stack, tmp_path: Path) -> None:
+    from leap_stream.tools.dev import redis as dev_redis
+    from leap_stream.tools.dev.state import free_port
+
+    port = free_port()
+    binary = dev_redis.find_redis_server(install=False)
+    cmd = dev_redis.redis_command(
+        binary, port, tmp_path, tmp_path / "redis.log", tmp_path / "redis.pid"
+    )
+    proc = subprocess.Popen(cmd)
+    try:
+        url = f"redis://127.0.0.1:{port}/0"
+        wait_for("a private redis", lambda: dev_redis.is_ready(url, timeout=0.2), 10)
+        connect(url).config_set("maxmemory-policy", "allkeys-lru")
+        stack.redis_url = url
+        stack.start("refused")
+        assert stack.proc is not None
+        rc = stack.proc.wait(60)
+        assert rc == 2, stack.log_tail()
+        assert "allkeys-lru" in stack.log_tail() and "LEAP_REDIS_ALLOW_EVICTION" in stack.log_tail()
+        stack.extra_env["LEAP_REDIS_ALLOW_EVICTION"] = "1"
+        stack.start("allowed")
+
+        def exported() -> bool:
+            assert stack.alive(), stack.log_tail()
+            try:
+                return stack.metric("leap_redis_evicted_keys") == 0
+            except Exception:
+                return False
+
+        wait_for("the evictions gauge", exported, 60, every=0.5)
+        assert stack.stop(signal.SIGTERM) == 0, stack.log_tail()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_partitions_added_while_running_reach_the_lag_gauge(stack: Stack) -> None:
+    """Scaling out adds partitions to the input topics; the lag gauge used to stay frozen for
+    5-15 minutes then, with "Unknown partition" warnings every second."""
+    from confluent_kafka.admin import NewPartitions
+
+    stack.extra_env.update(WINDOW)
+    t = stack.topics
+    now = time.time()
+    stack.start()
+    feeder = Feeder(stack.bootstrap)
+    _rank_all(stack, feeder, [_sub("before", now - HOUR)])
+    admin = KafkaClients(stack.bootstrap).admin()
+    before = len(admin.list_topics(t["sub"], timeout=10).topics[t["sub"]].partitions)
+    for fut in admin.create_partitions([NewPartitions(t["sub"], before + 2)]).values():
+        fut.result(30)
+    t0 = time.monotonic()
+
+    def seen() -> bool:
+        assert stack.alive(), stack.log_tail()
+        parts = {
+            labels["partition"]
+            for labels in stack.metric_labels("leap_consumer_lag")
+            if labels.get("topic") == t["sub"]
+        }
+        return str(before + 1) in parts
+
+    wait_for("the new partitions in leap_consumer_lag", seen, 60, every=1.0)
+    took = time.monotonic() - t0
+    # and they are consumed: a submission on a new partition is ranked
+    late = _sub("after", now - HOUR)
+    from confluent_kafka import KafkaException
+
+    fresh = KafkaClients(stack.bootstrap).producer({"topic.metadata.refresh.interval.ms": 1000})
+
+    def produced() -> bool:  # a producer, too, learns of new partitions at a metadata refresh
+        try:
+            fresh.produce(
+                t["sub"],
+                key=late["job_id"].encode(),
+                value=orjson.dumps(late),
+                partition=before + 1,
+            )
+        except KafkaException:
+            fresh.poll(0.5)
+            return False
+        return fresh.flush(30) == 0
+
+    wait_for("a record on a new partition", produced, 60, every=0.5)
+    rankings = RankingsClient(KafkaClients(stack.bootstrap), t["rank"], keep_all=True)
+
+    def ranked() -> bool:
+        rankings.poll(timeout=0.2, max_messages=1000)
+        return (late["job_id"], 1) in rankings.latest()
+
+    wait_for("the submission on a new partition ranked", ranked, 120, every=0.5)
+    ranked_after = time.monotonic() - t0
+    assert stack.stop(signal.SIGTERM) == 0, stack.log_tail()
+    print(
+        f"\n--- added partitions: in the lag gauge after {took:.1f} s, "
+        f"a submission there ranked after {ranked_after:.1f} s"
+    )
