@@ -287,6 +287,29 @@ def test_compose_grafana_provisioning_matches_mounts(compose: dict[str, Any]) ->
     )
 
 
+def test_compose_publishes_on_loopback_with_passwords_from_the_environment(
+    compose: dict[str, Any],
+) -> None:
+    """Kafka's host listener is PLAINTEXT, Redis and Grafana hold the history and dashboards:
+    nothing may listen on another machine's reach, and no password has a default."""
+    published = 0
+    for name, svc in compose["services"].items():
+        for port in svc.get("ports", []):
+            published += 1
+            assert str(port).startswith("127.0.0.1:"), f"{name} publishes {port} on every interface"
+    assert published >= 4
+    redis = compose["services"]["redis"]
+    assert "--requirepass" in " ".join(redis["command"])
+    password = service_env(redis)["REDIS_PASSWORD"]
+    assert password.startswith("${LEAP_REDIS_PASSWORD:?")
+    for name, svc in workers(compose).items():
+        assert service_env(svc)["LEAP_REDIS_PASSWORD"].startswith("${LEAP_REDIS_PASSWORD:?"), name
+        assert service_env(svc)["LEAP_METRICS_ADDR"] == "0.0.0.0"
+        assert not svc.get("ports"), f"{name}: /metrics is for the compose network only"
+    grafana = service_env(compose["services"]["grafana"])
+    assert grafana["GF_SECURITY_ADMIN_PASSWORD"].startswith("${GRAFANA_ADMIN_PASSWORD:?")
+
+
 def test_compose_services_have_healthchecks(compose: dict[str, Any]) -> None:
     for name, svc in compose["services"].items():
         check = svc.get("healthcheck")
@@ -412,9 +435,24 @@ def test_k8s_required_kinds(k8s: list[dict[str, Any]]) -> None:
     kinds = {d["kind"] for d in k8s}
     required = {
         "Namespace", "ConfigMap", "Secret", "Deployment", "Service", "ScaledObject",
-        "TriggerAuthentication", "CronJob", "PersistentVolumeClaim",
+        "TriggerAuthentication", "CronJob", "PersistentVolumeClaim", "NetworkPolicy",
     }  # fmt: skip
     assert required <= kinds, required - kinds
+
+
+def test_k8s_network_policy_admits_only_metrics_to_the_workers(k8s: list[dict[str, Any]]) -> None:
+    policies = [d for d in k8s if d["kind"] == "NetworkPolicy"]
+    deny = [p for p in policies if p["spec"]["podSelector"] == {} and not p["spec"].get("ingress")]
+    assert deny and "Ingress" in deny[0]["spec"]["policyTypes"]  # default deny for every pod
+    allow = [p for p in policies if p["spec"].get("ingress")]
+    worker = one(k8s, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    for p in allow:
+        assert p["spec"]["podSelector"]["matchLabels"].items() <= worker.items()
+        for rule in p["spec"]["ingress"]:
+            assert [port["port"] for port in rule["ports"]] == ["metrics"]
+            assert all("namespaceSelector" in f or "podSelector" in f for f in rule["from"])
+    cm = one(k8s, "ConfigMap")["data"]
+    assert cm["LEAP_METRICS_ADDR"] == "0.0.0.0"  # the pod interface, behind the policy
 
 
 def test_k8s_kustomization_lists_every_manifest() -> None:

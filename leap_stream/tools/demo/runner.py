@@ -11,6 +11,8 @@ output folder), so reruns start clean and never touch the service's defaults. Ti
 
 from __future__ import annotations
 
+import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -79,10 +81,16 @@ def bring_up(mode: str) -> tuple[str, str, str]:
         compose = Path(__file__).resolve().parents[2] / "docker-compose.yml"
         if not compose.exists() or not docker_answers():
             raise RuntimeError("--services docker: no Docker engine or no docker-compose.yml")
+        # the compose file takes its passwords from the environment and has no defaults
+        env = dict(os.environ)
+        password = env.setdefault("LEAP_REDIS_PASSWORD", secrets.token_hex(16))
+        env.setdefault("GRAFANA_ADMIN_PASSWORD", secrets.token_hex(12))
         subprocess.run(
-            ["docker", "compose", "-f", str(compose), "up", "-d", "kafka", "redis"], check=True
+            ["docker", "compose", "-f", str(compose), "up", "-d", "kafka", "redis"],
+            check=True,
+            env=env,
         )
-        bootstrap, url = "localhost:29092", "redis://localhost:6379/0"
+        bootstrap, url = "localhost:29092", f"redis://:{password}@localhost:6379/0"
         wait_for("Kafka (docker)", lambda: kafka.is_ready(bootstrap), 120, 1.0)
         wait_for("Redis (docker)", lambda: redis.is_ready(url), 60, 1.0)
         return bootstrap, url, f"docker compose -f {compose} stop kafka redis"
