@@ -439,6 +439,12 @@ class Settings:
         "Longest time rows wait in the dataset buffer.",
         _float(0, above=True),
     )
+    dataset_max_pending_rows: int = _setting(
+        "LEAP_DATASET_MAX_PENDING_ROWS",
+        "200000",
+        "Rows held while the dataset sink fails before the completions agent stops taking new batches and waits for it (the history keeps updating until then; nothing is acked unwritten).",
+        _int(1),
+    )
     commit_interval_s: float = _setting(
         "LEAP_COMMIT_INTERVAL_S",
         "1.0",

@@ -33,6 +33,7 @@ from leap_stream.contracts import DeadLetter, HardwareRanking
 from leap_stream.settings import Settings
 from leap_stream.stream.acks import OrderedAcks
 from leap_stream.stream.batch import (
+    Backoff,
     CompletionBatchResult,
     CompletionProcessor,
     Record,
@@ -312,6 +313,7 @@ class CompletionsAgent:
             lambda e: e.message.tp, lambda e: e.message.offset, lambda e: e.ack()
         )
         self.stopping = threading.Event()
+        self.sink_backoff = Backoff(base_s=0.5, cap_s=30.0)
         self.retry = Retry(
             lambda: bool(app.should_stop),
             self.stopping.wait,
@@ -420,7 +422,14 @@ class CompletionsAgent:
         pending.waiting = still
 
     async def _flush_locked(self, force: bool) -> None:
-        """Dataset write when due, then ack (in offset order, through the gate). Holds the lock."""
+        """Dataset write when due, then ack (in offset order, through the gate). Holds the lock.
+
+        A failing sink (full or read-only folder, lost mount) does not stop the history: the
+        write is tried once per backoff step, the rows and their events stay pending (unacked,
+        so nothing is lost) and the next batches are applied meanwhile. Only when
+        ``LEAP_DATASET_MAX_PENDING_ROWS`` are held, or at a stop or rebalance, does the agent
+        wait for the sink, retrying, as it must not hold more or commit past what is unwritten.
+        """
         await self._resolve_waiting()
         pending, deps = self.pending, self.deps
         if pending.events:
@@ -429,8 +438,14 @@ class CompletionsAgent:
             if force or due or age >= deps.cfg.dataset_flush_s:
                 rows = list(pending.rows.values())
                 if rows:
-                    await self._step("dataset", deps.dataset_append, rows)
+                    held = len(rows) >= deps.cfg.dataset_max_pending_rows
+                    if force or held:
+                        await self._step("dataset", self._append_counted, rows)
+                    elif not await self._try_append(rows):
+                        deps.metrics.dataset_pending_rows.set(len(rows))
+                        return
                     deps.metrics.dataset_rows_written.inc(len(rows))
+                deps.metrics.dataset_pending_rows.set(0)
                 self.gate.done(pending.events)
                 pending.events, pending.rows, pending.since = [], {}, None
                 deps.stats["dataset_rows"] = deps.stats.get("dataset_rows", 0) + len(rows)
@@ -441,6 +456,34 @@ class CompletionsAgent:
             left = self.gate.forget()
             if left:
                 log.warning("%d completion events left uncommitted; redelivered later", len(left))
+
+    def _append_counted(self, rows: list[dict[str, Any]]) -> object:
+        try:
+            out = self.deps.dataset_append(rows)
+        except Exception:
+            self.deps.metrics.dataset_write_failures.inc()
+            raise
+        self.sink_backoff.succeeded()
+        return out
+
+    async def _try_append(self, rows: list[dict[str, Any]]) -> bool:
+        """One attempt at the dataset write, unless the sink's backoff says not yet."""
+        if not self.sink_backoff.ready():
+            return False
+        try:
+            await asyncio.get_running_loop().run_in_executor(self.pool, self._append_counted, rows)
+        except Exception as exc:
+            delay = self.sink_backoff.failed()
+            log.warning(
+                "dataset write failed (%s: %s); %d rows held, history updates go on; "
+                "retrying in %.1fs",
+                type(exc).__name__,
+                exc,
+                len(rows),
+                delay,
+            )
+            return False
+        return True
 
     async def flush(self, force: bool) -> None:
         async with self.pending.lock:

@@ -109,6 +109,16 @@ class Metrics:
         self.dataset_rows_written = Counter(
             "leap_dataset_rows_written", "Rows made durable in the dataset.", registry=r
         )
+        self.dataset_write_failures = Counter(
+            "leap_dataset_write_failures",
+            "Dataset writes that failed (rows kept, unacked, retried; history updates go on).",
+            registry=r,
+        )
+        self.dataset_pending_rows = Gauge(
+            "leap_dataset_pending_rows",
+            "Rows waiting for the dataset sink (their completions are not committed yet).",
+            registry=r,
+        )
         self.consumer_replaced = Counter(
             "leap_consumer_replaced",
             "Submissions consumers replaced because their group did not settle in LEAP_CONSUMER_STALL_S.",

@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 from _stack import Feeder, Fleet, Stack, check_nothing_lost, dead_letters, feed, fleet
 
+from leap_stream.core.history import HistoryBook
+from leap_stream.store.online import OnlineStore, connect
 from leap_stream.stream.client import RankingsClient
 from leap_stream.stream.kafka import KafkaClients
 from leap_stream.stream.lag import LagReader, total_lag, worker_groups
@@ -357,3 +359,64 @@ def test_broker_frozen_mid_run(
     finally:
         if stack.alive():
             stack.stop(signal.SIGKILL)
+
+
+def test_dataset_sink_down_does_not_stop_the_history(stack: Stack) -> None:
+    """A full, read-only or lost dataset folder used to stop the Redis history updates too
+    (the completions agent waited on the write), so priors froze. Now the history goes on, the
+    rows wait unacked, the outage is counted, and when the sink is back every completion is in
+    the dataset once."""
+    fl = fleet(seed=43, rate=3000)
+    t = stack.topics
+    dataset = stack.tmp / "dataset"
+    dataset.mkdir(parents=True, exist_ok=True)
+    first, second = fl.comps[: len(fl.comps) // 3], fl.comps[len(fl.comps) // 3 :]
+    feeder = Feeder(stack.bootstrap)
+    feed(feeder, stack, fl.subs, first)
+    rankings = RankingsClient(KafkaClients(stack.bootstrap), t["rank"], keep_all=True)
+    lag = LagReader(KafkaClients(stack.bootstrap), worker_groups(stack.group, t["sub"], t["comp"]))
+    stack.start()
+    _run_until_caught_up(stack, rankings, lag, timeout=120)
+    store = OnlineStore(connect(stack.redis_url), prefix=stack.prefix)
+
+    def measured() -> int:
+        ids = sorted({c["lineage_id"] for c in fl.comps})
+        hist, _ = store.read_batch(ids, [])
+        return sum(m.count for h in hist for m in h.values())
+
+    before = measured()
+    # the folder is gone and a file stands in its way: every write fails (root ignores modes)
+    dataset.rename(stack.tmp / "dataset.away")
+    dataset.write_text("not a folder")
+    t_down = time.monotonic()
+    feed(feeder, stack, [], second[: len(second) // 2])
+    time.sleep(3)  # past LEAP_DATASET_FLUSH_S: a write has been tried and has failed
+    feed(feeder, stack, [], second[len(second) // 2 :])
+
+    book = HistoryBook()
+    for c in fl.comps:
+        book.apply_completion(c)
+    everything = sum(m.count for x in book.lineage_ids for m in book.lineage(x).values())
+
+    def history_complete() -> bool:  # every batch applied, not only the one in hand
+        assert stack.alive(), stack.log_tail()
+        return measured() == everything and stack.metric("leap_dataset_write_failures") > 0
+
+    wait_for("all history applied while the sink fails", history_complete, 60, every=0.5)
+    held = stack.metric("leap_dataset_pending_rows")
+    assert held > 0
+    assert total_lag(lag.read()) > 0  # the completions stay uncommitted meanwhile
+    dataset.unlink()
+    (stack.tmp / "dataset.away").rename(dataset)
+    down_s = time.monotonic() - t_down
+    _run_until_caught_up(stack, rankings, lag, timeout=120)
+    failures = stack.metric("leap_dataset_write_failures")
+    figures, _repeats = _stop_and_check(stack, fl, rankings)
+    store.r.close()
+    print(
+        f"\n--- dataset sink down {down_s:.1f}s: {fl.events} events; history went from "
+        f"{before} to all {everything} measurements meanwhile; {held:.0f} rows held; "
+        f"leap_dataset_write_failures_total {failures:.0f}; lost 0; "
+        f"{figures['dataset_rows']} dataset rows"
+    )
+    rankings.close()
