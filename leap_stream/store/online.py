@@ -315,6 +315,25 @@ def decode_submission(raw: bytes | str | None) -> dict[str, Any] | None:
     return None
 
 
+Prediction = tuple[str, int, bytes]  # (job_id, attempt, encode_predictions(...))
+ANCHORS = ("self", "transfer", "model")
+
+
+def encode_predictions(entries: Iterable[tuple[str, float, str]]) -> bytes:
+    """A ranking's per-device predictions by hardware type and anchor kind, for the online
+    accuracy when the completion comes: ``[[hw, per-device samples/s, anchor], ...]``."""
+    return orjson.dumps([[hw, v, a] for hw, v, a in entries])
+
+
+def decode_predictions(raw: bytes | str) -> dict[str, tuple[float, str]]:
+    """hw -> (per-device prediction, anchor); empty when unreadable (the metric skips it)."""
+    try:
+        value = orjson.loads(raw)
+        return {str(hw): (float(v), str(a)) for hw, v, a in value}
+    except (orjson.JSONDecodeError, TypeError, ValueError):
+        return {}
+
+
 def connect(
     url: str, *, password: str = "", timeout_s: float = 1.0, retries: int = 2
 ) -> redis.Redis:
@@ -393,6 +412,9 @@ class OnlineStore:
 
     def sub_key(self, job_id: str, attempt: int) -> str:
         return f"{self.prefix}sub:{job_id}:{attempt}"
+
+    def pred_key(self, job_id: str, attempt: int) -> str:
+        return f"{self.prefix}pred:{job_id}:{attempt}"
 
     # --- plumbing
     def _guard(self, op: str, fn: Callable[[], T]) -> T:
@@ -480,6 +502,7 @@ class OnlineStore:
         lineage_ids: Sequence[str],
         types: Sequence[str],
         remember: Sequence[dict[str, Any]],
+        predictions: Sequence[Prediction] = (),
     ) -> tuple[list[LineageHistory], dict[str, TypeAggregates]]:
         """One EVALSHA: every HGETALL and every SET of the batch (it beat a pipeline of
         HGETALLs, docs/stores.md)."""
@@ -487,6 +510,8 @@ class OnlineStore:
         n_read = len(keys)
         keys += [self.sub_key(f["job_id"], f["attempt"]) for f in remember]
         values = [encode_submission(f) for f in remember]
+        keys += [self.pred_key(job, attempt) for job, attempt, _v in predictions]
+        values += [value for _j, _a, value in predictions]
 
         def build(p: Any) -> None:
             p.evalsha(self._read_sha, len(keys), *keys, n_read, self.submission_ttl_s, *values)
@@ -507,13 +532,25 @@ class OnlineStore:
             self._execute("remember", lambda p: self._queue_remember(p, fields))
 
     def read_and_remember(
-        self, submissions: Sequence[JobSubmitted]
+        self, submissions: Sequence[JobSubmitted], predictions: Sequence[Prediction] = ()
     ) -> tuple[list[LineageHistory], dict[str, TypeAggregates]]:
-        """The submissions hot path: history reads and submission SETs in one round trip."""
+        """The submissions hot path: history reads and submission SETs in one round trip, and
+        the ``predictions`` of an earlier batch riding along (`encode_predictions`)."""
         fields = [submission_fields(s) for s in submissions]
         lineage_ids = [f["lineage_id"] for f in fields]
         types = _unique(f["model_type"] for f in fields)
-        return self._read(lineage_ids, types, fields)
+        return self._read(lineage_ids, types, fields, predictions)
+
+    def remember_predictions(self, predictions: Sequence[Prediction]) -> None:
+        """The predictions no submission batch carried (the loop was idle)."""
+        if predictions:
+            ttl = self.submission_ttl_s
+
+            def build(pipe: Any) -> None:
+                for job, attempt, value in predictions:
+                    pipe.set(self.pred_key(job, attempt), value, ex=ttl)
+
+            self._execute("remember", build)
 
     def fetch_submissions(self, keys: Sequence[tuple[str, int]]) -> list[dict[str, Any] | None]:
         """Stored submission fields for (job_id, attempt) pairs; None when unknown or expired."""
@@ -591,17 +628,24 @@ class OnlineStore:
     def apply_and_fetch(
         self, completions: Sequence[JobCompleted]
     ) -> tuple[list[ApplyResult], list[dict[str, Any] | None]]:
-        """The completions hot path: `apply_completions` and `fetch_submissions` in one round trip."""
+        """The completions hot path: `apply_completions` and `fetch_submissions` in one round
+        trip; each submission carries the ranking's predictions under ``_predictions`` when
+        they were stored (`decode_predictions`)."""
         if not completions:
             return [], []
-        names = [self.sub_key(c["job_id"], int(c["attempt"])) for c in completions]
+        keys = [(c["job_id"], int(c["attempt"])) for c in completions]
+        names = [self.sub_key(j, a) for j, a in keys] + [self.pred_key(j, a) for j, a in keys]
 
         def build(p: Any) -> None:
             self._queue_apply(p, completions, not self.allow_orphans)
             p.mget(names)
 
         results = self._execute("apply", build)
-        subs = [decode_submission(v) for v in results[-1]]
+        got = results[-1]
+        subs = [decode_submission(v) for v in got[: len(keys)]]
+        for sub, raw in zip(subs, got[len(keys) :], strict=True):
+            if sub is not None and raw is not None:
+                sub["_predictions"] = decode_predictions(raw)
         return self._apply_results(results[:-1], completions), subs
 
     def rebuild_history(
@@ -678,5 +722,7 @@ __all__ = [
     "OnlineStoreUnavailable",
     "connect",
     "decode_measurement",
+    "decode_predictions",
+    "encode_predictions",
     "eviction_problem",
 ]

@@ -270,6 +270,7 @@ def count_applied(m: Metrics, res: CompletionBatchResult) -> None:
     m.completions_duplicate.inc(res.duplicates)
     for rule, n in res.quarantined.items():
         m.quarantined.labels(rule=rule).inc(n)
+    m.observe_online(res.online)
 
 
 def observe_submissions(

@@ -37,6 +37,7 @@ from leap_stream.contracts import (
 )
 from leap_stream.core.history import LineageHistory, TypeAggregates
 from leap_stream.store.offline import flatten
+from leap_stream.store.online import Prediction, encode_predictions
 
 log = logging.getLogger(__name__)
 
@@ -64,10 +65,12 @@ def store_failed(exc: BaseException) -> bool:
 
 class SubmissionStore(Protocol):
     def read_and_remember(
-        self, submissions: Sequence[JobSubmitted]
+        self, submissions: Sequence[JobSubmitted], predictions: Sequence[Prediction] = ()
     ) -> tuple[list[LineageHistory], dict[str, TypeAggregates]]: ...
 
     def remember_submissions(self, submissions: Sequence[JobSubmitted]) -> None: ...
+
+    def remember_predictions(self, predictions: Sequence[Prediction]) -> None: ...
 
 
 class CompletionStore(Protocol):
@@ -198,6 +201,10 @@ class SubmissionProcessor:
         # Submissions whose SET failed while Redis was down; written when it is back so their
         # completions can still be joined for the dataset. Bounded: oldest dropped first.
         self.pending_remember: list[JobSubmitted] = []
+        # The model's predictions of the last batch, for the online accuracy: they ride along
+        # with the next batch's round trip (or `flush_predictions` when idle). Not durable: a
+        # crash loses one batch's worth from the metric, never a ranking.
+        self.pending_predictions: list[Prediction] = []
 
     def process(self, records: Sequence[Record], now: datetime) -> SubmissionBatchResult:
         # Coverage first (lead's decision): unknown candidates do not reject a submission, the
@@ -234,7 +241,8 @@ class SubmissionProcessor:
                     self.store.remember_submissions(self.pending_remember)
                     self.pending_remember = []
                     out.flushed_pending = True
-                got, aggregates = self.store.read_and_remember(subs)
+                got, aggregates = self.store.read_and_remember(subs, self.pending_predictions)
+                self.pending_predictions = []
                 histories = list(got)
                 self.backoff.succeeded()
             except Exception as exc:
@@ -265,7 +273,48 @@ class SubmissionProcessor:
                     out.dead_letters.append(
                         _dead_letter(rec, "internal", f"ranking failed: {exc!r}", now)
                     )
+        by_job = {
+            (s["job_id"], s["attempt"]): h or {} for s, h in zip(subs, histories, strict=True)
+        }
+        self._keep_predictions(out.rankings, by_job)
         return out
+
+    def _keep_predictions(
+        self,
+        rankings: Sequence[HardwareRanking],
+        by_job: Mapping[tuple[str, int], LineageHistory],
+    ) -> None:
+        """What the model predicted per candidate and from which anchor (self: the lineage ran
+        on it; transfer: on another type; model: never ran), for the completion to compare."""
+        for r in rankings:
+            if r["source"] != "model" or not r["candidates"]:
+                continue
+            hist = by_job.get((r["job_id"], r["attempt"]), {})
+            entries = [
+                (
+                    c["hardware_type"],
+                    c["predicted_throughput"] / c["num_devices"],
+                    "self" if c["hardware_type"] in hist else "transfer" if hist else "model",
+                )
+                for c in r["candidates"]
+            ]
+            self.pending_predictions.append(
+                (r["job_id"], int(r["attempt"]), encode_predictions(entries))
+            )
+        overflow = len(self.pending_predictions) - self.MAX_PENDING_REMEMBER
+        if overflow > 0:
+            del self.pending_predictions[:overflow]
+
+    def flush_predictions(self) -> None:
+        """Write the last batch's predictions when no batch follows to carry them."""
+        if not self.pending_predictions or not self.backoff.ready():
+            return
+        try:
+            self.store.remember_predictions(self.pending_predictions)
+        except Exception as exc:
+            log.debug("predictions not stored yet (%r)", exc)
+            return
+        self.pending_predictions = []
 
     def flush_pending(self) -> bool:
         """Write the submissions kept while Redis was down; True when none is left.
@@ -310,6 +359,9 @@ class CompletionBatchResult:
     orphans: int = 0
     mismatches: int = 0
     quarantined: Counter[str] = field(default_factory=Counter)  # by rule, new ones only
+    # (hardware type, anchor, predicted / measured per-device - 1) where the model ranked the
+    # job and the completion's measurement was accepted: the online accuracy
+    online: list[tuple[str, str, float]] = field(default_factory=list)
     # (index in the batch, completion) whose submission is not known yet: the caller retries
     # with `join_waiting` before giving up (only when process(wait_for_join=True))
     waiting: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
@@ -398,6 +450,8 @@ class CompletionProcessor:
                 out.measured += int(res.measured)
                 if res.quarantine is not None:
                     out.quarantined[res.quarantine] += 1
+                if res.measured:
+                    self._score(sub, comp, out)
             else:
                 out.duplicates += 1
             try:
@@ -406,6 +460,17 @@ class CompletionProcessor:
                 dl = _dead_letter(rec, "internal", f"dataset row failed: {exc!r}", now)
                 decided.append((item, "dead", dl))
         return decided
+
+    @staticmethod
+    def _score(sub: Mapping[str, Any], comp: Mapping[str, Any], out: CompletionBatchResult) -> None:
+        """The ranking's prediction on the hardware the job ran on, against what it measured."""
+        predicted = (sub.get("_predictions") or {}).get(comp["hardware_type"])
+        sps = (comp.get("throughput") or {}).get("samples_per_s")
+        if predicted is None or not sps:
+            return
+        per_device, anchor = predicted
+        actual = float(sps) / int(comp["num_devices"])
+        out.online.append((comp["hardware_type"], anchor, per_device / actual - 1.0))
 
     @staticmethod
     def orphan(rec: Record, comp: Mapping[str, Any], now: datetime, applied: bool) -> DeadLetter:

@@ -6,10 +6,13 @@ as many as they like without clashing on the global default registry.
 
 from __future__ import annotations
 
+import math
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _BATCH_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_ERROR_BUCKETS = (0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5, 2.5)
 _SIZE_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000)
 
 
@@ -106,6 +109,25 @@ class Metrics:
             ["rule"],
             registry=r,
         )
+        self.online_predictions = Counter(
+            "leap_online_predictions",
+            "Completions compared with the model's ranking on the hardware the job ran on.",
+            ["hardware_type", "anchor"],
+            registry=r,
+        )
+        self.online_within_10pct = Counter(
+            "leap_online_within_10pct",
+            "Of those, predictions within ±10 % of the measured throughput.",
+            ["hardware_type", "anchor"],
+            registry=r,
+        )
+        self.online_abs_log_error = Histogram(
+            "leap_online_abs_log_error",
+            "|log(predicted / measured)| per device on the hardware the job ran on.",
+            ["anchor"],
+            buckets=_ERROR_BUCKETS,
+            registry=r,
+        )
         self.dataset_rows_written = Counter(
             "leap_dataset_rows_written", "Rows made durable in the dataset.", registry=r
         )
@@ -130,6 +152,14 @@ class Metrics:
         self._valid_submissions = 0
         self._covered = 0
         self._model_version: str | None = None
+
+    def observe_online(self, scored: list[tuple[str, str, float]]) -> None:
+        """The online accuracy: per compared completion, (hardware, anchor, relative error)."""
+        for hw, anchor, rel in scored:
+            self.online_predictions.labels(hardware_type=hw, anchor=anchor).inc()
+            if abs(rel) <= 0.10:
+                self.online_within_10pct.labels(hardware_type=hw, anchor=anchor).inc()
+            self.online_abs_log_error.labels(anchor=anchor).observe(abs(math.log1p(rel)))
 
     def observe_coverage(self, valid: int, covered: int) -> None:
         self._valid_submissions += valid

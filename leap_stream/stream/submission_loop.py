@@ -232,10 +232,12 @@ class SubmissionLoop:
         self.on_batch(records, res, time.perf_counter() - t0)
 
     def _idle(self) -> None:
-        """Redis back but no submission came to write what it missed (see flush_pending)."""
+        """Redis back but no submission came to write what it missed (see flush_pending); and
+        the last batch's predictions, which no next batch carried."""
         if self._acks.held and self.processor.flush_pending():
             self._acks.release()
             self._store()
+        self.processor.flush_predictions()
 
     def _until_done(self, what: str, fn: Callable[..., T], *args: Any) -> T:
         """`Retry.run`; giving up at a stop marks the loop unfinished (nothing more committed)."""

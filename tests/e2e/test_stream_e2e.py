@@ -339,6 +339,11 @@ def test_worker_end_to_end(stack: Stack) -> None:
     assert total("leap_completions_duplicate") == 1
     assert total("leap_dead_letter") == len(placed)
     assert total("leap_rankings_out") >= len(subs)
+    # the online accuracy: completions of the jobs the model ranked (windows 2 and 3) were
+    # compared with the prediction on the hardware they ran on
+    compared = total("leap_online_predictions")
+    assert 0 < compared <= sum(r["source"] == "model" for r in latest.values())
+    assert 0 < total("leap_online_within_10pct") <= compared
     wait_for(
         "lag gauge at 0",
         lambda: all(

@@ -339,3 +339,52 @@ def test_output_producer_unreachable_broker_fails_within_timeout() -> None:
         out.flush()
     assert out.resets == 1
     out.close(0)
+
+
+def test_online_accuracy_compares_the_ranking_with_the_measurement(
+    redis_url: str, redis_prefix: str, redis_client: Any
+) -> None:
+    """What the model predicted on the hardware a job ran on, against what it measured: the
+    predictions ride with the next Redis round trip (or the idle flush) and come back with the
+    completion's submission."""
+    from leap_stream.train.trainer import fit, training_rows
+
+    sim = _sim()
+    catalog = load_catalog()
+    ranker = Ranker(
+        catalog,
+        model=fit(training_rows(sim.dataset), num_rounds=20),
+        lookup=LookupTable.fit(sim.dataset),
+    )
+    store = OnlineStore(connect(redis_url), prefix=redis_prefix)
+    known = set(catalog.types)
+    sp = SubmissionProcessor(store, lambda: ranker, max_bytes=MAX, known_hardware=known)
+    cp = CompletionProcessor(store, max_bytes=MAX, known_hardware=known)
+    subs = submission_events(sim.submissions)[:80]
+    res = sp.process(_records("subs", subs), NOW)
+    by_job = {(r["job_id"], r["attempt"]): r for r in res.rankings if r["source"] == "model"}
+    assert by_job and len(sp.pending_predictions) == len(by_job)
+    sp.flush_predictions()  # no next batch: the idle flush writes them
+    assert not sp.pending_predictions
+    keys = {(s["job_id"], s["attempt"]) for s in subs}
+    comps = [
+        c
+        for c in completion_events(completions_in_arrival_order(sim.completions))
+        if (c["job_id"], c["attempt"]) in keys
+    ]
+    cres = cp.process(_records("comps", comps), NOW)
+    want = []
+    for c in comps:
+        r = by_job.get((c["job_id"], c["attempt"]))
+        sps = (c.get("throughput") or {}).get("samples_per_s")
+        ran = [
+            x
+            for x in (r or {"candidates": []})["candidates"]
+            if x["hardware_type"] == c["hardware_type"]
+        ]
+        if ran and sps:
+            per_device = ran[0]["predicted_throughput"] / ran[0]["num_devices"]
+            want.append(per_device / (sps / c["num_devices"]) - 1.0)
+    assert want, "no completion of a model-ranked job measured"
+    assert sorted(e for _h, _a, e in cres.online) == pytest.approx(sorted(want))
+    assert {a for _h, a, _e in cres.online} <= {"self", "transfer", "model"}

@@ -66,16 +66,21 @@ class SwitchableStore:
         self.down = False
 
     def read_and_remember(
-        self, submissions: Sequence[Any]
+        self, submissions: Sequence[Any], predictions: Sequence[Any] = ()
     ) -> tuple[list[LineageHistory], dict[str, TypeAggregates]]:
         if self.down:
             raise OnlineStoreUnavailable("switched off by the test")
-        return self.store.read_and_remember(submissions)
+        return self.store.read_and_remember(submissions, predictions)
 
     def remember_submissions(self, submissions: Sequence[Any]) -> None:
         if self.down:
             raise OnlineStoreUnavailable("switched off by the test")
         self.store.remember_submissions(submissions)
+
+    def remember_predictions(self, predictions: Sequence[Any]) -> None:
+        if self.down:
+            raise OnlineStoreUnavailable("switched off by the test")
+        self.store.remember_predictions(predictions)
 
 
 class Published:

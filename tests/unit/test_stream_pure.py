@@ -138,7 +138,7 @@ def test_decode_records_too_large_and_unknown_hardware() -> None:
 def _design_metric_names() -> list[str]:
     text = (ROOT / "docs" / "design.md").read_text()
     block = text.split("## Metrics", 1)[1].split("```", 2)[1]
-    return [m.group(1) for m in re.finditer(r"^(leap_[a-z_]+)", block, re.M)]
+    return [m.group(1) for m in re.finditer(r"^(leap_[a-z0-9_]+)", block, re.M)]
 
 
 def test_metrics_names_are_exactly_the_design_contract() -> None:
@@ -156,6 +156,7 @@ def test_metrics_names_are_exactly_the_design_contract() -> None:
     m.consumer_lag.labels(topic="t", partition="0").set(4)
     m.consumer_lag_seconds.labels(topic="t", partition="0").set(1.5)
     m.quarantined.labels(rule="lineage").inc()
+    m.observe_online([("h100-sxm", "self", 0.05), ("h100-sxm", "transfer", -0.3)])
     m.redis_evicted_keys.set(0)
     m.set_model("v1", 0.0, 10.0)
     exported = {
