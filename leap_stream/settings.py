@@ -315,6 +315,11 @@ class Settings:
         "Training dataset (Parquet, partitioned by day). Empty: $LEAP_HOME/dataset.",
         _path,
     )
+    catalog_file: str = _setting(
+        "LEAP_CATALOG_FILE",
+        "",
+        "Hardware catalog (JSON, schemas/hardware-catalog.schema.json); the worker reloads it when it changes (checked with the model poll), a bad edit keeps the previous one. Empty: the packaged catalog.",
+    )
     registry_dir: Path = _setting(
         "LEAP_REGISTRY_DIR",
         "",

@@ -156,6 +156,42 @@ def load_catalog(path: Path | None = None) -> HardwareCatalog:
     return HardwareCatalog.from_dict(orjson.loads(Path(path).read_bytes()))
 
 
+class CatalogFile:
+    """A catalog file the worker hot-reloads: `poll()` returns the new catalog when the file
+    changed (one stat per call) and loads cleanly; a bad edit raises `CatalogError` and the
+    caller keeps the catalog it has. No path: the packaged catalog, which never changes."""
+
+    def __init__(self, path: str | Path | None) -> None:
+        self.path = Path(path) if path else None
+        self._token: tuple[int, int, int] | None = None
+
+    def _stat(self) -> tuple[int, int, int] | None:
+        if self.path is None:
+            return None
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            return None
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+    def load(self) -> HardwareCatalog:
+        """The catalog now (at start: a missing or bad file is an error, not a fallback)."""
+        self._token = self._stat()
+        if self.path is None:
+            return _default_catalog()
+        try:
+            return load_catalog(self.path)
+        except (OSError, orjson.JSONDecodeError) as exc:
+            raise CatalogError(f"{self.path}: {exc}") from exc
+
+    def poll(self) -> HardwareCatalog | None:
+        """The new catalog when the file changed since the last load or poll, else None."""
+        token = self._stat()
+        if self.path is None or token == self._token or token is None:
+            return None
+        return self.load()
+
+
 def load_reference_catalog() -> HardwareCatalog:
     """The fleet catalog with the reference parts of public benchmark tables added."""
     return _default_catalog().merged(_reference_catalog())
@@ -176,6 +212,7 @@ __all__ = [
     "NUMERIC_COLUMNS",
     "REFERENCE_PATH",
     "CatalogError",
+    "CatalogFile",
     "HardwareCatalog",
     "HardwareSpec",
     "load_catalog",

@@ -8,7 +8,7 @@ against the simulator's truth); `rank_batch` formats them as `hardware-ranking` 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
@@ -107,6 +107,11 @@ class Ranker:
         self.model = model
         self.lookup = lookup
         self._known = self._spec_arrays.code  # type ids of the catalog (a dict: `in` is a lookup)
+
+    @property
+    def known_types(self) -> Container[str]:
+        """The hardware types this ranker can offer (its catalog's)."""
+        return self._known
 
     def score_batch(
         self,

@@ -110,8 +110,9 @@ def decode_measurement(v: Sequence[Any]) -> Measurement:
 # One call applies many completions in arrival order, with the rules of core.history (judge,
 # apply_measurement, apply_aggregate). Global ARGV: alpha, dedup TTL, history TTL, recent window,
 # lineage and aggregate limits (log space), aggregate min count, whether a completion without a
-# stored submission still counts ('1'), and where lineage_id / model_type / num_devices sit
-# in a stored submission array. Per event: KEYS seen, lin, agg, sub; ARGV measured flag, hardware,
+# stored submission still counts ('1'), and where lineage_id / model_type / num_devices /
+# candidate_hardware sit in a stored submission array. A completion that names another lineage
+# or model type, or hardware its submission did not list as a candidate, is a mismatch. Per event: KEYS seen, lin, agg, sub; ARGV measured flag, hardware,
 # num_devices, measured_at, log(samples_per_s/num_devices) (computed in Python so both sides use
 # the same libm), lineage_id, model_type. Floats leave as %.17g: exact round trip.
 # A stored submission gives the device count the job asked for (the `devices` rule).
@@ -132,7 +133,8 @@ local orphans = ARGV[8] == '1'
 local li = tonumber(ARGV[9])
 local mi = tonumber(ARGV[10])
 local di = tonumber(ARGV[11])
-local G = 11
+local ci = tonumber(ARGV[12])
+local G = 12
 local function median(r)
   local s = {}
   for j = 1, #r do s[j] = r[j][2] end
@@ -180,7 +182,11 @@ for i = 0, n - 1 do
     local sub = redis.call('GET', KEYS[k+4])
     if sub then
       local s = cjson.decode(sub)
-      if s[li] ~= ARGV[a+5] or s[mi] ~= ARGV[a+6] then code = 7 end
+      if s[li] ~= ARGV[a+5] or s[mi] ~= ARGV[a+6] then
+        code = 7
+      elseif not string.find('|' .. s[ci] .. '|', '|' .. ARGV[a+1] .. '|', 1, true) then
+        code = 7
+      end
       snd = tonumber(s[di])
     elseif not orphans then
       code = 8
@@ -290,6 +296,7 @@ _SUB_FORMAT = 1  # first element of a stored submission: the column list it was 
 _SUB_LINEAGE = SUBMISSION_COLUMNS.index("lineage_id") + 2
 _SUB_MODEL_TYPE = SUBMISSION_COLUMNS.index("model_type") + 2
 _SUB_DEVICES = SUBMISSION_COLUMNS.index("num_devices") + 2
+_SUB_CANDIDATES = SUBMISSION_COLUMNS.index("candidate_hardware") + 2  # '|'-joined
 
 
 def encode_submission(fields: Mapping[str, Any]) -> bytes:
@@ -575,6 +582,7 @@ class OnlineStore:
             _SUB_LINEAGE,
             _SUB_MODEL_TYPE,
             _SUB_DEVICES,
+            _SUB_CANDIDATES,
         ]
 
     def _queue_apply(

@@ -82,6 +82,9 @@ class CompletionStore(Protocol):
 
 
 class BatchRanker(Protocol):
+    @property
+    def known_types(self) -> Container[str]: ...
+
     def rank_batch(
         self,
         submissions: Sequence[JobSubmitted],
@@ -218,7 +221,8 @@ class SubmissionProcessor:
             known_hardware=None,
             window=self.window,
         )
-        known = self.known_hardware
+        ranker = self._ranker()  # once per batch: the hot-reload holder's current ranker
+        known = self.known_hardware if self.known_hardware is not None else ranker.known_types
         if known is not None:
             kept = []
             for rec, ev in good:
@@ -259,7 +263,6 @@ class SubmissionProcessor:
             self._keep_for_later(subs)
         out.history_available = out.redis_error is None
         out.remembered = out.history_available
-        ranker = self._ranker()
         try:
             out.rankings = ranker.rank_batch(subs, histories, aggregates, now)
         except Exception:
@@ -377,7 +380,8 @@ class CompletionProcessor:
     must still reach the dataset; `read_dataset` keeps one row per event_id.
 
     A completion must agree with the submission stored for its job attempt (lineage, model
-    type), else it is a ``completion_mismatch`` dead letter and changes nothing. Without a stored
+    type, a hardware type among its candidates), else it is a ``completion_mismatch`` dead
+    letter and changes nothing. Without a stored
     submission it changes nothing either (unless the store allows orphans): it waits for the
     join, and is applied when its submission arrives, or dead-lettered as an orphan.
     """
@@ -493,6 +497,9 @@ class CompletionProcessor:
             for k in ("lineage_id", "model_type")
             if sub is not None and sub.get(k) != comp[k]
         ]
+        candidates = str((sub or {}).get("candidate_hardware", "")).split("|")
+        if sub is not None and comp["hardware_type"] not in candidates:
+            differ.append(f"hardware_type {comp['hardware_type']!r} is not one of its candidates")
         return _dead_letter(
             rec,
             "completion_mismatch",

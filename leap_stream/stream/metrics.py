@@ -75,6 +75,14 @@ class Metrics:
             "Models whose trees did not compile or did not match LightGBM (LightGBM serves).",
             registry=r,
         )
+        self.catalog_types = Gauge(
+            "leap_catalog_types", "Hardware types in the serving catalog.", registry=r
+        )
+        self.catalog_load_failures = Counter(
+            "leap_catalog_load_failures",
+            "Catalog file edits that did not load (the previous catalog serves).",
+            registry=r,
+        )
         self.redis_errors = Counter(
             "leap_redis_errors", "Redis operations that failed.", ["op"], registry=r
         )

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from leap_stream.catalog import CatalogError, CatalogFile
 from leap_stream.contracts import parse_ts
 from leap_stream.core.lookup import LookupTable
 from leap_stream.core.predictor import ThroughputModel
@@ -55,8 +56,10 @@ class RankerHolder:
         metrics: Metrics,
         fallback_lookup: LookupTable | None = None,
         compile_trees: bool = False,
+        catalog_file: CatalogFile | None = None,
     ) -> None:
         self.catalog = catalog
+        self.catalog_file = catalog_file
         self.metrics = metrics
         self.compile_trees = compile_trees
         self.compiling: threading.Thread | None = None
@@ -66,12 +69,38 @@ class RankerHolder:
         self.ranker = Ranker(catalog, model=None, lookup=fallback_lookup)
         self.version: str | None = None
         metrics.set_model(None, None, time.time())
+        metrics.catalog_types.set(len(catalog.types))
 
     def get(self) -> Ranker:
         return self.ranker
 
+    def poll_catalog(self) -> bool:
+        """Swap in the catalog file's new version (same model); a bad edit keeps the old one.
+
+        A type removed is no longer offered from the next batch on; its completions are still
+        taken (the completion is checked against its submission's candidates, not the catalog),
+        so the history and dataset of jobs still running on it are kept."""
+        if self.catalog_file is None:
+            return False
+        try:
+            new = self.catalog_file.poll()
+        except CatalogError as exc:
+            self.metrics.catalog_load_failures.inc()
+            log.error("catalog not reloaded, the previous one serves: %s", exc)
+            return False
+        if new is None:
+            return False
+        with self._swap:
+            self.catalog = new
+            current = self.ranker
+            self.ranker = Ranker(new, model=current.model, lookup=current.lookup)
+        self.metrics.catalog_types.set(len(new.types))
+        log.info("catalog reloaded from %s: %d types", self.catalog_file.path, len(new.types))
+        return True
+
     def poll(self) -> bool:
-        """True when a new model is now serving."""
+        """True when a new model is now serving (the catalog file is checked first)."""
+        self.poll_catalog()
         if self._current is None:
             return False
         try:

@@ -79,13 +79,17 @@ def store_poll(store: OnlineStore, metrics: Metrics, cfg: Settings) -> Callable[
 def ranking_core(cfg: Settings) -> RankingCore:
     """The catalog, the online store, the hot-reloaded model (its current one loaded now) and
     the submissions processor over them. Raises `RefusedToStart` on an evicting Redis."""
-    from leap_stream.catalog import load_catalog
+    from leap_stream.catalog import CatalogError, CatalogFile
     from leap_stream.store.registry import Registry
     from leap_stream.stream import compiled
     from leap_stream.stream.models import lookup_from_dataset
 
     metrics = Metrics()
-    catalog = load_catalog()
+    catalog_file = CatalogFile(cfg.catalog_file or None)
+    try:
+        catalog = catalog_file.load()
+    except CatalogError as exc:
+        raise RefusedToStart(f"LEAP_CATALOG_FILE: {exc}") from exc
     known = frozenset(catalog.types)
     store = OnlineStore.of(cfg)
     check_eviction(store, cfg)
@@ -95,14 +99,12 @@ def ranking_core(cfg: Settings) -> RankingCore:
         metrics,
         lookup_from_dataset(cfg.dataset_dir),
         compile_trees=compiled.wanted(cfg.compiled_trees),
+        catalog_file=catalog_file,
     )
     holder.poll()  # serve the current model from the first request on
+    # the known types follow the serving ranker's catalog (hot-reloaded)
     processor = SubmissionProcessor(
-        store,
-        holder.get,
-        max_bytes=cfg.max_message_bytes,
-        known_hardware=known,
-        window=cfg.time_window(),
+        store, holder.get, max_bytes=cfg.max_message_bytes, window=cfg.time_window()
     )
     return RankingCore(metrics, store, holder, processor, known)
 
@@ -130,11 +132,10 @@ def build_deps(cfg: Settings, kafka: KafkaClients) -> WorkerDeps:
         cfg=cfg,
         kafka=kafka,
         submissions=core.submissions,
+        # no catalog check: a completion must name one of its submission's candidates
+        # (checked in the store's script), so a type retired since keeps its history
         completions=CompletionProcessor(
-            store,
-            max_bytes=cfg.max_message_bytes,
-            known_hardware=core.known,
-            window=cfg.time_window(),
+            store, max_bytes=cfg.max_message_bytes, window=cfg.time_window()
         ),
         dataset_append=sink.append,
         make_output=lambda: OutputProducer(

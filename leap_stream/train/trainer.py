@@ -88,6 +88,14 @@ def catalog_specs() -> pd.DataFrame:
     return _SPECS
 
 
+def use_catalog_file(path: str) -> None:
+    """Train on the catalog the workers serve (LEAP_CATALOG_FILE) instead of the packaged one."""
+    global _SPECS
+    from leap_stream.catalog import CatalogFile
+
+    _SPECS = CatalogFile(path).load().spec_matrix()
+
+
 def _specs_for(_rows: pd.DataFrame) -> pd.DataFrame:
     return catalog_specs()
 
@@ -294,6 +302,8 @@ def _latest_plausible(cfg: Settings) -> pd.Timestamp | None:
 def run(args: argparse.Namespace, cfg: Settings) -> int:
     from leap_stream.store.offline import read_dataset
 
+    if cfg.catalog_file:
+        use_catalog_file(cfg.catalog_file)
     dataset_dir = args.dataset or cfg.dataset_dir
     registry_dir = args.registry or cfg.registry_dir
     dataset = read_dataset(dataset_dir)

@@ -57,7 +57,7 @@ def test_demo_fast_end_to_end(kafka_bootstrap: str, redis_url: str, tmp_path: Pa
     assert rep["lag_end"] == 0
     # the injected bad events, and nothing else, are in the dead-letter topic
     assert rep["dead_letters"]["count"] == st["poison"] == 3
-    assert rep["dead_letters"]["by_kind"] == {"not_json": 1, "schema": 1, "unknown_hardware": 1}
+    assert rep["dead_letters"]["by_kind"] == {"not_json": 1, "schema": 1, "completion_mismatch": 1}
     ran = rep["accuracy"]["ran"]
     assert ran["service"]["exact"] == 0  # no ranking saw its own measurement
     assert ran["oracle"]["accuracy"] > 0.95  # measurement noise only

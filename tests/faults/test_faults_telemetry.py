@@ -312,3 +312,68 @@ def test_partitions_added_while_running_reach_the_lag_gauge(stack: Stack) -> Non
         f"\n--- added partitions: in the lag gauge after {took:.1f} s, "
         f"a submission there ranked after {ranked_after:.1f} s"
     )
+
+
+def test_a_catalog_edit_is_hot_reloaded_and_a_retired_type_keeps_its_completions(
+    stack: Stack,
+) -> None:
+    """The catalog was package data: adding or retiring a type needed a new image, and the
+    completions of a retired type were dead-lettered with their history lost."""
+    from leap_stream.catalog import CATALOG_PATH
+
+    doc = orjson.loads(CATALOG_PATH.read_bytes())
+    path = stack.tmp / "catalog.json"
+    path.write_bytes(orjson.dumps(doc))
+    stack.extra_env.update(WINDOW, LEAP_CATALOG_FILE=str(path))
+    t = stack.topics
+    now = time.time()
+    stack.start()
+    feeder = Feeder(stack.bootstrap)
+    _rank_all(stack, feeder, [_sub("cat-before", now - 2 * HOUR)])
+    n_types = stack.metric("leap_catalog_types")
+    assert n_types == len(doc["hardware"])
+
+    def replace(data: bytes) -> None:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(data)
+        tmp.replace(path)
+
+    retired = "mi300x"  # a candidate of the example job, not its default
+    replace(
+        orjson.dumps(dict(doc, hardware=[h for h in doc["hardware"] if h["type_id"] != retired]))
+    )
+    wait_for("the smaller catalog", lambda: stack.metric("leap_catalog_types") == n_types - 1, 30)
+    rankings = RankingsClient(KafkaClients(stack.bootstrap), t["rank"], keep_all=True)
+    after = _sub("cat-after", now - HOUR)
+    feeder.send(t["sub"], after["job_id"], orjson.dumps(after))
+    feeder.flush()
+
+    def ranked_after() -> bool:
+        rankings.poll(timeout=0.2, max_messages=1000)
+        return (after["job_id"], 1) in rankings.latest()
+
+    wait_for("the submission after the edit", ranked_after, 30)
+    r = rankings.latest()[(after["job_id"], 1)]
+    assert retired not in {c["hardware_type"] for c in r["candidates"]}
+    assert {"hardware_type": retired, "reason": "unknown_hardware"} in r["excluded"]
+    # the job submitted before the edit ran on the retired type: its completion is kept
+    done = _comp("cat-before", now - HOUR / 2, 20.0, hardware_type=retired)
+    feeder.send(t["comp"], done["job_id"], orjson.dumps(done))
+    # a bad edit is refused and counted; the catalog before it keeps serving
+    replace(b'{"hardware": "oops"}')
+    feeder.flush()
+
+    def kept() -> bool:
+        assert stack.alive(), stack.log_tail()
+        return "cmp-t-cat-before" in set(read_dataset(stack.tmp / "dataset")["event_id"])
+
+    wait_for("the retired type's completion in the dataset", kept, 30)
+    wait_for("the bad edit counted", lambda: stack.metric("leap_catalog_load_failures") == 1, 30)
+    assert stack.metric("leap_catalog_types") == n_types - 1
+    store = OnlineStore(connect(stack.redis_url), prefix=stack.prefix)
+    [hist], _ = store.read_batch(["lin-t"], [])
+    assert hist[retired].count == 1
+    store.r.close()
+    assert not dead_letters(stack.bootstrap, t["dlq"])
+    assert stack.stop(signal.SIGTERM) == 0, stack.log_tail()
+    rankings.close()

@@ -278,6 +278,7 @@ def test_the_guard_in_lua_is_the_guard_in_python(store: OnlineStore, redis_clien
                 job_id=c["job_id"],
                 attempt=c["attempt"],
                 lineage_id=c["lineage_id"],
+                candidate_hardware=["h100", "a100"],
                 training=dict(sub["training"], num_devices=8),
             )
             for c in comps

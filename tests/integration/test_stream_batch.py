@@ -100,17 +100,22 @@ def test_submissions_then_completions_round_trip(
     orphan = dict(comps[0], event_id="cmp-orphan-1", job_id="job-never-submitted")
     # another lineage than its submission's: it would write that lineage's history
     stray = dict(comps[1], event_id="cmp-stray-1", lineage_id="lin-someone-else")
+    # a known type the job never listed as a candidate
+    listed = {s["job_id"]: s["candidate_hardware"] for s in subs}[comps[2]["job_id"]]
+    elsewhere = next(t for t in load_catalog().types if t not in listed)
+    offlist = dict(comps[2], event_id="cmp-offlist-1", hardware_type=elsewhere)
     dup = comps[3]
-    cres = cp.process(_records("comps", [stray, *comps, dup, orphan]), NOW)
-    assert cres.valid == len(comps) + 3
-    assert cres.new == len(comps)  # the orphan and the stray change nothing
+    cres = cp.process(_records("comps", [stray, offlist, *comps, dup, orphan]), NOW)
+    assert cres.valid == len(comps) + 4
+    assert cres.new == len(comps)  # the orphan, the stray and the off-list change nothing
     assert cres.duplicates == 1
-    assert cres.orphans == 1 and cres.mismatches == 1
+    assert cres.orphans == 1 and cres.mismatches == 2
     kinds = [d["error"]["kind"] for d in cres.dead_letters]
-    assert kinds == ["completion_mismatch", "orphan_completion"]
+    assert kinds == ["completion_mismatch", "completion_mismatch", "orphan_completion"]
     assert "lin-someone-else" in cres.dead_letters[0]["error"]["message"]
+    assert "not one of its candidates" in cres.dead_letters[1]["error"]["message"]
     assert cres.dead_letters[0]["source"]["offset"] == 0
-    assert cres.dead_letters[1]["source"]["offset"] == len(comps) + 2
+    assert cres.dead_letters[2]["source"]["offset"] == len(comps) + 3
     assert "history not updated" in cres.dead_letters[1]["error"]["message"]
     # one row per completion with a known submission; the duplicate's row is the same event
     assert len({r["event_id"] for r in cres.rows}) == len(comps)
@@ -178,6 +183,8 @@ def test_ranker_failure_dead_letters_only_the_poison_event(
 
     class Fragile:
         """A ranker with a bug on one job (a real Ranker otherwise)."""
+
+        known_types = _ranker().known_types
 
         def rank_batch(self, submissions: list[Any], *a: Any) -> list[dict[str, Any]]:
             if any(s["job_id"] == poison_job for s in submissions):

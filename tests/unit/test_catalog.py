@@ -140,3 +140,31 @@ def test_a_name_for_two_types_is_refused() -> None:
     doc["hardware"][1]["aliases"] = [doc["hardware"][0]["type_id"].upper()]
     with pytest.raises(CatalogError, match="names both"):
         HardwareCatalog.from_dict(doc)
+
+
+def test_catalog_file_reloads_on_change_and_refuses_a_bad_edit(tmp_path: Path) -> None:
+    import os
+
+    from leap_stream.catalog import CATALOG_PATH, CatalogError, CatalogFile
+
+    doc = orjson.loads(CATALOG_PATH.read_bytes())
+    path = tmp_path / "catalog.json"
+    path.write_bytes(orjson.dumps(doc))
+    watch = CatalogFile(path)
+    first = watch.load()
+    assert watch.poll() is None  # unchanged: one stat, nothing read
+    retired = doc["hardware"][0]["type_id"]
+    smaller = dict(doc, hardware=doc["hardware"][1:])
+    tmp = tmp_path / "catalog.json.tmp"
+    tmp.write_bytes(orjson.dumps(smaller))
+    os.replace(tmp, path)
+    second = watch.poll()
+    assert second is not None and retired in first.types and retired not in second.types
+    tmp.write_bytes(b'{"hardware": [{"type_id": 3}]}')
+    os.replace(tmp, path)
+    with pytest.raises(CatalogError):
+        watch.poll()
+    assert watch.poll() is None  # the bad edit is reported once, not at every poll
+    assert CatalogFile(None).poll() is None and CatalogFile(None).load().types == first.types
+    with pytest.raises(CatalogError):
+        CatalogFile(tmp_path / "absent.json").load()

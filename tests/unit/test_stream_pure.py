@@ -158,6 +158,7 @@ def test_metrics_names_are_exactly_the_design_contract() -> None:
     m.quarantined.labels(rule="lineage").inc()
     m.observe_online([("h100-sxm", "self", 0.05), ("h100-sxm", "transfer", -0.3)])
     m.redis_evicted_keys.set(0)
+    m.catalog_types.set(20)
     m.set_model("v1", 0.0, 10.0)
     exported = {
         (fam.name + "_total" if fam.type == "counter" else fam.name) for fam in m.registry.collect()

@@ -245,7 +245,8 @@ class RankingCollector:
 
 
 def poison_events(stream_comps: pd.DataFrame) -> list[tuple[str, str, bytes]]:
-    """(topic kind, key, value): one undecodable, one against the schema, one unknown type."""
+    """(topic kind, key, value): one undecodable, one against the schema, and a completion on a
+    type its submission did not list (a completion_mismatch)."""
     from leap_stream.tools.sim.events import completion_lines
 
     out: list[tuple[str, str, bytes]] = [
@@ -254,7 +255,7 @@ def poison_events(stream_comps: pd.DataFrame) -> list[tuple[str, str, bytes]]:
     ]
     if len(stream_comps):
         ev = orjson.loads(completion_lines(stream_comps.head(1))[0])
-        ev["event_id"] = "poison-unknown-hardware"
+        ev["event_id"] = "poison-hardware-not-a-candidate"
         ev["hardware_type"] = "tpu-v9-imaginary"
         out.append(("completion", str(ev["job_id"]), orjson.dumps(ev)))
     return out
