@@ -143,6 +143,7 @@ class HardwareRanking(TypedDict):
     source: RankingSource
     reason: str
     history_used: NotRequired[bool]
+    out_of_distribution: NotRequired[bool]
     candidates: list[RankedCandidate]
     excluded: list[Excluded]
     latency_ms: float

@@ -118,6 +118,22 @@ def holdout_mask(lineage_ids: np.ndarray | pd.Series, fraction: float, seed: int
 
 
 KINDS = ("self", "transfer", "model")
+
+# Out of distribution: a job whose configuration lies outside what the model was trained on.
+# The support is the 0.5-99.5 % range of each of these columns over the training rows (log
+# units); a job further than OOD_MARGIN (×2) outside any of them is flagged, and every interval
+# of it widens by how far outside it is: extrapolating ×e^d past the data adds d of log
+# uncertainty on each side (docs/model.md).
+SUPPORT_COLUMNS = (
+    "log_params",
+    "log_seq",
+    "log_global_batch",
+    "log_devices",
+    "log_flops_per_sample",
+    "log_mem_per_device_gib",
+)
+SUPPORT_QUANTILES = (0.005, 0.995)
+OOD_MARGIN = float(np.log(2.0))
 KIND_SELF, KIND_TRANSFER, KIND_MODEL = 0, 1, 2
 
 
@@ -149,6 +165,7 @@ class ModelMetadata(TypedDict):
     best_iteration: int
     params: dict[str, Any]
     pair_effects: NotRequired[dict[str, float]]
+    support: NotRequired[dict[str, list[float]]]
     ratio_features: NotRequired[list[str]]
     ratio_best_iteration: NotRequired[int]
     metrics: NotRequired[dict[str, Any]]
@@ -396,8 +413,18 @@ class ThroughputModel:
         hc = codes_of(hw, self._pair_hw)
         return np.asarray(self._pair_table[mt_code, hc])  # -1 → the zero padding row / column
 
+    def support_excess(self, frame: Frame) -> np.ndarray:
+        """Per row, how far (log units) its job lies outside the training support; 0 inside,
+        and 0 for a model trained before the support was recorded."""
+        out = np.zeros(len(frame))
+        for col, (lo, hi) in (self.metadata.get("support") or {}).items():
+            x = f64(frame, col)
+            out = np.fmax(out, np.fmax(lo - x, x - hi))  # NaN (a missing column value) ignored
+        return out
+
     def predict(self, frame: Frame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(p50, p10, p90) whole-job samples/s, one booster call for the whole frame."""
+        """(p50, p10, p90) whole-job samples/s, one booster call for the whole frame. The
+        interval widens by the job's distance outside the training support."""
         if len(frame) == 0:
             e = np.empty(0)
             return e, e, e
@@ -406,7 +433,9 @@ class ThroughputModel:
         log_pd = np.choose(kind, [f64(frame, "self_log_pd"), moved, blind])
         log_total = log_pd + f64(frame, "log_devices")
         p50 = np.exp(log_total)
-        return p50, np.exp(log_total + self._qlo[kind]), np.exp(log_total + self._qhi[kind])
+        widen = self.support_excess(frame)
+        low = np.exp(log_total + self._qlo[kind] - widen)
+        return p50, low, np.exp(log_total + self._qhi[kind] + widen)
 
     # --- artefact (files: store/artefact.py)
     def model_text(self) -> str:
@@ -593,9 +622,24 @@ def _metadata(
         "anchors": list(KINDS),
         "interval_level": INTERVAL_LEVEL,
         "residual_quantiles": {k: [-0.2, 0.2] for k in KINDS},
+        "support": _support(frame),
         "best_iteration": fitted.best_iteration,
         "params": {k: v for k, v in p.items() if k != "num_threads"},
     }
+
+
+def _support(frame: pd.DataFrame) -> dict[str, list[float]]:
+    """The training rows' range of each `SUPPORT_COLUMNS` column (its 0.5-99.5 % quantiles)."""
+    out: dict[str, list[float]] = {}
+    for col in SUPPORT_COLUMNS:
+        if col not in frame:
+            continue
+        x = f64(frame, col)
+        x = x[np.isfinite(x)]
+        if len(x):
+            lo, hi = np.quantile(x, SUPPORT_QUANTILES)
+            out[col] = [float(lo), float(hi)]
+    return out
 
 
 def _pair_effects(

@@ -28,7 +28,7 @@ from leap_stream.core import features as F
 from leap_stream.core.columns import Columns, codes_of
 from leap_stream.core.history import LineageHistory, TypeAggregates
 from leap_stream.core.lookup import LookupTable
-from leap_stream.core.predictor import INTERVAL_LEVEL, ThroughputModel
+from leap_stream.core.predictor import INTERVAL_LEVEL, OOD_MARGIN, ThroughputModel
 from leap_stream.core.ranking import (
     SCHEMA_VERSION,
     rank_order,
@@ -149,6 +149,7 @@ class Ranker:
         source = np.full(n, SRC_NONE, np.int64)
         fits = np.asarray(frame["fits"], bool)
         model_reason = np.full(n_jobs, "ok" if self.model is not None else "no_model", object)
+        ood = np.zeros(n_jobs, bool)  # the model extrapolates for this job (OOD_MARGIN)
         if self.model is not None and fits.any():
             try:
                 # every row scored (no copy of the frame for the ~1 % that do not fit), kept
@@ -157,6 +158,8 @@ class Ranker:
                 pred[fits], low[fits], high[fits] = p50[fits], p10[fits], p90[fits]
                 ok = fits & np.isfinite(pred) & (pred > 0)
                 source[ok] = SRC_MODEL
+                outside = ok & (self.model.support_excess(frame) > OOD_MARGIN)
+                np.logical_or.at(ood, np.asarray(frame["job"], np.int64)[outside], True)
             except Exception:  # a bad model must not take the worker down: fall back
                 log.exception("model prediction failed; falling back to the lookup table")
                 model_reason[:] = "model_error"
@@ -191,6 +194,7 @@ class Ranker:
         frame["source"] = source
         frame["cost"] = cost
         frame["tpc"] = throughput_per_cost(pred, cost, nd)
+        frame["ood"] = ood[job]
         return frame, model_reason
 
     def rank_batch(
@@ -213,6 +217,8 @@ class Ranker:
             jobs["submitted_at_s"],
         )
         rows = _RankedRows.of(frame, np.asarray(jobs["num_devices"], np.int64), len(submissions))
+        ood = np.zeros(len(submissions), bool)
+        ood[np.asarray(frame["job"], np.int64)] = np.asarray(frame["ood"], bool)
         version = self.model.version if self.model is not None else None
         produced = format_ts(now)
         now_s = now.timestamp()
@@ -240,6 +246,8 @@ class Ranker:
                     "latency_ms": max(0.0, (now_s - submitted_s[j]) * 1000.0),
                 }
             )
+            if ood[j] and source_name == "model":
+                out[-1]["out_of_distribution"] = True
         return out
 
 

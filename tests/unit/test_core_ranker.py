@@ -141,3 +141,37 @@ def test_one_booster_call_per_batch(trained: tuple[Any, ThroughputModel, LookupT
     # candidate the lineage ran on (l4 here) is anchored on its own prior, not scored
     n_cands = sum(sum(t != "l4" for t in s["candidate_hardware"]) for s in subs)
     assert n_cands < calls[0] <= n_cands + 50
+
+
+def test_a_job_far_outside_the_training_data_is_flagged_with_wider_intervals(
+    trained: tuple[Any, ThroughputModel, LookupTable],
+) -> None:
+    """The model extrapolates for a configuration it never saw: the ranking says so and every
+    interval widens by how far outside the training support the job is (docs/model.md)."""
+    from leap_stream.core.predictor import OOD_MARGIN
+
+    d, model, lookup = trained
+    support = model.metadata["support"]
+    assert set(support) >= {"log_params", "log_global_batch", "log_devices"}
+    inside = _subs(d, 1)[0]
+    far = dict(inside, event_id=inside["event_id"] + "-far", job_id=inside["job_id"] + "-far")
+    batch = inside["training"]["global_batch_size"] * 1000
+    far["training"] = {**inside["training"], "global_batch_size": batch}
+    a, b = Ranker(load_catalog(), model, lookup).rank_batch([inside, far], [None, None], {}, NOW)
+    _valid(a)
+    _valid(b)
+    assert "out_of_distribution" not in a and b["out_of_distribution"] is True
+    assert b["source"] == "model"
+    excess = np.log(batch) - support["log_global_batch"][1]
+    assert excess > OOD_MARGIN
+
+    def widths(r: dict[str, Any]) -> dict[str, float]:
+        return {
+            c["hardware_type"]: np.log(c["interval"]["high"] / c["interval"]["low"])
+            for c in r["candidates"]
+            if c["interval"]["low"] > 0
+        }
+
+    wa, wb = widths(a), widths(b)
+    for hw in set(wa) & set(wb):
+        assert wb[hw] == pytest.approx(wa[hw] + 2 * excess, rel=1e-6)
