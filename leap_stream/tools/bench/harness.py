@@ -305,6 +305,9 @@ class PerRowModel:
         self.feature_names = model.feature_names
         self.calls = 0
 
+    def support_excess(self, frame: Any) -> np.ndarray:
+        return np.asarray(self.inner.support_excess(frame))
+
     def predict(self, frame: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         parts = []
         for i in range(len(frame)):  # `take` by position: a DataFrame or the serving Columns
