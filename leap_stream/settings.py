@@ -290,6 +290,12 @@ class Settings:
         "For a lineage new to the type (or at another device count): quarantined when off by more than this factor from the model type's aggregate on it (lineages of one model type differ by sequence length and batch: wide).",
         _float(1, above=True),
     )
+    quarantine_physics_factor: float = _setting(
+        "LEAP_QUARANTINE_PHYSICS_FACTOR",
+        "100",
+        "For a measurement nothing else knows yet (no lineage value, no established aggregate): quarantined when faster than this factor times the device's full matrix peak for the job's FLOPs per sample (a rough estimate: honest simulated jobs reached ×50).",
+        _float(1, above=True),
+    )
     quarantine_min_aggregate: int = _setting(
         "LEAP_QUARANTINE_MIN_AGGREGATE",
         "5",
@@ -580,6 +586,7 @@ class Settings:
             lineage_factor=self.quarantine_lineage_factor,
             aggregate_factor=self.quarantine_aggregate_factor,
             aggregate_min_count=self.quarantine_min_aggregate,
+            physics_factor=self.quarantine_physics_factor,
         )
 
     def time_window(self) -> TimeWindow:

@@ -526,6 +526,18 @@ def _peak_tflops(
     return np.asarray(np.where(slow, sa.flops[codes] * _PREC_PEAK["fp32"], peak))
 
 
+def log_rate_ceiling(jobs: Jobs, hardware: Sequence[str], specs: SpecArrays) -> np.ndarray:
+    """Per job (row of `jobs`) and the hardware type it ran on: log samples/s per device at the
+    full matrix peak its precision can use, the physics reference of the history's plausibility
+    guard (core.history.judge). NaN for a type without specs."""
+    k = len(specs.types) + 1
+    codes = np.fromiter((specs.code.get(t, k - 1) for t in hardware), np.int64, count=len(jobs))
+    phys = _JobPhysics.of(jobs, _elem_bytes(jobs))
+    job = np.arange(len(jobs), dtype=np.int64)
+    peak = _peak_tflops(specs, codes, job, phys)
+    return np.asarray(_log(peak * 1e12) - _log(phys.fps))
+
+
 def _history_columns(
     f: dict[str, object],
     jobs: Jobs,

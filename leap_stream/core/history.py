@@ -32,8 +32,8 @@ MEASURED_STATUSES = frozenset({"succeeded", "preempted"})
 
 # What became of a measurement: taken into the history, taken together with the quarantined one
 # it corroborates, or quarantined (by the rule that caught it, see `judge`).
-Verdict = Literal["accepted", "corroborated", "devices", "lineage", "aggregate"]
-QUARANTINE_RULES: tuple[Verdict, ...] = ("devices", "lineage", "aggregate")
+Verdict = Literal["accepted", "corroborated", "devices", "lineage", "aggregate", "physics"]
+QUARANTINE_RULES: tuple[Verdict, ...] = ("devices", "lineage", "aggregate", "physics")
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,15 +46,21 @@ class HistoryRules:
     only applies once the aggregate has ``aggregate_min_count`` measurements. On four simulated
     days (1,302 measurements judged by an aggregate) the honest ones were at most ×27 from it
     (99th percentile ×13): ×100 leaves a margin, and a ×1000 or ×1e-6 error is far beyond.
+    The physics reference judges what nothing else knows yet: a value more than
+    ``physics_factor`` above the device's full matrix peak for the job's FLOPs per sample. The
+    FLOPs estimate is rough (honest simulated jobs reached up to ×50 of it), so only an
+    impossible speed is caught there, such as a ×1000 unit error.
     """
 
     recent: int = 5
     lineage_factor: float = 3.0
     aggregate_factor: float = 100.0
     aggregate_min_count: int = 5
+    physics_factor: float = 100.0
 
     def __post_init__(self) -> None:
-        if self.recent < 1 or self.lineage_factor <= 1 or self.aggregate_factor <= 1:
+        factors = (self.lineage_factor, self.aggregate_factor, self.physics_factor)
+        if self.recent < 1 or min(factors) <= 1:
             raise ValueError(f"invalid history rules {self}")
 
     @property
@@ -64,6 +70,10 @@ class HistoryRules:
     @property
     def aggregate_limit(self) -> float:
         return math.log(self.aggregate_factor)
+
+    @property
+    def physics_limit(self) -> float:
+        return math.log(self.physics_factor)
 
 
 DEFAULT_RULES = HistoryRules()
@@ -147,15 +157,18 @@ def judge(
     num_devices: int,
     submitted_devices: int | None = None,
     rules: HistoryRules = DEFAULT_RULES,
+    ceiling: float | None = None,
 ) -> Verdict:
     """Whether log per-device throughput ``x`` measured on ``num_devices`` may enter the history
-    (the Lua script's rule). Checked in order:
+    (the Lua script's rule). Checked in order, the first that knows the value decides:
 
     - ``devices``: the job was submitted for another device count (``submitted_devices``, when
       known): a completion that says 1 device for a job on 8 reads 8× too fast per device;
     - ``lineage``: off its lineage's recent median on the type, at the same device count (per-
       device throughput moves with the count, so another count is judged as below);
-    - ``aggregate``: off the model type's aggregate on the type, once that is established.
+    - ``aggregate``: off the model type's aggregate on the type, once that is established;
+    - ``physics``: nothing measured this yet: faster than the physics ``ceiling``
+      (`features.log_rate_ceiling`) allows.
 
     A suspicious value within the lineage factor of the pending one is ``corroborated``.
     """
@@ -168,6 +181,8 @@ def judge(
     elif aggregate is not None and aggregate.count >= rules.aggregate_min_count:
         off = abs(x - aggregate.ewma_log_per_device)
         rule = "aggregate" if off > rules.aggregate_limit else None
+    elif ceiling is not None and math.isfinite(ceiling):
+        rule = "physics" if x - ceiling > rules.physics_limit else None
     if rule is None:
         return "accepted"
     pending = None if previous is None else previous.pending
@@ -249,6 +264,7 @@ class HistoryBook:
         num_devices: int,
         measured_at: float,
         submitted_devices: int | None = None,
+        ceiling: float | None = None,
     ) -> Outcome:
         """Apply one completion; what became of its measurement. ``submitted_devices``: the
         count its submission asked for (the online store reads it from the stored submission,
@@ -261,7 +277,13 @@ class HistoryBook:
         agg = self._aggregates.setdefault(model_type, {})
         previous = lin.get(hardware_type)
         verdict = judge(
-            previous, agg.get(hardware_type), x, num_devices, submitted_devices, self.rules
+            previous,
+            agg.get(hardware_type),
+            x,
+            num_devices,
+            submitted_devices,
+            self.rules,
+            ceiling,
         )
         lin[hardware_type] = apply_measurement(
             previous, x, num_devices, measured_at, verdict, self.rules

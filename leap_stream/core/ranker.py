@@ -109,6 +109,11 @@ class Ranker:
         self._known = self._spec_arrays.code  # type ids of the catalog (a dict: `in` is a lookup)
 
     @property
+    def spec_arrays(self) -> F.SpecArrays:
+        """Its catalog's specs as arrays (the physics of the history's guard uses them too)."""
+        return self._spec_arrays
+
+    @property
     def known_types(self) -> Container[str]:
         """The hardware types this ranker can offer (its catalog's)."""
         return self._known

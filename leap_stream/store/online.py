@@ -9,6 +9,7 @@ is applied atomically and at most once, with exactly the rules of `leap_stream.c
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -56,8 +57,9 @@ _OUTCOMES = {
     4: "lineage",
     5: "aggregate",
     6: "devices",
-    7: "mismatch",
-    8: "no_submission",
+    7: "physics",
+    8: "mismatch",
+    9: "no_submission",
 }
 
 
@@ -119,8 +121,8 @@ def decode_measurement(v: Sequence[Any]) -> Measurement:
 # A lineage entry is [num_devices, measured_at, count, has_pending, pending_at, pending,
 # (at, value) of the recent window, oldest first...].
 # Returns per event: 1 no measurement, 2 accepted, 3 corroborated, 4 quarantined by the
-# lineage, 5 by the aggregate, 6 by the device count, 7 submission mismatch, 8 no submission
-# (nothing changed for 7 and 8), 100 + the first outcome for a duplicate.
+# lineage, 5 by the aggregate, 6 by the device count, 7 by physics, 8 submission mismatch,
+# 9 no submission (nothing changed for 8 and 9), 100 + the first outcome for a duplicate.
 APPLY_LUA = """
 local alpha = tonumber(ARGV[1])
 local seen_ttl = ARGV[2]
@@ -134,7 +136,8 @@ local li = tonumber(ARGV[9])
 local mi = tonumber(ARGV[10])
 local di = tonumber(ARGV[11])
 local ci = tonumber(ARGV[12])
-local G = 12
+local plim = tonumber(ARGV[13])
+local G = 13
 local function median(r)
   local s = {}
   for j = 1, #r do s[j] = r[j][2] end
@@ -172,7 +175,7 @@ local out = {}
 local n = #KEYS / 4
 for i = 0, n - 1 do
   local k = 4 * i
-  local a = G + 1 + 7 * i
+  local a = G + 1 + 8 * i
   local first = redis.call('GET', KEYS[k+1])
   if first then
     out[i+1] = 100 + tonumber(first)
@@ -183,13 +186,13 @@ for i = 0, n - 1 do
     if sub then
       local s = cjson.decode(sub)
       if s[li] ~= ARGV[a+5] or s[mi] ~= ARGV[a+6] then
-        code = 7
+        code = 8
       elseif not string.find('|' .. s[ci] .. '|', '|' .. ARGV[a+1] .. '|', 1, true) then
-        code = 7
+        code = 8
       end
       snd = tonumber(s[di])
     elseif not orphans then
-      code = 8
+      code = 9
     end
     if code == nil and ARGV[a] ~= '1' then code = 1 end
     if code == nil then
@@ -211,6 +214,8 @@ for i = 0, n - 1 do
         if math.abs(x - median(recent)) > llim then rule = 4 end
       elseif q and q[2] >= amin then
         if math.abs(x - q[1]) > alim then rule = 5 end
+      elseif ARGV[a+7] ~= '' then
+        if x - tonumber(ARGV[a+7]) > plim then rule = 7 end
       end
       if rule then
         if pend and math.abs(x - pend[2]) <= llim then code = 3 else code = rule end
@@ -251,7 +256,7 @@ for i = 0, n - 1 do
         redis.call('EXPIRE', KEYS[k+3], hist_ttl)
       end
     end
-    if code <= 6 then redis.call('SET', KEYS[k+1], code, 'EX', seen_ttl) end
+    if code <= 7 then redis.call('SET', KEYS[k+1], code, 'EX', seen_ttl) end
     out[i+1] = code
   end
 end
@@ -583,15 +588,20 @@ class OnlineStore:
             _SUB_MODEL_TYPE,
             _SUB_DEVICES,
             _SUB_CANDIDATES,
+            repr(r.physics_limit),
         ]
 
     def _queue_apply(
-        self, pipe: Any, completions: Sequence[Mapping[str, Any]], require_submission: bool
+        self,
+        pipe: Any,
+        completions: Sequence[Mapping[str, Any]],
+        require_submission: bool,
+        ceilings: Sequence[float | None] | None = None,
     ) -> None:
         for start in range(0, len(completions), _APPLY_CHUNK):
             keys: list[str] = []
             args = self._apply_args(require_submission)
-            for c in completions[start : start + _APPLY_CHUNK]:
+            for i, c in enumerate(completions[start : start + _APPLY_CHUNK], start):
                 keys += [
                     self.seen_key(c["event_id"]),
                     self.lin_key(c["lineage_id"]),
@@ -601,7 +611,9 @@ class OnlineStore:
                 sps_raw = (c.get("throughput") or {}).get("samples_per_s")
                 sps = None if sps_raw is None else float(sps_raw)
                 nd = int(c["num_devices"])
+                ceiling = None if ceilings is None else ceilings[i]
                 ids = [c["lineage_id"], c["model_type"]]
+                ids.append("" if ceiling is None or not math.isfinite(ceiling) else repr(ceiling))
                 if is_measurement(c["status"], sps) and nd > 0:
                     assert sps is not None
                     at = epoch_s(c["ended_at"])
@@ -634,27 +646,42 @@ class OnlineStore:
         return self._apply_results(results, completions)
 
     def apply_and_fetch(
-        self, completions: Sequence[JobCompleted]
+        self,
+        completions: Sequence[JobCompleted],
+        ceilings: Callable[[Sequence[dict[str, Any] | None]], Sequence[float | None]] | None = None,
     ) -> tuple[list[ApplyResult], list[dict[str, Any] | None]]:
-        """The completions hot path: `apply_completions` and `fetch_submissions` in one round
-        trip; each submission carries the ranking's predictions under ``_predictions`` when
-        they were stored (`decode_predictions`)."""
+        """The completions hot path: `apply_completions` and `fetch_submissions`; each
+        submission carries the ranking's predictions under ``_predictions`` when they were
+        stored (`decode_predictions`).
+
+        One round trip; two with ``ceilings``, which gives each completion its physics ceiling
+        from the submissions read first (the guard's last reference, core.history.judge)."""
         if not completions:
             return [], []
         keys = [(c["job_id"], int(c["attempt"])) for c in completions]
         names = [self.sub_key(j, a) for j, a in keys] + [self.pred_key(j, a) for j, a in keys]
 
-        def build(p: Any) -> None:
-            self._queue_apply(p, completions, not self.allow_orphans)
-            p.mget(names)
+        def decode(got: Sequence[Any]) -> list[dict[str, Any] | None]:
+            subs = [decode_submission(v) for v in got[: len(keys)]]
+            for sub, raw in zip(subs, got[len(keys) :], strict=True):
+                if sub is not None and raw is not None:
+                    sub["_predictions"] = decode_predictions(raw)
+            return subs
 
-        results = self._execute("apply", build)
-        got = results[-1]
-        subs = [decode_submission(v) for v in got[: len(keys)]]
-        for sub, raw in zip(subs, got[len(keys) :], strict=True):
-            if sub is not None and raw is not None:
-                sub["_predictions"] = decode_predictions(raw)
-        return self._apply_results(results[:-1], completions), subs
+        if ceilings is None:
+
+            def build(p: Any) -> None:
+                self._queue_apply(p, completions, not self.allow_orphans)
+                p.mget(names)
+
+            results = self._execute("apply", build)
+            return self._apply_results(results[:-1], completions), decode(results[-1])
+        subs = decode(self._execute("fetch", lambda p: p.mget(names))[0])
+        limits = ceilings(subs)
+        results = self._execute(
+            "apply", lambda p: self._queue_apply(p, completions, not self.allow_orphans, limits)
+        )
+        return self._apply_results(results, completions), subs
 
     def rebuild_history(
         self, completions: Sequence[Mapping[str, Any]], chunk: int = 5000

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
+import pandas as pd
+
 from leap_stream.contracts import (
     DeadLetter,
     DecodeError,
@@ -35,6 +37,7 @@ from leap_stream.contracts import (
     decode,
     make_dead_letter,
 )
+from leap_stream.core.features import SpecArrays, log_rate_ceiling
 from leap_stream.core.history import LineageHistory, TypeAggregates
 from leap_stream.store.offline import flatten
 from leap_stream.store.online import Prediction, encode_predictions
@@ -73,9 +76,12 @@ class SubmissionStore(Protocol):
     def remember_predictions(self, predictions: Sequence[Prediction]) -> None: ...
 
 
+Ceilings = Callable[[Sequence[dict[str, Any] | None]], Sequence[float | None]]
+
+
 class CompletionStore(Protocol):
     def apply_and_fetch(
-        self, completions: Sequence[JobCompleted]
+        self, completions: Sequence[JobCompleted], ceilings: Ceilings | None = None
     ) -> tuple[list[Any], list[dict[str, Any] | None]]: ...
 
     def fetch_submissions(self, keys: Sequence[tuple[str, int]]) -> list[dict[str, Any] | None]: ...
@@ -393,11 +399,14 @@ class CompletionProcessor:
         max_bytes: int,
         known_hardware: Container[str] | None = None,
         window: TimeWindow | None = None,
+        specs: Callable[[], SpecArrays] | None = None,
     ) -> None:
         self.store = store
         self.max_bytes = max_bytes
         self.known_hardware = known_hardware
         self.window = window
+        # the serving catalog's specs, for the physics reference of the guard (None: not used)
+        self.specs = specs
 
     def process(
         self, records: Sequence[Record], now: datetime, *, wait_for_join: bool = False
@@ -434,7 +443,9 @@ class CompletionProcessor:
     ) -> list[tuple[tuple[Record, Any], str, Any]]:
         """Apply ``items`` in one round trip (raises OnlineStoreUnavailable: the agent retries);
         per item ("row", row) | ("dead", dead letter) | ("wait", None), counted in ``out``."""
-        applied, submissions = self.store.apply_and_fetch([c for _r, c in items])
+        completions = [c for _r, c in items]
+        ceilings = None if self.specs is None else self._ceilings(completions)
+        applied, submissions = self.store.apply_and_fetch(completions, ceilings)
         decided: list[tuple[tuple[Record, Any], str, Any]] = []
         for item, res, sub, stop in zip(items, applied, submissions, give_up, strict=True):
             rec, comp = item
@@ -464,6 +475,23 @@ class CompletionProcessor:
                 dl = _dead_letter(rec, "internal", f"dataset row failed: {exc!r}", now)
                 decided.append((item, "dead", dl))
         return decided
+
+    def _ceilings(self, completions: Sequence[Mapping[str, Any]]) -> Ceilings:
+        """From the stored submissions, each completion's physics ceiling on its hardware."""
+        assert self.specs is not None
+        specs = self.specs()
+
+        def ceilings(subs: Sequence[dict[str, Any] | None]) -> list[float | None]:
+            known = [i for i, sub in enumerate(subs) if sub is not None]
+            out: list[float | None] = [None] * len(subs)
+            if known:
+                jobs = pd.DataFrame([subs[i] for i in known])
+                hw = [completions[i]["hardware_type"] for i in known]
+                for i, v in zip(known, log_rate_ceiling(jobs, hw, specs).tolist(), strict=True):
+                    out[i] = v
+            return out
+
+        return ceilings
 
     @staticmethod
     def _score(sub: Mapping[str, Any], comp: Mapping[str, Any], out: CompletionBatchResult) -> None:

@@ -135,7 +135,10 @@ def build_deps(cfg: Settings, kafka: KafkaClients) -> WorkerDeps:
         # no catalog check: a completion must name one of its submission's candidates
         # (checked in the store's script), so a type retired since keeps its history
         completions=CompletionProcessor(
-            store, max_bytes=cfg.max_message_bytes, window=cfg.time_window()
+            store,
+            max_bytes=cfg.max_message_bytes,
+            window=cfg.time_window(),
+            specs=lambda: core.holder.get().spec_arrays,
         ),
         dataset_append=sink.append,
         make_output=lambda: OutputProducer(

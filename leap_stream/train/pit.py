@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from leap_stream.contracts.timestamps import epoch_seconds
+from leap_stream.core.features import SpecArrays, log_rate_ceiling
 from leap_stream.core.history import HistoryBook, LineageHistory, TypeAggregates
 
 
@@ -32,6 +33,7 @@ def replay(
     queries: pd.DataFrame,
     book: HistoryBook | None = None,
     finish: bool = False,
+    specs: SpecArrays | None = None,
 ) -> Snapshots:
     """History snapshots for each row of `queries` (lineage_id, model_type, submitted_at),
     built from `completions` (dataset rows) ending strictly before the query's submitted_at.
@@ -39,7 +41,8 @@ def replay(
     Snapshots are shared between rows while nothing changed (a lineage's dict, a model type's
     aggregates), which keeps memory linear in completions, not rows × types. Treat them as
     read-only. ``finish``: also apply the completions that ended after the last query, for
-    their verdicts (the book then holds them too).
+    their verdicts (the book then holds them too). ``specs``: the catalog, for the physics
+    reference of the guard (as the worker applies it; without, that rule is not applied).
     """
     book = book or HistoryBook()
     c_end = epoch_seconds(completions["ended_at"])
@@ -52,6 +55,7 @@ def replay(
     c_sps = completions["samples_per_s"].to_numpy(np.float64)[c_order]
     c_nd = completions["num_devices"].to_numpy(np.int64)[c_order]
     c_asked = submitted_devices(completions)[c_order]
+    c_ceiling = ceilings(completions, specs)[c_order]
 
     q_now = epoch_seconds(queries["submitted_at"])
     q_order = np.argsort(q_now, kind="stable")
@@ -78,6 +82,7 @@ def replay(
                 int(c_nd[ptr]),
                 float(c_end[ptr]),
                 None if c_asked[ptr] <= 0 else int(c_asked[ptr]),
+                None if np.isnan(c_ceiling[ptr]) else float(c_ceiling[ptr]),
             )
             if outcome != "none":
                 verdicts[c_order[ptr]] = outcome
@@ -115,6 +120,13 @@ def submitted_devices(rows: pd.DataFrame) -> np.ndarray:
     for c in _PARALLEL:
         out *= rows[c].to_numpy(np.int64)
     return out
+
+
+def ceilings(rows: pd.DataFrame, specs: SpecArrays | None) -> np.ndarray:
+    """Each row's physics ceiling on the hardware it ran on (NaN without specs or columns)."""
+    if specs is None or len(rows) == 0 or "parameters" not in rows.columns:
+        return np.full(len(rows), np.nan)
+    return log_rate_ceiling(rows, rows["hardware_type"].tolist(), specs)
 
 
 def measured(dataset: pd.DataFrame) -> pd.DataFrame:

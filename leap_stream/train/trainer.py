@@ -24,7 +24,7 @@ import pandas as pd
 
 from leap_stream.contracts.timestamps import isoformat_z
 from leap_stream.core import features as F
-from leap_stream.core.history import QUARANTINE_RULES
+from leap_stream.core.history import DEFAULT_RULES, QUARANTINE_RULES, HistoryBook, HistoryRules
 from leap_stream.core.lookup import LookupTable
 from leap_stream.core.predictor import NUM_ROUNDS, ThroughputModel
 from leap_stream.settings import Settings
@@ -47,7 +47,11 @@ class TrainingRows:
     y: np.ndarray  # measured whole-job samples/s
 
 
-def training_rows(dataset: pd.DataFrame, known_before: pd.Timestamp | None = None) -> TrainingRows:
+def training_rows(
+    dataset: pd.DataFrame,
+    known_before: pd.Timestamp | None = None,
+    rules: HistoryRules = DEFAULT_RULES,
+) -> TrainingRows:
     """Rows whose measurement had arrived before `known_before` (all when None).
 
     A row the history rules quarantine (core.history) is no training target either: a ×1000
@@ -57,7 +61,8 @@ def training_rows(dataset: pd.DataFrame, known_before: pd.Timestamp | None = Non
         ended = pd.to_datetime(dataset["ended_at"], utc=True)
         completions = dataset.loc[(ended < known_before).to_numpy()]
     rows = pit.measured(completions)
-    snap = pit.replay(rows, rows, finish=True)
+    specs = F.SpecArrays.of(catalog_specs())
+    snap = pit.replay(rows, rows, HistoryBook(rules), finish=True, specs=specs)
     kept = ~np.isin(snap.verdicts, QUARANTINE_RULES)
     if not kept.all():
         log.info("%d quarantined measurements are not training targets", int((~kept).sum()))
@@ -204,6 +209,7 @@ def train_and_publish(
     progress: bool = True,
     now: pd.Timestamp | None = None,
     latest: pd.Timestamp | None = None,
+    rules: HistoryRules = DEFAULT_RULES,
 ) -> dict[str, Any]:
     """Fit, gate against the current model on the held-out last nights, publish, promote.
 
@@ -220,7 +226,7 @@ def train_and_publish(
         dataset, report["future_rows"] = drop_future_rows(dataset, latest)
     sub = pd.to_datetime(dataset["submitted_at"], utc=True)
     now = now or sub.max()  # the last submission: "the held-out last nights" are submission days
-    everything = training_rows(dataset)
+    everything = training_rows(dataset, rules=rules)
     report["rows"] = len(everything.rows)
     if len(everything.rows) == 0:
         report.update(promoted=False, reason="no measured rows")
@@ -244,7 +250,9 @@ def train_and_publish(
     cur_metrics: dict[str, float] | None = None
     if holdout_days > 0 and fresh.sum() >= MIN_GATE_ROWS:
         # the candidate recipe only learns from measurements that had arrived by the cutoff
-        before = training_rows(dataset.loc[(sub < cutoff).to_numpy()], known_before=cutoff)
+        before = training_rows(
+            dataset.loc[(sub < cutoff).to_numpy()], known_before=cutoff, rules=rules
+        )
         if len(before.rows) >= MIN_GATE_ROWS:
             cand_model = fit(before, seed=seed, progress=progress)
             hold_frame = everything.frame.loc[fresh].reset_index(drop=True)
@@ -316,6 +324,7 @@ def run(args: argparse.Namespace, cfg: Settings) -> int:
         refit=not args.no_refit,
         progress=not args.no_progress,
         latest=_latest_plausible(cfg),
+        rules=cfg.history_rules(),  # the worker's, so training sees the history it serves
     )
     verdict = "promoted" if report.get("promoted") else "NOT promoted"
     print(f"train: {report.get('version')} {verdict}: {report.get('reason')}", file=sys.stderr)

@@ -14,6 +14,7 @@ import pytest
 
 from leap_stream.catalog import load_catalog
 from leap_stream.contracts import validate_event
+from leap_stream.contracts.timestamps import epoch_s
 from leap_stream.core.history import HistoryBook
 from leap_stream.core.lookup import LookupTable
 from leap_stream.core.ranker import Ranker
@@ -395,3 +396,56 @@ def test_online_accuracy_compares_the_ranking_with_the_measurement(
     assert want, "no completion of a model-ranked job measured"
     assert sorted(e for _h, _a, e in cres.online) == pytest.approx(sorted(want))
     assert {a for _h, a, _e in cres.online} <= {"self", "transfer", "model"}
+
+
+def test_the_physics_reference_is_the_same_in_the_script_and_the_replay(
+    redis_url: str, redis_prefix: str, redis_client: Any
+) -> None:
+    """A first-ever measurement of a (model type, type) pair has no lineage value and no
+    aggregate to be judged by: only the physics can say that x10 000 is impossible."""
+    import pandas as pd
+
+    from leap_stream.core.features import SpecArrays, log_rate_ceiling
+    from leap_stream.core.rows import submission_fields
+
+    sim = _sim()
+    catalog = load_catalog()
+    specs = SpecArrays.of(catalog.spec_matrix())
+    store = OnlineStore(connect(redis_url), prefix=redis_prefix)
+    sp = SubmissionProcessor(store, _ranker, max_bytes=MAX, known_hardware=set(catalog.types))
+    cp = CompletionProcessor(store, max_bytes=MAX, specs=lambda: specs)
+    subs = submission_events(sim.submissions)[:60]
+    sp.process(_records("subs", subs), NOW)
+    keys = {(s["job_id"], s["attempt"]): submission_fields(s) for s in subs}
+    comps = [
+        c
+        for c in completion_events(completions_in_arrival_order(sim.completions))
+        if (c["job_id"], c["attempt"]) in keys and (c.get("throughput") or {}).get("samples_per_s")
+    ]
+    poisoned = dict(
+        comps[0], throughput={"samples_per_s": comps[0]["throughput"]["samples_per_s"] * 1e4}
+    )
+    comps = [poisoned, *comps[1:]]
+    cres = cp.process(_records("comps", comps), NOW)
+    flags = {r["event_id"]: r["quarantine"] for r in cres.rows}
+    assert flags[poisoned["event_id"]] == "physics"
+    assert cres.quarantined["physics"] == 1 and sum(cres.quarantined.values()) == 1
+    book = HistoryBook()
+    for c in comps:
+        flat = keys[(c["job_id"], c["attempt"])]
+        ceiling = float(log_rate_ceiling(pd.DataFrame([flat]), [c["hardware_type"]], specs)[0])
+        book.apply(
+            c["lineage_id"],
+            c["model_type"],
+            c["hardware_type"],
+            c["status"],
+            c["throughput"]["samples_per_s"],
+            c["num_devices"],
+            epoch_s(c["ended_at"]),
+            flat["num_devices"],
+            ceiling,
+        )
+    lineages = book.lineage_ids
+    hist, aggs = store.read_batch(lineages, book.model_types)
+    assert hist == [book.lineage(x) for x in lineages]
+    assert aggs == {t: book.aggregates(t) for t in book.model_types}

@@ -154,3 +154,21 @@ def test_honest_telemetry_gives_the_same_priors_in_any_arrival_order() -> None:
     a, b = first.lineage("L")["h100"], shuffled.lineage("L")["h100"]
     assert a == b  # the newest five by ended_at, the newest's device count
     assert [t for t, _x in a.recent] == [4.0, 5.0, 6.0, 7.0, 8.0] and a.num_devices == 16
+
+
+def test_physics_judges_only_what_nothing_measured_yet() -> None:
+    book = _book(HistoryRules(aggregate_min_count=3))
+    ceiling = math.log(500.0)  # per device, at the full matrix peak
+    run = lambda sps, lin, at=0.0: book.apply(  # noqa: E731
+        lin, "mt", "h100", "succeeded", sps, 8, at, None, ceiling
+    )
+    assert run(8 * 500.0 * 1000, "first") == "physics"  # x1000 past the ceiling: impossible
+    assert "h100" not in book.lineage("first") and book.aggregates("mt") == {}
+    assert run(8 * 500.0 * 50, "second") == "accepted"  # x50: a rough FLOPs estimate allows it
+    # once the aggregate is established it decides, not the physics
+    for i in range(3):
+        run(8 * 500.0 * 60, f"other-{i}")
+    assert book.aggregates("mt")["h100"].count == 4
+    assert run(8 * 500.0 * 1000, "third") == "accepted"  # x17 from the aggregate
+    with pytest.raises(ValueError):
+        HistoryRules(physics_factor=1.0)
