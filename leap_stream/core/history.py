@@ -241,9 +241,14 @@ class HistoryBook:
         self._lineages: dict[str, dict[str, Measurement]] = {}
         self._aggregates: dict[str, TypeAggregates] = {}
 
-    def apply_completion(self, completion: Mapping[str, Any]) -> Outcome:
+    def apply_completion(
+        self,
+        completion: Mapping[str, Any],
+        submitted_devices: int | None = None,
+        ceiling: float | None = None,
+    ) -> Outcome:
         """Apply one job-completed event (measured at its ``ended_at``) as the online store's
-        Lua script does."""
+        Lua script does (``submitted_devices`` and ``ceiling`` as in `apply`)."""
         return self.apply(
             completion["lineage_id"],
             completion["model_type"],
@@ -252,6 +257,8 @@ class HistoryBook:
             (completion.get("throughput") or {}).get("samples_per_s"),
             completion["num_devices"],
             epoch_s(completion["ended_at"]),
+            submitted_devices,
+            ceiling,
         )
 
     def apply(

@@ -9,7 +9,6 @@ import time
 import pytest
 import redis
 
-from leap_stream.contracts.timestamps import epoch_s
 from leap_stream.core.history import HistoryBook, is_measurement
 from leap_stream.core.rows import submission_fields
 from leap_stream.store.offline import flatten
@@ -288,19 +287,7 @@ def test_the_guard_in_lua_is_the_guard_in_python(store: OnlineStore, redis_clien
     for c in comps:
         results += store.apply_completions([c], require_submission=True)
     book = HistoryBook(store.rules)
-    want = [
-        book.apply(
-            c["lineage_id"],
-            c["model_type"],
-            c["hardware_type"],
-            c["status"],
-            c["throughput"]["samples_per_s"],
-            c["num_devices"],
-            epoch_s(c["ended_at"]),
-            8,
-        )
-        for c in comps
-    ]
+    want = [book.apply_completion(c, submitted_devices=8) for c in comps]
     assert [r.outcome for r in results] == want
     assert want[3] == want[5] == want[8] == "lineage" and want[6] == "devices"
     assert want[9] == "corroborated" and want[-1] == "aggregate"

@@ -14,7 +14,6 @@ import pytest
 
 from leap_stream.catalog import load_catalog
 from leap_stream.contracts import validate_event
-from leap_stream.contracts.timestamps import epoch_s
 from leap_stream.core.history import HistoryBook
 from leap_stream.core.lookup import LookupTable
 from leap_stream.core.ranker import Ranker
@@ -434,17 +433,7 @@ def test_the_physics_reference_is_the_same_in_the_script_and_the_replay(
     for c in comps:
         flat = keys[(c["job_id"], c["attempt"])]
         ceiling = float(log_rate_ceiling(pd.DataFrame([flat]), [c["hardware_type"]], specs)[0])
-        book.apply(
-            c["lineage_id"],
-            c["model_type"],
-            c["hardware_type"],
-            c["status"],
-            c["throughput"]["samples_per_s"],
-            c["num_devices"],
-            epoch_s(c["ended_at"]),
-            flat["num_devices"],
-            ceiling,
-        )
+        book.apply_completion(c, flat["num_devices"], ceiling)
     lineages = book.lineage_ids
     hist, aggs = store.read_batch(lineages, book.model_types)
     assert hist == [book.lineage(x) for x in lineages]
