@@ -240,6 +240,9 @@ class HistoryBook:
         self.rules = rules
         self._lineages: dict[str, dict[str, Measurement]] = {}
         self._aggregates: dict[str, TypeAggregates] = {}
+        # lineages where a measurement was not simply accepted (quarantined or corroborated):
+        # their state depends on the order the measurements came in
+        self.disputed: set[str] = set()
 
     def apply_completion(
         self,
@@ -297,6 +300,8 @@ class HistoryBook:
         )
         if verdict not in QUARANTINE_RULES:
             agg[hardware_type] = apply_aggregate(agg.get(hardware_type), x, measured_at)
+        if verdict != "accepted":
+            self.disputed.add(lineage_id)
         return verdict
 
     def lineage(self, lineage_id: str) -> LineageHistory:
