@@ -243,6 +243,7 @@ class HistoryBook:
         # lineages where a measurement was not simply accepted (quarantined or corroborated):
         # their state depends on the order the measurements came in
         self.disputed: set[str] = set()
+        self.disputed_types: set[str] = set()  # their model types (the aggregates move too)
 
     def apply_completion(
         self,
@@ -302,6 +303,7 @@ class HistoryBook:
             agg[hardware_type] = apply_aggregate(agg.get(hardware_type), x, measured_at)
         if verdict != "accepted":
             self.disputed.add(lineage_id)
+            self.disputed_types.add(model_type)
         return verdict
 
     def lineage(self, lineage_id: str) -> LineageHistory:
