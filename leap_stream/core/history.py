@@ -99,12 +99,7 @@ class Measurement:
     measured_at: float  # epoch seconds, newest accepted ended_at
     count: int  # accepted measurements of this lineage on this type so far
     recent: tuple[Timed, ...] = ()  # the newest accepted (by measured_at), oldest first
-    pending: Timed | None = None  # quarantined, awaiting corroboration
-
-    @property
-    def has_prior(self) -> bool:
-        """False for an entry holding only a quarantined measurement: not history yet."""
-        return bool(self.recent)
+    pending: Timed | None = None  # quarantined, awaiting corroboration (no prior while alone)
 
 
 def prior_samples_per_s(recent: Sequence[Timed], num_devices: int) -> float:

@@ -422,9 +422,12 @@ class ThroughputModel:
             out = np.fmax(out, np.fmax(lo - x, x - hi))  # NaN (a missing column value) ignored
         return out
 
-    def predict(self, frame: Frame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def predict(
+        self, frame: Frame, excess: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(p50, p10, p90) whole-job samples/s, one booster call for the whole frame. The
-        interval widens by the job's distance outside the training support."""
+        interval widens by the job's distance outside the training support (``excess``: the
+        caller's `support_excess(frame)`, when it has it already)."""
         if len(frame) == 0:
             e = np.empty(0)
             return e, e, e
@@ -433,7 +436,7 @@ class ThroughputModel:
         log_pd = np.choose(kind, [f64(frame, "self_log_pd"), moved, blind])
         log_total = log_pd + f64(frame, "log_devices")
         p50 = np.exp(log_total)
-        widen = self.support_excess(frame)
+        widen = self.support_excess(frame) if excess is None else excess
         low = np.exp(log_total + self._qlo[kind] - widen)
         return p50, low, np.exp(log_total + self._qhi[kind] + widen)
 

@@ -159,11 +159,12 @@ class Ranker:
             try:
                 # every row scored (no copy of the frame for the ~1 % that do not fit), kept
                 # where the job fits
-                p50, p10, p90 = self.model.predict(frame)
+                excess = self.model.support_excess(frame)  # widens intervals, flags the job
+                p50, p10, p90 = self.model.predict(frame, excess)
                 pred[fits], low[fits], high[fits] = p50[fits], p10[fits], p90[fits]
                 ok = fits & np.isfinite(pred) & (pred > 0)
                 source[ok] = SRC_MODEL
-                outside = ok & (self.model.support_excess(frame) > OOD_MARGIN)
+                outside = ok & (excess > OOD_MARGIN)
                 np.logical_or.at(ood, np.asarray(frame["job"], np.int64)[outside], True)
             except Exception:  # a bad model must not take the worker down: fall back
                 log.exception("model prediction failed; falling back to the lookup table")

@@ -576,7 +576,7 @@ def build_app(deps: WorkerDeps) -> faust.App:
 def _in_aux(
     pool: ThreadPoolExecutor, name: str, poll: Callable[[], object]
 ) -> Callable[[], Coroutine[Any, Any, None]]:
-    """A timer body that runs ``poll`` in the auxiliary thread and logs what it raises."""
+    """A timer body that runs ``poll`` in ``pool`` (its own thread) and logs what it raises."""
 
     async def tick() -> None:
         try:

@@ -441,8 +441,9 @@ class CompletionProcessor:
         now: datetime,
         out: CompletionBatchResult,
     ) -> list[tuple[tuple[Record, Any], str, Any]]:
-        """Apply ``items`` in one round trip (raises OnlineStoreUnavailable: the agent retries);
-        per item ("row", row) | ("dead", dead letter) | ("wait", None), counted in ``out``."""
+        """Apply ``items`` (one round trip, two with the physics ceilings; raises
+        OnlineStoreUnavailable: the agent retries); per item ("row", row) | ("dead", dead
+        letter) | ("wait", None), counted in ``out``."""
         completions = [c for _r, c in items]
         ceilings = None if self.specs is None else self._ceilings(completions)
         applied, submissions = self.store.apply_and_fetch(completions, ceilings)

@@ -11,6 +11,7 @@ cannot be read yet is left out of that reading, not the whole reading.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import logging
 import time
@@ -72,7 +73,7 @@ def with_ages(
     for r in rows:
         ts = oldest_ms.get((r.topic, r.partition))
         age = 0.0 if ts is None or r.lag == 0 else max(0.0, now_s - ts / 1000.0)
-        out.append(PartitionLag(r.topic, r.partition, r.committed, r.low, r.high, r.lag, age))
+        out.append(dataclasses.replace(r, age_s=age))
     return out
 
 

@@ -38,7 +38,6 @@ class RankingCore:
     store: OnlineStore
     holder: RankerHolder
     submissions: SubmissionProcessor
-    known: frozenset[str]
 
 
 class RefusedToStart(Exception):
@@ -90,7 +89,6 @@ def ranking_core(cfg: Settings) -> RankingCore:
         catalog = catalog_file.load()
     except CatalogError as exc:
         raise RefusedToStart(f"LEAP_CATALOG_FILE: {exc}") from exc
-    known = frozenset(catalog.types)
     store = OnlineStore.of(cfg)
     check_eviction(store, cfg)
     holder = RankerHolder(
@@ -106,7 +104,7 @@ def ranking_core(cfg: Settings) -> RankingCore:
     processor = SubmissionProcessor(
         store, holder.get, max_bytes=cfg.max_message_bytes, window=cfg.time_window()
     )
-    return RankingCore(metrics, store, holder, processor, known)
+    return RankingCore(metrics, store, holder, processor)
 
 
 def build_deps(cfg: Settings, kafka: KafkaClients) -> WorkerDeps:

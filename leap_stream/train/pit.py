@@ -14,7 +14,12 @@ import pandas as pd
 
 from leap_stream.contracts.timestamps import epoch_seconds
 from leap_stream.core.features import SpecArrays, log_rate_ceiling
-from leap_stream.core.history import HistoryBook, LineageHistory, TypeAggregates
+from leap_stream.core.history import (
+    MEASURED_STATUSES,
+    HistoryBook,
+    LineageHistory,
+    TypeAggregates,
+)
 
 
 @dataclass
@@ -132,9 +137,7 @@ def ceilings(rows: pd.DataFrame, specs: SpecArrays | None) -> np.ndarray:
 def measured(dataset: pd.DataFrame) -> pd.DataFrame:
     """Rows that carry a throughput measurement (the training rows)."""
     sps = dataset["samples_per_s"].to_numpy(np.float64)
-    ok = (
-        dataset["status"].isin(["succeeded", "preempted"]).to_numpy() & np.isfinite(sps) & (sps > 0)
-    )
+    ok = dataset["status"].isin(list(MEASURED_STATUSES)).to_numpy() & np.isfinite(sps) & (sps > 0)
     return dataset.loc[ok].reset_index(drop=True)
 
 

@@ -308,7 +308,10 @@ class PerRowModel:
     def support_excess(self, frame: Any) -> np.ndarray:
         return np.asarray(self.inner.support_excess(frame))
 
-    def predict(self, frame: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def predict(
+        self, frame: Any, excess: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Row by row (each row computes its own excess: the naive pattern)."""
         parts = []
         for i in range(len(frame)):  # `take` by position: a DataFrame or the serving Columns
             parts.append(self.inner.predict(frame.take(np.asarray([i]))))
