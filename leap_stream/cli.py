@@ -25,7 +25,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "worker": ("leap_stream.stream.worker", "run the stream processor (Faust worker)"),
     "serve": ("leap_stream.stream.serve", "rank over HTTP (POST /v1/rank) for schedulers"),
     "lag": ("leap_stream.stream.lag", "consumer lag of the worker's group per partition"),
-    "rankings": ("leap_stream.stream.client", "read rankings (`rankings tail`)"),
+    "rankings": (
+        "leap_stream.stream.client",
+        "read rankings (`rankings tail`), keep the Slurm cache (`rankings cache`)",
+    ),
     "store": ("leap_stream.store.cli", "Redis history rebuild, dataset compaction, models"),
     "train": ("leap_stream.train.trainer", "nightly training with the promotion gate"),
     "backtest": ("leap_stream.tools.backtest", "nightly retrains against the simulator's truth"),

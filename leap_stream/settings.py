@@ -522,6 +522,19 @@ class Settings:
         "",
         "File of bearer tokens, one per line, that `leap-stream serve` accepts. Empty: no auth.",
     )
+    # --- scheduler integrations
+    rankings_cache_dir: Path = _setting(
+        "LEAP_RANKINGS_CACHE_DIR",
+        "",
+        "Folder `leap-stream rankings cache` keeps one file per job and per lineage in, for the Slurm job_submit plugin (deploy/slurm). Empty: $LEAP_HOME/rankings-cache.",
+        _path,
+    )
+    rankings_cache_max_age_s: float = _setting(
+        "LEAP_RANKINGS_CACHE_MAX_AGE_S",
+        "604800",
+        "Rankings older than this (7 days) are not written to the rankings cache, and their files are removed.",
+        _float(0, above=True),
+    )
     log_level: str = _setting(
         "LEAP_LOG_LEVEL",
         "INFO",
@@ -546,7 +559,11 @@ class Settings:
             raise SettingsError("; ".join(errors))
         home = Path(values["home"]).resolve()
         values["home"] = home
-        for name, sub in (("dataset_dir", "dataset"), ("registry_dir", "registry")):
+        for name, sub in (
+            ("dataset_dir", "dataset"),
+            ("registry_dir", "registry"),
+            ("rankings_cache_dir", "rankings-cache"),
+        ):
             if values[name] == Path():
                 values[name] = home / sub
         return cls(**values)

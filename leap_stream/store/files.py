@@ -32,8 +32,13 @@ def temp_name(path: Path) -> Path:
     return path.with_name(f".tmp-{uuid.uuid4().hex}-{path.name}")
 
 
-def write_atomic(path: Path, content: bytes | Callable[[BinaryIO], object]) -> Path:
-    """Replace ``path`` with ``content`` (bytes, or a function that writes to the open file)."""
+def write_atomic(
+    path: Path, content: bytes | Callable[[BinaryIO], object], durable: bool = True
+) -> Path:
+    """Replace ``path`` with ``content`` (bytes, or a function that writes to the open file).
+
+    ``durable=False`` skips both fsyncs: still whole or absent, but a power loss may take the
+    latest write back (for caches that are rebuilt from elsewhere)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_name(path)
     try:
@@ -43,12 +48,14 @@ def write_atomic(path: Path, content: bytes | Callable[[BinaryIO], object]) -> P
             else:
                 content(fh)
             fh.flush()
-            os.fsync(fh.fileno())
+            if durable:
+                os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    fsync_dir(path.parent)
+    if durable:
+        fsync_dir(path.parent)
     return path
 
 

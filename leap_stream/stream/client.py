@@ -12,6 +12,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import orjson
@@ -160,6 +161,19 @@ def summary_line(r: dict[str, Any]) -> str:
 
 def register(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", required=True)
+    cache = sub.add_parser(
+        "cache", help="keep the local rankings cache of Slurm's job_submit plugin fresh"
+    )
+    cache.add_argument("--dir", default=None, help="default LEAP_RANKINGS_CACHE_DIR")
+    cache.add_argument(
+        "--group",
+        default=None,
+        help="consumer group (default leap-rankings-cache-<host>: one per slurmctld host)",
+    )
+    cache.add_argument("--topic", default=None, help="default LEAP_TOPIC_RANKINGS")
+    cache.add_argument(
+        "--idle-exit", type=float, default=0.0, help="exit after this many idle seconds (0: never)"
+    )
     tail = sub.add_parser("tail", help="print rankings as they arrive")
     tail.add_argument("--from-beginning", action="store_true", help="start at the oldest ranking")
     tail.add_argument("--json", action="store_true", help="one JSON ranking per line")
@@ -170,7 +184,46 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
 
 
+PRUNE_EVERY_S = 300.0
+
+
+def run_cache(args: argparse.Namespace, cfg: Settings) -> int:
+    """Follow the rankings topic into the cache folder until interrupted (or idle)."""
+    import socket
+
+    from leap_stream.schedulers.slurm import RankingsCache
+
+    folder = Path(args.dir) if args.dir else cfg.rankings_cache_dir
+    cache = RankingsCache(folder, cfg.rankings_cache_max_age_s)
+    group = args.group or f"leap-rankings-cache-{socket.gethostname()}"
+    client = RankingsClient(
+        KafkaClients.of(cfg, cfg.require_kafka()), args.topic or cfg.topic_rankings, group=group
+    )
+    print(f"rankings cache: {folder} (group {group})", flush=True)
+    last = pruned = time.monotonic()
+    try:
+        while True:
+            got = client.poll(timeout=0.5)
+            for r in got:
+                cache.write(r)
+            now = time.monotonic()
+            if got:
+                last = now
+            elif args.idle_exit and now - last >= args.idle_exit:
+                return 0
+            if now - pruned >= PRUNE_EVERY_S:
+                cache.prune()
+                pruned = now
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        client.close()
+        print(f"rankings cache: {cache.written} written, {cache.skipped} skipped", flush=True)
+
+
 def run(args: argparse.Namespace, cfg: Settings) -> int:
+    if args.action == "cache":
+        return run_cache(args, cfg)
     kafka = KafkaClients.of(cfg, args.bootstrap or cfg.require_kafka())
     client = RankingsClient(
         kafka, args.topic or cfg.topic_rankings, from_beginning=args.from_beginning

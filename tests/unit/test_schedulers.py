@@ -1,0 +1,122 @@
+"""The pure parts every scheduler integration shares: job spec → submission, ranking → choice,
+and the Slurm rankings cache's files."""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from leap_stream.contracts import Ok, decode
+from leap_stream.contracts.job_spec import SCHEDULER_FIELDS, JobSpecError, submission_from_spec
+from leap_stream.core.placement import candidate_of, choose, ranked_types
+from leap_stream.schedulers.slurm import RankingsCache, cache_entry, file_name
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "schemas" / "examples" / "job-submitted" / "valid" / "llama-70b-64xh100.json"
+NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
+
+
+def _spec() -> dict[str, Any]:
+    event = orjson.loads(EXAMPLE.read_bytes())
+    return {k: v for k, v in event.items() if k not in SCHEDULER_FIELDS}
+
+
+def _ranking(types: list[str], source: str = "model", **extra: Any) -> dict[str, Any]:
+    return {
+        "job_id": "job/a",
+        "lineage_id": "lineage/a",
+        "produced_at": "2026-12-03T12:00:00.000Z",
+        "source": source,
+        "model_version": "v1",
+        "candidates": [{"hardware_type": t, "rank": i + 1} for i, t in enumerate(types)],
+        **extra,
+    }
+
+
+def test_a_spec_becomes_a_valid_submission_with_the_allowed_types() -> None:
+    event = submission_from_spec(
+        _spec(), job_id="slurm/1", allowed=["mi300x", "h100-sxm", "mi300x"], now=NOW
+    )
+    decoded = decode(orjson.dumps(event), "job-submitted", max_bytes=1 << 20)
+    assert isinstance(decoded, Ok), decoded
+    assert event["candidate_hardware"] == ["mi300x", "h100-sxm"]
+    assert event["default_hardware"] == "mi300x" and event["submitted_at"].startswith("2026-12-03")
+
+
+def test_the_spec_wins_except_for_the_candidates() -> None:
+    spec = {**_spec(), "job_id": "portal/7", "candidate_hardware": ["tpu-v5p"]}
+    event = submission_from_spec(spec, job_id="slurm/1", allowed=["h200"], now=NOW, default="x")
+    assert event["job_id"] == "portal/7"
+    assert event["candidate_hardware"] == ["h200"] and event["default_hardware"] == "h200"
+
+
+@pytest.mark.parametrize("spec, allowed", [([1], ["h200"]), ({}, [])])
+def test_a_spec_that_cannot_be_a_submission_is_refused(spec: Any, allowed: list[str]) -> None:
+    with pytest.raises(JobSpecError):
+        submission_from_spec(spec, job_id="j", allowed=allowed, now=NOW)
+
+
+def test_choose_takes_the_best_allowed_types_by_rank() -> None:
+    r = _ranking(["h200", "mi300x", "h100-sxm"])
+    r["candidates"].reverse()  # the rank decides, not the position
+    assert ranked_types(r) == ["h200", "mi300x", "h100-sxm"]
+    assert choose(r, {"h100-sxm", "mi300x"}) == ["mi300x"]
+    assert choose(r, None, k=2) == ["h200", "mi300x"]
+    assert choose(r, {"tpu-v5p"}) == [] and choose(None) == [] and choose(r, k=0) == []
+    assert choose(_ranking(["h200"], source="none")) == []
+    assert candidate_of(r, "mi300x") == {"hardware_type": "mi300x", "rank": 2}
+    assert candidate_of(r, "b200") is None
+
+
+def test_cache_file_names_are_one_to_one_and_stay_in_the_folder() -> None:
+    names = {file_name("job", i) for i in ("a/b:c", "a:b/c", "a:b:c", "..", "../x")}
+    assert len(names) == 5 and all("/" not in n and n.startswith("job.") for n in names)
+
+
+def test_cache_entry_lists_the_ranked_types() -> None:
+    text = cache_entry(_ranking(["h200", "mi300x"]))
+    assert text is not None
+    assert text.decode().splitlines() == [
+        "leap-ranking 1",
+        f"produced_at {datetime(2026, 12, 3, 12, tzinfo=UTC).timestamp():.3f}",
+        "job_id job/a",
+        "source model",
+        "model_version v1",
+        "rank h200",
+        "rank mi300x",
+    ]
+    assert cache_entry(_ranking(["h200"], source="none")) is None
+
+
+def test_the_cache_keeps_the_newest_ranking_of_a_lineage(tmp_path: Path) -> None:
+    now = datetime(2026, 12, 3, 13, tzinfo=UTC).timestamp()
+    cache = RankingsCache(tmp_path, max_age_s=86400)
+    newer = _ranking(["h200"], job_id="job/new", produced_at="2026-12-03T12:30:00.000Z")
+    older = _ranking(["mi300x"], job_id="job/old")
+    assert cache.write(newer, now) and cache.write(older, now)
+    lineage = (tmp_path / file_name("lineage", "lineage/a")).read_text()
+    assert "rank h200" in lineage  # a repeat of an older ranking does not take it back
+    assert (tmp_path / file_name("job", "job/old")).exists()
+
+    stale = _ranking(["h200"], job_id="job/stale", produced_at="2026-11-01T00:00:00.000Z")
+    assert not cache.write(stale, now) and not cache.write({"job_id": 3}, now)
+    assert not cache.write(_ranking([], source="none", job_id="job/none"), now)
+    assert cache.skipped == 3 and cache.written == 2
+
+
+def test_prune_removes_what_is_older_than_the_maximum_age(tmp_path: Path) -> None:
+    cache = RankingsCache(tmp_path, max_age_s=100)
+    now = datetime(2026, 12, 3, 12, 0, 50, tzinfo=UTC).timestamp()
+    cache.write(_ranking(["h200"]), now)
+    old = tmp_path / file_name("job", "job/a")
+    os.utime(old, (now - 500, now - 500))
+    (tmp_path / "notes.txt").write_text("not ours")
+    os.utime(tmp_path / "notes.txt", (now - 500, now - 500))
+    assert cache.prune(now) == 1
+    assert not old.exists() and (tmp_path / file_name("lineage", "lineage/a")).exists()
+    assert (tmp_path / "notes.txt").exists()
