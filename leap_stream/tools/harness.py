@@ -100,6 +100,22 @@ def worker_env(
     return env
 
 
+def serve_ready(serve: WorkerProcess, base: str) -> Callable[[], bool]:
+    """A `wait_for` condition: ``leap-stream serve`` at ``base`` answers /readyz with 200
+    (raises when the process has exited, with its log)."""
+    import httpx
+
+    def ready() -> bool:
+        if not serve.alive():
+            raise RuntimeError("leap-stream serve exited:\n" + serve.log_tail())
+        try:
+            return httpx.get(base + "/readyz", timeout=1.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    return ready
+
+
 @dataclass
 class WorkerProcess:
     """One ``leap-stream worker`` subprocess (or another command, e.g. ``serve``), its log file

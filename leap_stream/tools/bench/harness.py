@@ -36,7 +36,13 @@ from leap_stream.settings import Settings
 from leap_stream.stream.client import RankingsClient
 from leap_stream.stream.kafka import KafkaClients
 from leap_stream.tools.bench.stats import due, percentile_ms, rate, widen_candidates
-from leap_stream.tools.harness import WorkerProcess, free_port, wait_for, worker_env
+from leap_stream.tools.harness import (
+    WorkerProcess,
+    free_port,
+    serve_ready,
+    wait_for,
+    worker_env,
+)
 
 SUBMISSION_SCHEMA = "job-submitted"
 
@@ -683,16 +689,7 @@ def http_latency(
     serve.start()
     base = f"http://127.0.0.1:{port}"
     try:
-
-        def ready() -> bool:
-            if not serve.alive():
-                raise RuntimeError("leap-stream serve exited:\n" + serve.log_tail())
-            try:
-                return httpx.get(base + "/readyz", timeout=1.0).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_for("leap-stream serve ready", ready, 120)
+        wait_for("leap-stream serve ready", serve_ready(serve, base), 120)
         if wanted(world.settings.compiled_trees):  # the compile would run during the figures
 
             def compiled() -> bool:
