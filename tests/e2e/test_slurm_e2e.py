@@ -15,30 +15,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import orjson
 import pytest
+from _served import Served
 
 from leap_stream.contracts.job_spec import SCHEDULER_FIELDS
-from leap_stream.core.lookup import LookupTable
 from leap_stream.core.placement import choose
 from leap_stream.schedulers.slurm import file_name
-from leap_stream.store.artefact import write_model
-from leap_stream.store.registry import Registry
 from leap_stream.stream.client import RankingsClient
-from leap_stream.stream.kafka import KafkaClients
 from leap_stream.tools.dev.slurm import LocalSlurm, SlurmUnavailable
-from leap_stream.tools.dev.topics import create_topics, delete_topics
-from leap_stream.tools.harness import (
-    WorkerProcess,
-    free_port,
-    serve_ready,
-    wait_for,
-    worker_env,
-)
-from leap_stream.tools.sim.events import submission_events
-from leap_stream.tools.sim.fleet import SimConfig, simulate
-from leap_stream.train.trainer import fit, training_rows
+from leap_stream.tools.harness import WorkerProcess, free_port, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -48,11 +34,15 @@ ROOT = Path(__file__).resolve().parents[2]
 @dataclass
 class SlurmWorld:
     slurm: LocalSlurm
-    serve_url: str
-    cache_dir: Path
-    rank_topic: str
-    kafka: KafkaClients
-    submissions: list[dict[str, Any]]
+    served: Served
+
+    @property
+    def serve_url(self) -> str:
+        return self.served.url
+
+    @property
+    def cache_dir(self) -> Path:
+        return self.served.cache_dir
 
     def configure(self, serve_url: str | None) -> None:
         """leap-stream.conf beside the plugins: the serve (None: cli_filter off) and the cache."""
@@ -66,20 +56,14 @@ class SlurmWorld:
         (self.slurm.etc / "leap-stream.conf").write_text("\n".join(lines) + "\n")
 
     def rank(self, event: dict[str, Any]) -> dict[str, Any]:
-        resp = httpx.post(f"{self.serve_url}/v1/rank", content=orjson.dumps(event), timeout=30)
-        assert resp.status_code == 200, resp.text
-        ranking: dict[str, Any] = resp.json()
-        return ranking
+        return self.served.rank(event)
 
     def fresh(self, index: int) -> dict[str, Any]:
-        """A submission of a lineage no other test uses, with at least three ranked types."""
-        event = dict(self.submissions[index])
-        event["lineage_id"] = f"lineage/slurm-test/{uuid.uuid4().hex[:10]}"
-        event["job_id"] = f"job/slurm-test/{uuid.uuid4().hex[:10]}"
-        event["event_id"] = f"sub-slurm-test-{uuid.uuid4().hex[:10]}"
-        event["candidate_hardware"] = list(self.slurm.partitions)
-        event["default_hardware"] = self.slurm.partitions[0]
-        return event
+        return self.served.fresh(index, self.slurm.partitions)
+
+    @property
+    def submissions(self) -> list[dict[str, Any]]:
+        return self.served.submissions
 
 
 def spec_comment(event: dict[str, Any], keep_job_id: bool = False) -> str:
@@ -90,59 +74,21 @@ def spec_comment(event: dict[str, Any], keep_job_id: bool = False) -> str:
 
 
 @pytest.fixture(scope="module")
-def world(
-    tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str, redis_url: str
-) -> Iterator[SlurmWorld]:
+def world(tmp_path_factory: pytest.TempPathFactory, served: Served) -> Iterator[SlurmWorld]:
     tmp = tmp_path_factory.mktemp("slurm-e2e")
-    fleet = simulate(SimConfig(seed=8, days=2, rate=600))
-    subs = [dict(s) for s in submission_events(fleet.submissions)]
-    partitions = sorted({t for s in subs for t in s["candidate_hardware"]})[:6]
-    registry = Registry(tmp / "registry")
-    built = write_model(tmp / "build", fit(training_rows(fleet.dataset), num_rounds=20),
-                        LookupTable.fit(fleet.dataset))  # fmt: skip
-    registry.promote(registry.publish(built))
-
-    rank_topic = f"test.slurm-rank.{uuid.uuid4().hex[:10]}"
-    create_topics(kafka_bootstrap, [rank_topic], partitions=2)
+    partitions = sorted({t for s in served.submissions for t in s["candidate_hardware"]})[:6]
     slurm = LocalSlurm(tmp / "slurm", ROOT / "deploy" / "slurm", partitions)
+    cache = WorkerProcess(served.env, tmp / "cache.log", tmp, command=("rankings", "cache"))
     try:
         slurm.start()
     except SlurmUnavailable as exc:
         pytest.fail(f"the Slurm end-to-end test needs Slurm: {exc}")
-    port = free_port()
-    env = worker_env(
-        bootstrap=kafka_bootstrap,
-        redis_url=redis_url,
-        prefix=f"test:{uuid.uuid4().hex[:10]}:",
-        topics={"sub": rank_topic, "comp": rank_topic, "rank": rank_topic, "dlq": rank_topic},
-        group=f"slurm-e2e-{uuid.uuid4().hex[:8]}",
-        home=tmp / "home",
-        dataset_dir=tmp / "dataset",
-        registry_dir=tmp / "registry",
-        metrics_port=0,
-        settings={
-            "LEAP_SERVE_PORT": str(port),
-            "LEAP_COMPILED_TREES": "0",
-            "LEAP_RANKINGS_CACHE_DIR": str(tmp / "cache"),
-            # the submissions carry the simulator's calendar; the plugins date theirs now
-            "LEAP_EVENT_MAX_AGE_S": "0",
-        },
-    )
-    serve = WorkerProcess(env, tmp / "serve.log", tmp, command=("serve",))
-    cache = WorkerProcess(env, tmp / "cache.log", tmp, command=("rankings", "cache"))
-    serve.start()
     cache.start()
-    base = f"http://127.0.0.1:{port}"
     try:
-        wait_for("leap-stream serve ready", serve_ready(serve, base), 120)
-        yield SlurmWorld(
-            slurm, base, tmp / "cache", rank_topic, KafkaClients(kafka_bootstrap), subs
-        )
+        yield SlurmWorld(slurm, served)
     finally:
-        serve.stop()
         cache.stop()
         slurm.stop()
-        delete_topics(kafka_bootstrap, [rank_topic])
 
 
 def _ranked_event(world: SlurmWorld, index: int) -> tuple[dict[str, Any], list[str]]:
@@ -168,7 +114,7 @@ def test_cli_filter_asks_serve_and_the_job_runs_on_the_best_type(world: SlurmWor
     wait_for("the job ran", lambda: world.slurm.job(job_id)["JobState"] == "COMPLETED", 60)
 
     # the serve published the plugin's ranking of the job (audit trail, accuracy figures)
-    with RankingsClient(world.kafka, world.rank_topic) as reader:
+    with RankingsClient(world.served.kafka, world.served.rank_topic) as reader:
 
         def published() -> bool:
             reader.poll(timeout=0.5)
