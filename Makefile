@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test unit integration lint demo dev-up dev-down dev-status topics clean
+.PHONY: venv skypilot-venv test unit integration lint demo dev-up dev-down dev-status topics clean
 
 venv: $(STAMP)
 
@@ -19,7 +19,20 @@ $(STAMP): pyproject.toml
 # end unless something else still uses them. `make dev-up` first keeps them between runs.
 # pytest exit 5 (nothing collected) is a failure with a message; PYTEST_RC_FILE, when set, receives
 # pytest's own exit code (make itself only ever exits 2), which .ci/run reports.
-test: venv
+# SkyPilot's client pins its own uvicorn and weighs ~450 MB: it gets a venv of its own, with
+# leap-stream's `skypilot` extra, for the tests that run SkyPilot's classes (marker `skypilot`).
+SKY_VENV ?= .venv-skypilot
+SKY_STAMP := $(SKY_VENV)/.installed
+
+skypilot-venv: $(SKY_STAMP)
+
+$(SKY_STAMP): pyproject.toml
+	$(PY) -m venv $(SKY_VENV)
+	$(SKY_VENV)/bin/pip install -q --upgrade pip
+	$(SKY_VENV)/bin/pip install -q -e '.[skypilot]'
+	touch $(SKY_STAMP)
+
+test: venv skypilot-venv
 	@rc=0; $(BIN)/pytest -q $(PYTEST_ARGS) || rc=$$?; \
 	if [ -n "$(PYTEST_RC_FILE)" ]; then echo $$rc > "$(PYTEST_RC_FILE)"; fi; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5)" >&2; fi; \

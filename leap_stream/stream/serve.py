@@ -344,6 +344,33 @@ def create_app(
         results = [_error_body(o) if "error" in o else {"ranking": o} for o in outs]
         return _json_response({"results": results})
 
+    @app.post(
+        "/v1/skypilot/policy",
+        summary="SkyPilot admin policy: order the task's accelerators by the ranking",
+        description="The endpoint of SkyPilot's RestfulAdminPolicy (docs/schedulers.md). "
+        "SkyPilot sends no headers of its own, so a bearer token may also come as the `token` "
+        "query parameter here.",
+    )
+    async def skypilot_policy(request: Request) -> Any:
+        from leap_stream.schedulers.skypilot import policy_answer
+
+        if not authorized(request.headers.get("authorization"), tokens):
+            query = request.query_params.get("token")
+            if query is None or not authorized(f"Bearer {query}", tokens):
+                return denied(request)
+        body = await request.body()
+
+        def rank_one(submission: bytes) -> Any:
+            out: Any = service.rank([submission])[0]
+            if "error" in out:
+                return _error_body(out)
+            return out
+
+        status, answer, outcome = await _in_thread(policy_answer, body, rank_one, datetime.now(UTC))
+        if outcome != "ranked":
+            log.info("skypilot policy: task returned as it came: %s", outcome)
+        return Response(answer, status_code=status, media_type="application/json")
+
     @app.get("/healthz", summary="The process is alive")
     async def healthz() -> Any:
         return _json_response({"status": "ok"})

@@ -18,7 +18,13 @@ def test_the_committed_openapi_document_is_the_served_one() -> None:
     assert committed == json.loads(json.dumps(openapi_document())), (
         "docs/openapi.json is stale: leap-stream serve --openapi > docs/openapi.json"
     )
-    assert set(committed["paths"]) == {"/v1/rank", "/v1/rank/batch", "/healthz", "/readyz"}
+    assert set(committed["paths"]) == {
+        "/v1/rank",
+        "/v1/rank/batch",
+        "/v1/skypilot/policy",
+        "/healthz",
+        "/readyz",
+    }
     body = committed["paths"]["/v1/rank"]["post"]["requestBody"]["content"]["application/json"]
     assert body["schema"]["title"] == "job-submitted"  # the contract's own schema
 
