@@ -24,6 +24,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("leap_stream.tools.sim.cli", "generate a synthetic fleet (files and/or Kafka)"),
     "worker": ("leap_stream.stream.worker", "run the stream processor (Faust worker)"),
     "serve": ("leap_stream.stream.serve", "rank over HTTP (POST /v1/rank) for schedulers"),
+    "kueue-gate": (
+        "leap_stream.schedulers.kueue",
+        "release Kueue-gated jobs onto their top-ranked types (untested on a live cluster)",
+    ),
     "lag": ("leap_stream.stream.lag", "consumer lag of the worker's group per partition"),
     "rankings": (
         "leap_stream.stream.client",

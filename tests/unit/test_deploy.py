@@ -799,3 +799,29 @@ def test_the_configuration_table_is_generated_from_the_settings() -> None:
     assert config.config_table_markdown() in text, (
         "docs/configuration.md is stale: leap-stream config --markdown"
     )
+
+
+# --------------------------------------------------------------------------- Kueue gate
+
+
+def test_kueue_gate_manifests_are_minimal_and_marked_untested() -> None:
+    folder = K8S / "kueue"
+    kust = load(folder / "kustomization.yaml")
+    files = {p.name for p in folder.glob("*.yaml")} - {"kustomization.yaml"}
+    assert set(kust["resources"]) == files
+    assert "UNTESTED AGAINST A LIVE CLUSTER" in (folder / "kustomization.yaml").read_text()
+    docs = [d for f in sorted(files) for d in load_all(folder / f)]
+    [role] = by_kind(docs, "ClusterRole")
+    assert role["rules"] == [
+        {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["list", "patch"]}
+    ]
+    deployments = {d["metadata"]["name"]: d for d in by_kind(docs, "Deployment")}
+    gate = deployments["leap-stream-kueue-gate"]["spec"]["template"]["spec"]
+    assert gate["serviceAccountName"] == "leap-stream-kueue-gate"
+    assert gate["containers"][0]["args"][0] == "kueue-gate"
+    serve = deployments["leap-stream-serve"]["spec"]["template"]["spec"]["containers"][0]
+    assert serve["args"] == ["serve"]
+    assert serve["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    from leap_stream.cli import COMMANDS
+
+    assert "kueue-gate" in COMMANDS and "serve" in COMMANDS
