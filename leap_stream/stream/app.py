@@ -107,6 +107,7 @@ class WorkerDeps:
     model_poll: Callable[[], object] | None = None  # runs in a thread; hot reload
     lag_poll: Callable[[], object] | None = None  # runs in a thread; updates the lag gauge
     store_poll: Callable[[], object] | None = None  # runs in a thread; Redis evictions
+    ready: Callable[[], dict[str, Any]] | None = None  # /readyz (RankingCore.ready)
     retry_cap_s: float = 10.0
     stats: dict[str, float] = field(default_factory=dict)
 

@@ -7,8 +7,20 @@ as many as they like without clashing on the global default registry.
 from __future__ import annotations
 
 import math
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+import orjson
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _BATCH_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -185,10 +197,49 @@ class Metrics:
             self.model_info.labels(version=version).set(1)
         self.model_age.set(max(0.0, now - trained_at_epoch) if trained_at_epoch else 0.0)
 
-    def serve(self, port: int, addr: str = "127.0.0.1") -> None:
-        """Start /metrics in a daemon thread (prometheus-client's own server)."""
-        if port:
-            start_http_server(port, addr=addr, registry=self.registry)
+    def serve(
+        self,
+        port: int,
+        addr: str = "127.0.0.1",
+        ready: Callable[[], dict[str, Any]] | None = None,
+    ) -> ThreadingHTTPServer | None:
+        """Start /metrics, /healthz (alive) and /readyz (``ready()``: 200 when its "ready" is
+        true, else 503) in a daemon thread; None when ``port`` is 0 (off)."""
+        if not port:
+            return None
+        server = ThreadingHTTPServer((addr, port), _handler(self.registry, ready))
+        server.daemon_threads = True
+        threading.Thread(target=server.serve_forever, name="leap-metrics", daemon=True).start()
+        return server
+
+
+def _handler(
+    registry: CollectorRegistry, ready: Callable[[], dict[str, Any]] | None
+) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            path = self.path.split("?", 1)[0]
+            if path == "/metrics":
+                self._send(200, generate_latest(registry), CONTENT_TYPE_LATEST)
+            elif path == "/healthz":
+                self._send(200, b'{"status":"ok"}')
+            elif path == "/readyz":
+                state = ready() if ready is not None else {"ready": True}
+                self._send(200 if state.get("ready") else 503, orjson.dumps(state))
+            else:
+                self._send(404, b'{"error":"not found"}')
+
+        def _send(self, status: int, body: bytes, ctype: str = "application/json") -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            return
+
+    return Handler
 
 
 __all__ = ["Metrics"]

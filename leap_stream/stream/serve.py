@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 from fastapi import FastAPI, Request
@@ -39,9 +39,6 @@ from leap_stream.stream.batch import Record, SubmissionProcessor
 from leap_stream.stream.kafka import KafkaClients
 from leap_stream.stream.output import OutputProducer
 from leap_stream.stream.retry import Retry, Unfinished
-
-if TYPE_CHECKING:
-    from leap_stream.stream.worker import RankingCore
 
 log = logging.getLogger(__name__)
 
@@ -399,20 +396,6 @@ async def _in_thread(fn: Callable[..., Any], *args: Any) -> Any:
     return await anyio.to_thread.run_sync(fn, *args)
 
 
-def readiness(core: RankingCore) -> Callable[[], dict[str, Any]]:
-    """/readyz of a ranking core: a model is loaded and Redis answers a PING."""
-
-    def ready() -> dict[str, Any]:
-        try:
-            redis_ok = bool(core.store.r.ping())
-        except Exception:
-            redis_ok = False
-        version = core.holder.version
-        return {"ready": redis_ok and version is not None, "model": version, "redis": redis_ok}
-
-    return ready
-
-
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default=None, help="default LEAP_SERVE_HOST")
     parser.add_argument("--port", type=int, default=None, help="default LEAP_SERVE_PORT")
@@ -468,7 +451,7 @@ def run(args: argparse.Namespace, cfg: Settings) -> int:
     threading.Thread(target=poll_models, name="leap-serve-models", daemon=True).start()
 
     app = create_app(
-        RankService(core.submissions, publisher.put, readiness(core)), tokens, core.metrics.registry
+        RankService(core.submissions, publisher.put, core.ready), tokens, core.metrics.registry
     )
     host = args.host or cfg.serve_host
     port = cfg.serve_port if args.port is None else args.port
@@ -488,7 +471,6 @@ __all__ = [
     "create_app",
     "openapi_document",
     "read_tokens",
-    "readiness",
     "register",
     "run",
 ]

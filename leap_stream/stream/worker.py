@@ -13,6 +13,7 @@ import logging
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from leap_stream.settings import Settings
 from leap_stream.store.online import OnlineStore, OnlineStoreUnavailable, eviction_problem
@@ -38,6 +39,16 @@ class RankingCore:
     store: OnlineStore
     holder: RankerHolder
     submissions: SubmissionProcessor
+
+    def ready(self) -> dict[str, Any]:
+        """/readyz of the worker and of `leap-stream serve`: a model is loaded and Redis
+        answers a PING (the lookup table and an absent history would still rank, but worse)."""
+        try:
+            redis_ok = bool(self.store.r.ping())
+        except Exception:
+            redis_ok = False
+        version = self.holder.version
+        return {"ready": redis_ok and version is not None, "model": version, "redis": redis_ok}
 
 
 class RefusedToStart(Exception):
@@ -149,6 +160,7 @@ def build_deps(cfg: Settings, kafka: KafkaClients) -> WorkerDeps:
         model_poll=core.holder.poll,
         lag_poll=lag_poll,
         store_poll=store_poll(store, metrics, cfg),
+        ready=core.ready,
     )
 
 
@@ -184,7 +196,9 @@ def run(args: argparse.Namespace, cfg: Settings) -> int:
         print(f"worker: {exc}", file=sys.stderr)
         return 2
     deps.metrics.serve(
-        cfg.metrics_port if args.metrics_port is None else args.metrics_port, cfg.metrics_addr
+        cfg.metrics_port if args.metrics_port is None else args.metrics_port,
+        cfg.metrics_addr,
+        ready=deps.ready,
     )
     app = build_app(deps)
     worker = faust.Worker(app, loglevel=level, redirect_stdouts=False)

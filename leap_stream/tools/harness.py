@@ -9,6 +9,7 @@ the polling and port helpers they all use (`free_port` is the dev tooling's).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -172,6 +173,17 @@ class WorkerProcess:
         url = f"http://127.0.0.1:{self.metrics_port}/metrics"
         return str(urllib.request.urlopen(url, timeout=5).read().decode())
 
+    def probe(self, path: str) -> tuple[int, dict[str, Any]]:
+        """Status and JSON body of /healthz or /readyz on the metrics port."""
+        import urllib.error
+
+        url = f"http://127.0.0.1:{self.metrics_port}{path}"
+        try:
+            with urllib.request.urlopen(url, timeout=5) as resp:
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as err:
+            return err.code, json.loads(err.read())
+
     def samples(self) -> Samples:
         """Every sample by family name: (labels, value, sample name)."""
         out: Samples = {}
@@ -265,6 +277,9 @@ class WorkerStack:
 
     def metrics_text(self) -> str:
         return self._started().metrics_text()
+
+    def probe(self, path: str) -> tuple[int, dict[str, Any]]:
+        return self._started().probe(path)
 
     def metrics(self) -> Samples:
         return self._started().samples()

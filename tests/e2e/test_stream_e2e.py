@@ -545,6 +545,10 @@ def test_worker_without_redis_ranks_and_loses_nothing(stack: Stack) -> None:
     assert unavailable == len(subs)
     assert sum(v for _l, v, s in m["leap_redis_errors"] if s.endswith("_total")) > 0
     assert total_lag(lag.read()) == len(subs) + len(comps)  # nothing committed
+    # alive, but not ready: Redis does not answer
+    assert stack.probe("/healthz") == (200, {"status": "ok"})
+    status, state = stack.probe("/readyz")
+    assert status == 503 and state["redis"] is False and state["ready"] is False
     # the completions cannot be applied: the worker says so with its exit status
     assert stack.stop(signal.SIGTERM) == 3, stack.log_tail()
 
@@ -556,6 +560,9 @@ def test_worker_without_redis_ranks_and_loses_nothing(stack: Stack) -> None:
         return total_lag(lag.read()) == 0
 
     wait_for("catching up with Redis back", caught_up, 90, every=0.2)
+    status, state = stack.probe("/readyz")
+    assert state["redis"] is True and state["ready"] is (state["model"] is not None)
+    assert status == (200 if state["ready"] else 503)
     assert stack.stop(signal.SIGTERM) == 0, stack.log_tail()
     frame = read_dataset(stack.tmp / "dataset")
     assert sorted(frame["event_id"]) == sorted(c["event_id"] for c in comps)

@@ -20,7 +20,7 @@ from leap_stream.store.registry import Registry
 from leap_stream.stream.client import RankingsClient
 from leap_stream.stream.kafka import KafkaClients
 from leap_stream.stream.output import OutputProducer
-from leap_stream.stream.serve import Publisher, RankService, create_app, readiness
+from leap_stream.stream.serve import Publisher, RankService, create_app
 from leap_stream.stream.worker import ranking_core
 from leap_stream.tools.harness import free_port
 from leap_stream.tools.sim.events import submission_events
@@ -67,7 +67,7 @@ def _client(cfg: Settings, fleet: Any, tokens: frozenset[str] | None) -> Iterato
     publisher = Publisher(OutputProducer(KafkaClients.of(cfg)), cfg.topic_rankings)
     publisher.start()
 
-    service = RankService(core.submissions, publisher.put, readiness(core))
+    service = RankService(core.submissions, publisher.put, core.ready)
     with TestClient(create_app(service, tokens, core.metrics.registry)) as client:
         client.core = core  # type: ignore[attr-defined]
         client.service = service  # type: ignore[attr-defined]

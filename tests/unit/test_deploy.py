@@ -221,7 +221,7 @@ def test_compose_two_workers_share_one_consumer_group(compose: dict[str, Any]) -
         assert deps["kafka"]["condition"] == "service_healthy", name
         assert deps["redis"]["condition"] == "service_healthy", name
         assert deps["topics"]["condition"] == "service_completed_successfully", name
-        assert "/metrics" in " ".join(svc["healthcheck"]["test"]), name
+        assert "/healthz" in " ".join(svc["healthcheck"]["test"]), name
 
 
 def test_compose_env_uses_only_documented_settings(compose: dict[str, Any]) -> None:
@@ -505,9 +505,10 @@ def test_k8s_worker_probes_and_ports(k8s: list[dict[str, Any]]) -> None:
     assert c["args"] == ["worker"]
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports["metrics"] == port
-    for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+    paths = {"livenessProbe": "/healthz", "readinessProbe": "/readyz", "startupProbe": "/healthz"}
+    for probe, path in paths.items():
         http = c[probe]["httpGet"]
-        assert http["path"] == "/metrics" and http["port"] in ("metrics", port), probe
+        assert http["path"] == path and http["port"] in ("metrics", port), probe
     svc = one(k8s, "Service")
     assert svc["spec"]["selector"] == deploy["spec"]["selector"]["matchLabels"]
     assert svc["spec"]["ports"][0]["targetPort"] in ("metrics", port)
