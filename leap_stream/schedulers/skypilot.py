@@ -19,7 +19,7 @@ YAML is parsed by the caller); `leap-stream serve` serves it at ``POST /v1/skypi
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -220,8 +220,8 @@ def time_estimator(
     return estimate
 
 
-def policy_answer(
-    body: bytes, rank: Callable[[bytes], Mapping[str, Any]], now: datetime
+async def policy_answer(
+    body: bytes, rank: Callable[[bytes], Awaitable[Mapping[str, Any]]], now: datetime
 ) -> tuple[int, bytes, str]:
     """The HTTP answer to a ``RestfulAdminPolicy`` request: (status, body, outcome).
 
@@ -244,7 +244,7 @@ def policy_answer(
     p = plan(task, now)
     outcome = p if isinstance(p, str) else "ranked"
     if isinstance(p, Plan):
-        ranking = rank(orjson.dumps(p.submission))
+        ranking = await rank(orjson.dumps(p.submission))
         if "error" in ranking:
             outcome = (
                 f"not ranked: {ranking['error'].get('kind')}: {ranking['error'].get('message')}"

@@ -16,6 +16,7 @@ wait, then requests get 503 until the broker is back. TLS is a reverse proxy's j
 from __future__ import annotations
 
 import argparse
+import asyncio
 import hmac
 import itertools
 import logging
@@ -23,7 +24,8 @@ import queue
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -67,9 +69,10 @@ class Publisher:
         self._thread.start()
 
     def put(self, rankings: Sequence[HardwareRanking]) -> None:
+        """Queue rankings without waiting (it runs on the event loop); Busy when full."""
         try:
             for r in rankings:
-                self._queue.put(r, timeout=1.0)
+                self._queue.put_nowait(r)
         except queue.Full:
             raise Busy("the rankings topic is not reachable; try again") from None
 
@@ -113,10 +116,11 @@ class Publisher:
 class RankService:
     """Raw request bodies → one outcome each: a ranking, or the dead-letter error of the input.
 
-    Concurrent requests are ranked together: one thread takes everything queued (up to
-    ``max_batch`` submissions), so they share one Redis round trip and one model call, as the
-    worker's batches do. The processor is used from that thread only (it keeps the Redis backoff
-    and the submissions it could not remember yet)."""
+    Ranking runs on the event loop itself: a request queues its bodies and schedules one drain
+    (``call_soon``), so every request that arrived in the same loop iteration is ranked in one
+    batch, with one Redis round trip and one model call, as the worker's batches are. No thread
+    hop on the way: each would wait for the GIL behind whatever else runs (up to the 5 ms switch
+    interval), which is where the latency tail was. The processor is used from the loop only."""
 
     def __init__(
         self,
@@ -130,35 +134,38 @@ class RankService:
         self.ready = ready
         self.max_batch = max_batch
         self.batches = 0
-        self._queue: queue.SimpleQueue[_Request] = queue.SimpleQueue()
+        self._pending: list[_Request] = []
+        self._scheduled = False
         self._offsets = itertools.count()
-        self._thread = threading.Thread(target=self._main, name="leap-serve-rank", daemon=True)
-        self._started = threading.Lock()
 
-    def rank(self, bodies: Sequence[bytes]) -> list[HardwareRanking | DeadLetter]:
-        request = _Request(list(bodies))
-        with self._started:
-            if not self._thread.is_alive():
-                self._thread.start()
-        self._queue.put(request)
-        return request.result()
+    async def rank(self, bodies: Sequence[bytes]) -> list[HardwareRanking | DeadLetter]:
+        loop = asyncio.get_running_loop()
+        request = _Request(list(bodies), loop.create_future())
+        self._pending.append(request)
+        if not self._scheduled:
+            self._scheduled = True
+            loop.call_soon(self._drain)
+        return await request.future
 
-    def _main(self) -> None:
-        while True:
-            batch = [self._queue.get()]
-            size = len(batch[0].bodies)
-            while size < self.max_batch:
-                try:
-                    batch.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-                size += len(batch[-1].bodies)
-            try:
-                self._rank(batch)
-            except Exception as exc:  # a bug: every caller of the batch gets it, the loop goes on
-                log.exception("ranking a batch of %d requests failed", len(batch))
-                for request in batch:
-                    request.fail(exc)
+    def _drain(self) -> None:
+        batch: list[_Request] = []
+        size = 0
+        while self._pending and (
+            not batch or size + len(self._pending[0].bodies) <= self.max_batch
+        ):
+            batch.append(self._pending.pop(0))
+            size += len(batch[-1].bodies)
+        if self._pending:
+            asyncio.get_running_loop().call_soon(self._drain)
+        else:
+            self._scheduled = False
+        try:
+            self._rank(batch)
+        except Exception as exc:  # a bug: every caller of the batch gets it, the service goes on
+            log.exception("ranking a batch of %d requests failed", len(batch))
+            for request in batch:
+                if not request.future.done():
+                    request.future.set_exception(exc)
 
     def _rank(self, batch: list[_Request]) -> None:
         per_request = [
@@ -171,31 +178,17 @@ class RankService:
         dead = {d["source"]["offset"]: d for d in res.dead_letters}
         rankings = iter(res.rankings)
         for request, recs in zip(batch, per_request, strict=True):
-            request.done([dead[r.offset] if r.offset in dead else next(rankings) for r in recs])
+            outcomes = [dead[r.offset] if r.offset in dead else next(rankings) for r in recs]
+            if not request.future.done():  # the client may have gone
+                request.future.set_result(outcomes)
 
 
+@dataclass
 class _Request:
-    """One HTTP request's bodies and, once ranked, its outcomes (a tiny future)."""
+    """One HTTP request's bodies and the future of its outcomes."""
 
-    def __init__(self, bodies: list[bytes]) -> None:
-        self.bodies = bodies
-        self._done = threading.Event()
-        self._outcomes: list[HardwareRanking | DeadLetter] = []
-        self._error: BaseException | None = None
-
-    def done(self, outcomes: list[HardwareRanking | DeadLetter]) -> None:
-        self._outcomes = outcomes
-        self._done.set()
-
-    def fail(self, exc: BaseException) -> None:
-        self._error = exc
-        self._done.set()
-
-    def result(self) -> list[HardwareRanking | DeadLetter]:
-        self._done.wait()
-        if self._error is not None:
-            raise self._error
-        return self._outcomes
+    bodies: list[bytes]
+    future: asyncio.Future[list[HardwareRanking | DeadLetter]]
 
 
 def read_tokens(path: Path) -> frozenset[str]:
@@ -224,8 +217,9 @@ def _json_response(body: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(body), status_code=status, media_type="application/json")
 
 
-def _error_body(dl: DeadLetter) -> dict[str, Any]:
-    return {"error": dict(dl["error"])}
+def _error_body(outcome: Mapping[str, Any]) -> dict[str, Any]:
+    """The HTTP body of a dead-letter outcome: its error only."""
+    return {"error": dict(outcome["error"])}
 
 
 def create_app(
@@ -280,7 +274,7 @@ def create_app(
         if (no := denied(request)) is not None:
             return no
         body = await request.body()
-        [out] = await _in_thread(service.rank, [body])
+        [out] = await service.rank([body])
         if "error" in out:
             return _json_response(_error_body(out), 422)
         return _json_response(out)
@@ -337,7 +331,7 @@ def create_app(
         if not isinstance(events, list):
             message = "a batch is a JSON array of job-submitted events"
             return _json_response({"error": {"kind": "not_object", "message": message}}, 422)
-        outs = await _in_thread(service.rank, [orjson.dumps(e) for e in events])
+        outs = await service.rank([orjson.dumps(e) for e in events])
         results = [_error_body(o) if "error" in o else {"ranking": o} for o in outs]
         return _json_response({"results": results})
 
@@ -357,13 +351,13 @@ def create_app(
                 return denied(request)
         body = await request.body()
 
-        def rank_one(submission: bytes) -> Any:
-            out: Any = service.rank([submission])[0]
+        async def rank_one(submission: bytes) -> Any:
+            [out] = await service.rank([submission])
             if "error" in out:
                 return _error_body(out)
             return out
 
-        status, answer, outcome = await _in_thread(policy_answer, body, rank_one, datetime.now(UTC))
+        status, answer, outcome = await policy_answer(body, rank_one, datetime.now(UTC))
         if outcome != "ranked":
             log.info("skypilot policy: task returned as it came: %s", outcome)
         return Response(answer, status_code=status, media_type="application/json")

@@ -3,6 +3,7 @@ the HTTP answer (SkyPilot's double-encoded JSON) with a stand-in ranker."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -143,31 +144,31 @@ def test_policy_answer_is_encoded_the_way_skypilot_decodes_it() -> None:
     task = _task({"accelerators": {"H100": 8, "MI300X": 8}})
     ranked: list[bytes] = []
 
-    def rank(submission: bytes) -> dict[str, Any]:
+    async def rank(submission: bytes) -> dict[str, Any]:
         ranked.append(submission)
         return _ranking(["mi300x", "h100-sxm"], orjson.loads(submission)["job_id"])
 
-    status, body, outcome = policy_answer(_request(task), rank, NOW)
+    status, body, outcome = asyncio.run(policy_answer(_request(task), rank, NOW))
     assert (status, outcome) == (200, "ranked") and len(ranked) == 1
     mutated = orjson.loads(orjson.loads(body))
     assert mutated["skypilot_config"] == "{}\n"
     order = [o["accelerators"] for o in yaml.safe_load(mutated["task"])["resources"]["ordered"]]
     assert order == [{"MI300X": 8}, {"H100": 8}]
 
-    def refuse(_submission: bytes) -> dict[str, Any]:
+    async def refuse(_submission: bytes) -> dict[str, Any]:
         return {"error": {"kind": "schema", "message": "no"}}
 
-    status, body, outcome = policy_answer(_request(task), refuse, NOW)
+    status, body, outcome = asyncio.run(policy_answer(_request(task), refuse, NOW))
     assert status == 200 and "schema" in outcome
     assert yaml.safe_load(orjson.loads(orjson.loads(body))["task"]) == task
-    status, body, outcome = policy_answer(b'"not yaml: ["', rank, NOW)
+    status, body, outcome = asyncio.run(policy_answer(b'"not yaml: ["', rank, NOW))
     assert status == 422 and orjson.loads(body)["error"]["kind"] == "not_skypilot_request"
 
 
 class _Service:
     """Stands in for RankService: ranks every submission the same way."""
 
-    def rank(self, bodies: list[bytes]) -> list[dict[str, Any]]:
+    async def rank(self, bodies: list[bytes]) -> list[dict[str, Any]]:
         return [_ranking(["mi300x", "h100-sxm"], orjson.loads(b)["job_id"]) for b in bodies]
 
     def ready(self) -> dict[str, Any]:
