@@ -58,6 +58,11 @@ class SlurmWorld:
     def rank(self, event: dict[str, Any]) -> dict[str, Any]:
         return self.served.rank(event)
 
+    def wait_cached(self, kind: str, ident: str) -> None:
+        """Until `leap-stream rankings cache` has written the ranking of a job or lineage."""
+        path = self.cache_dir / file_name(kind, ident)
+        wait_for(f"the {kind} {ident}'s ranking in the cache", path.exists, 60)
+
     def fresh(self, index: int) -> dict[str, Any]:
         return self.served.fresh(index, self.slurm.partitions)
 
@@ -135,11 +140,7 @@ def test_job_submit_places_from_the_cache_without_the_network(world: SlurmWorld)
     world.configure(None)  # no cli_filter: only the server-side plugin and its cache
     # the lineage ran before: its ranking reached the cache through the rankings topic
     earlier, ranked = _ranked_event(world, 3)
-    wait_for(
-        "the lineage's ranking in the cache",
-        lambda: (world.cache_dir / file_name("lineage", earlier["lineage_id"])).exists(),
-        60,
-    )
+    world.wait_cached("lineage", earlier["lineage_id"])
     allowed = [ranked[1], ranked[0]]
     again = dict(earlier, job_id=f"job/slurm-test/{uuid.uuid4().hex[:10]}")
     job_id, _ = world.slurm.sbatch(
@@ -151,11 +152,7 @@ def test_job_submit_places_from_the_cache_without_the_network(world: SlurmWorld)
 
     # a portal ranked this very job before sbatch: the job's own ranking is used
     portal, p_ranked = _ranked_event(world, 6)
-    wait_for(
-        "the job's ranking in the cache",
-        lambda: (world.cache_dir / file_name("job", portal["job_id"])).exists(),
-        60,
-    )
+    world.wait_cached("job", portal["job_id"])
     allowed = [p_ranked[2], p_ranked[0]]
     job_id, _ = world.slurm.sbatch(
         "--hold", "-p", ",".join(allowed), "--comment", spec_comment(portal, keep_job_id=True)
@@ -181,11 +178,7 @@ def test_no_ranking_in_time_keeps_what_the_user_asked(world: SlurmWorld) -> None
     # a partition leap-stream does not know: the plugins stay out of the way
     world.configure(world.serve_url + "/v1/rank")
     probe, ranked = _ranked_event(world, 9)
-    wait_for(
-        "the lineage's ranking in the cache",
-        lambda: (world.cache_dir / file_name("lineage", probe["lineage_id"])).exists(),
-        60,
-    )
+    world.wait_cached("lineage", probe["lineage_id"])
     (world.slurm.etc / "leap-stream.conf").write_text(
         (world.slurm.etc / "leap-stream.conf").read_text().replace(f"partition.{ranked[1]} =", "#")
     )
