@@ -12,6 +12,8 @@ from leap_stream.tools.bench.stats import (
     FINAL_KEYS,
     due,
     final_figures,
+    mixed_summary,
+    overhead,
     percentile_ms,
     rate,
     widen_candidates,
@@ -50,6 +52,15 @@ def test_final_figures_has_every_key_and_the_ratios() -> None:
     orjson.dumps(out)  # serialisable as the last stdout line
 
 
+def test_overhead_is_the_pipeline_over_the_trees_per_job() -> None:
+    o = overhead(cpu_s=2.5, trees_cpu_s=0.25, jobs=10_000)
+    assert o["pipeline_cpu_us_per_job"] == pytest.approx(250.0)
+    assert o["trees_cpu_us_per_job"] == pytest.approx(25.0)
+    assert o["overhead_ratio"] == pytest.approx(10.0)
+    assert math.isnan(overhead(1.0, 0.0, 10)["overhead_ratio"])
+    assert math.isnan(overhead(1.0, 1.0, 0)["pipeline_cpu_us_per_job"])
+
+
 def test_due_paces_an_open_loop() -> None:
     assert due(0.0, 1000, 20000) == 0
     assert due(0.0005, 1000, 20000) == 1
@@ -71,3 +82,11 @@ def test_widen_candidates_keeps_the_default_and_the_width() -> None:
     assert sub["candidate_hardware"] == ["h100-sxm"]  # the input is not modified
     with pytest.raises(ValueError):
         widen_candidates(sub, types, len(types) + 1)
+
+
+def test_mixed_summary_is_the_run_nine_in_ten_stay_under() -> None:
+    runs = [{"p99_ms": v} for v in (30.0, 41.0, 38.0, 90.0, 35.0, 36.0, 37.0, 39.0, 40.0, 44.0)]
+    m = mixed_summary(runs)
+    assert m["p99_ms"] == 44.0 and m["runs_under_50ms"] == 9 and m["runs"] == 10
+    assert mixed_summary([{"p99_ms": 12.5}])["p99_ms"] == 12.5
+    assert math.isnan(mixed_summary([])["p99_ms"])

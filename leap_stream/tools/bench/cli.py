@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 
 from leap_stream.settings import Settings
-from leap_stream.tools.bench.stats import final_figures
+from leap_stream.tools.bench.stats import final_figures, mixed_summary, overhead
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -32,6 +32,12 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seconds", type=float, default=20.0, help="duration of the offered load")
     parser.add_argument(
         "--http-rate", type=float, default=200.0, help="single-job requests/s to `serve`"
+    )
+    parser.add_argument(
+        "--mixed-runs",
+        type=int,
+        default=1,
+        help="runs of the load with completions mixed in (the target counts 9 of 10)",
     )
     parser.add_argument(
         "--workers", type=int, default=1, help="worker processes in the group (worker and load)"
@@ -104,10 +110,16 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
                     fh.write(text)
                 H.log(f"profile written to {args.profile}")
             d.update(st)
+            d.update(overhead(d["cpu_s"], st["trees_cpu_s"], d["events"]))
             detail["pipeline"] = d
             H.log(
                 f"pipeline: {d['events']} events in {d['seconds']}s = {d['eps']:.0f}/s "
                 f"({d['eps_per_cpu_s']:.0f} per CPU-second; {d['batches']} batches, {st['model']} ranked by the model, {st['dead']} dead)"
+            )
+            H.log(
+                f"pipeline CPU {d['pipeline_cpu_us_per_job']:.0f} us per job, of which the "
+                f"trees {d['trees_cpu_us_per_job']:.0f} us: overhead ratio "
+                f"{d['overhead_ratio']:.1f}"
             )
         if "worker" in stages or "load" in stages:
             topics = {
@@ -137,6 +149,23 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
                     f"offered {args.rate:.0f}/s for {args.seconds:.0f}s: {d['ranked']}/{d['sent']} "
                     f"ranked, p50 {d['p50_ms']:.1f} ms, p90 {d['p90_ms']:.1f} ms, "
                     f"p99 {d['p99_ms']:.1f} ms, max {d['max_ms']:.1f} ms"
+                )
+                runs = []
+                for k in range(args.mixed_runs):
+                    time.sleep(1.0)
+                    d = H.offered_load(world, worker, args.rate, args.seconds, mixed_run=k)
+                    runs.append(d)
+                    H.log(
+                        f"mixed run {k + 1}/{args.mixed_runs}: {args.rate:.0f} submissions/s + "
+                        f"{d['completions'] / args.seconds:.0f} completions/s: "
+                        f"{d['ranked']}/{d['sent']} ranked, p50 {d['p50_ms']:.1f} ms, "
+                        f"p99 {d['p99_ms']:.1f} ms, max {d['max_ms']:.1f} ms"
+                    )
+                detail["mixed"] = mixed_summary(runs)
+                detail["mixed_runs"] = runs
+                H.log(
+                    f"mixed: p99 under 50 ms in {detail['mixed']['runs_under_50ms']} of "
+                    f"{len(runs)} runs; p99 of the runs {detail['mixed']['p99_ms_runs']}"
                 )
             worker.stop()
         if "http" in stages:
@@ -173,6 +202,10 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         http_p50_ms_at_200=detail.get("http", {}).get("p50_ms", nan),
         http_p99_ms_at_200=detail.get("http", {}).get("p99_ms", nan),
         http_max_rps=detail.get("http", {}).get("max_rps", nan),
+        p99_ms_mixed_at_1000=detail.get("mixed", {}).get("p99_ms", nan),
+        overhead_ratio=detail.get("pipeline", {}).get("overhead_ratio", nan),
+        pipeline_cpu_us_per_job=detail.get("pipeline", {}).get("pipeline_cpu_us_per_job", nan),
+        trees_cpu_us_per_job=detail.get("pipeline", {}).get("trees_cpu_us_per_job", nan),
     )
     if args.json:
         print(orjson.dumps(detail, option=orjson.OPT_SERIALIZE_NUMPY, default=str).decode())

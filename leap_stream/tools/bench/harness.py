@@ -64,6 +64,9 @@ class BenchWorld:
     types: tuple[str, ...]
     candidates: int
     settings: Settings
+    # the completion of each submission (same index), in the simulator's ended_at order; only
+    # those that ran on one of the submission's (widened) candidates
+    completions: list[dict[str, Any]] = field(default_factory=list)
     topics: list[str] = field(default_factory=list)
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
 
@@ -139,6 +142,10 @@ def build_world(
         subs.append(widen_candidates(s, types, candidates, salt=i))
         i += 1
     lines = [orjson.dumps(s) for s in subs]
+    later = completion_events(
+        sim.completions[sim.completions["ended_at"] >= first_day].sort_values("ended_at")
+    )
+    completions = _completions_of(subs, later, len(base))
     with_prior = sum(
         bool(h) for h in store.read_batch([s["lineage_id"] for s in subs[:5000]], [])[0]
     )
@@ -159,7 +166,26 @@ def build_world(
         types=types,
         candidates=candidates,
         settings=settings,
+        completions=completions,
     )
+
+
+def _completions_of(
+    subs: list[dict[str, Any]], later: list[dict[str, Any]], n_base: int
+) -> list[dict[str, Any]]:
+    """The completions of ``subs`` (repeats of the day's ``n_base`` jobs carry ``-rN`` ids) in
+    the simulator's ended_at order: each job's simulated completion, renamed like its
+    submission, kept when the type it ran on is among the submission's candidates."""
+    index = {(s["job_id"], s["attempt"]): s for s in subs}
+    out = []
+    for rnd in range((len(subs) + n_base - 1) // n_base):
+        suffix = f"-r{rnd}" if rnd else ""
+        for c in later:
+            s = index.get((c["job_id"] + suffix, c["attempt"]))
+            if s is None or c["hardware_type"] not in s["candidate_hardware"]:
+                continue
+            out.append(dict(c, job_id=s["job_id"], event_id=f"{c['event_id']}{suffix}"))
+    return out
 
 
 # --- Kafka plumbing
@@ -285,7 +311,8 @@ def pipeline_work(world: BenchWorld) -> tuple[Work, Any]:
         known_hardware=set(catalog.types),
         window=TimeWindow(0, 0),  # simulated dates; the check itself still runs
     )
-    stats: dict[str, int] = {"valid": 0, "dead": 0, "model": 0}
+    stats: dict[str, Any] = {"valid": 0, "dead": 0, "model": 0, "trees_cpu_s": 0.0}
+    time_the_trees(holder.get().model, stats)
 
     def work(msgs: list[Any]) -> tuple[list[tuple[bytes | None, bytes]], list[tuple[bytes, bytes]]]:
         records = [Record(m.topic(), m.partition(), m.offset(), m.key(), m.value()) for m in msgs]
@@ -300,6 +327,28 @@ def pipeline_work(world: BenchWorld) -> tuple[Work, Any]:
         return rankings, dead
 
     return work, stats
+
+
+def time_the_trees(model: Any, stats: dict[str, Any]) -> None:
+    """Add the CPU seconds the model's trees take (its scorers: LightGBM's or the compiled
+    ones, the booster and the ratio model) to ``stats["trees_cpu_s"]``: the one piece of the
+    pipeline's work that cannot be avoided, against which the overhead ratio is measured.
+    Process CPU, because the compiled trees may run on more than one thread."""
+    if model is None:
+        raise RuntimeError("the bench model did not load")
+
+    def timed(score: Callable[[np.ndarray], np.ndarray]) -> Callable[[np.ndarray], np.ndarray]:
+        def call(X: np.ndarray) -> np.ndarray:
+            t = time.process_time()
+            try:
+                return score(X)
+            finally:
+                stats["trees_cpu_s"] += time.process_time() - t
+
+        return call
+
+    model.score = timed(model.score)
+    model.ratio_score = timed(model.ratio_score)
 
 
 class PerRowModel:
@@ -558,23 +607,30 @@ class _Sent:
 
 
 def _produce_paced(
-    bootstrap: str, topic: str, subs: list[dict[str, Any]], per_s: float, sent: _Sent
+    bootstrap: str,
+    topic: str,
+    events: list[dict[str, Any]],
+    per_s: float,
+    sent: _Sent,
+    stamp: bool = True,
 ) -> None:
-    """Open loop: event i goes out at i / per_s, stamped with its send time."""
+    """Open loop: event i goes out at i / per_s. With ``stamp`` (submissions) it is dated and
+    its send time recorded for the latency; completions go out as they are."""
     from leap_stream.contracts import format_ts
 
     p = KafkaClients(bootstrap).producer({"linger.ms": 1, "acks": "all"})
     t0 = time.perf_counter()
     i = 0
-    while i < len(subs):
-        target = due(time.perf_counter() - t0, per_s, len(subs))
+    while i < len(events):
+        target = due(time.perf_counter() - t0, per_s, len(events))
         while i < target:
-            s = subs[i]
-            now = time.time()
-            s["submitted_at"] = format_ts(now)
-            with sent.lock:
-                sent.at[s["job_id"]] = now
-            p.produce(topic, key=s["job_id"].encode(), value=orjson.dumps(s))
+            e = events[i]
+            if stamp:
+                now = time.time()
+                e["submitted_at"] = format_ts(now)
+                with sent.lock:
+                    sent.at[e["job_id"]] = now
+            p.produce(topic, key=e["job_id"].encode(), value=orjson.dumps(e))
             i += 1
         p.poll(0)
         # sleep until event i is due (a fixed 0.5 ms nap was 2,000 wake-ups/s of the
@@ -583,7 +639,7 @@ def _produce_paced(
         if wait > 0:
             time.sleep(wait)
     if p.flush(60) != 0:
-        sent.errors.append("load producer could not flush")
+        sent.errors.append(f"load producer could not flush {topic}")
 
 
 def _in_thread(fn: Callable[[], None], errors: list[str]) -> threading.Thread:
@@ -624,10 +680,27 @@ def _latency_figures(
 
 
 def offered_load(
-    world: BenchWorld, worker: WorkerProc, per_s: float, seconds: float
+    world: BenchWorld,
+    worker: WorkerProc,
+    per_s: float,
+    seconds: float,
+    mixed_run: int | None = None,
 ) -> dict[str, Any]:
-    """Open-loop load at per_s for seconds; latency = ranking received − submission produced."""
+    """Open-loop load at per_s for seconds; latency = ranking received − submission produced.
+
+    ``mixed_run`` (a run number) adds the real traffic mix: beside the submissions, the
+    completions of earlier jobs (the backlog the worker stage ranked, so their submissions are
+    stored) at the same rate, in the simulator's ended_at order. In steady state every job
+    completes once, so completions arrive as fast as submissions; the simulator's hours between
+    a job's submission and its completion do not fit a 20 s run, its order does. Each run's
+    completions get their own event ids, so no run replays another's as duplicates."""
     subs = _load_submissions(world, int(per_s * seconds))
+    comps: list[dict[str, Any]] = []
+    if mixed_run is not None:
+        comps = [
+            dict(c, event_id=f"{c['event_id']}-m{mixed_run}")
+            for c in world.completions[: len(subs)]
+        ]
     # the reader starts at the end of the rankings topic, assigned before the first send
     reader = RankingsClient(
         KafkaClients(world.bootstrap),
@@ -639,6 +712,12 @@ def offered_load(
     t_start = time.perf_counter()
     th = _in_thread(
         lambda: _produce_paced(world.bootstrap, worker.topics["sub"], subs, per_s, sent),
+        sent.errors,
+    )
+    th_comp = _in_thread(
+        lambda: _produce_paced(
+            world.bootstrap, worker.topics["comp"], comps, per_s, sent, stamp=False
+        ),
         sent.errors,
     )
     lat: list[float] = []
@@ -656,9 +735,10 @@ def offered_load(
         if not arrivals and not worker.alive():
             raise RuntimeError("the worker died under load:\n" + worker.log_tail())
     th.join(30)
+    th_comp.join(30)
     reader.close()
     figures = _latency_figures(sent, lat, sent_order, in_worker, time.perf_counter() - t_start)
-    return {"offered_per_s": per_s, "seconds": seconds, **figures}
+    return {"offered_per_s": per_s, "seconds": seconds, "completions": len(comps), **figures}
 
 
 def http_latency(
@@ -803,5 +883,6 @@ __all__ = [
     "offered_load",
     "passthrough_work",
     "pipeline_work",
+    "time_the_trees",
     "worker_backlog",
 ]
