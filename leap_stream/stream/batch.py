@@ -24,8 +24,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
-import pandas as pd
-
 from leap_stream.contracts import (
     DeadLetter,
     DecodeError,
@@ -37,8 +35,10 @@ from leap_stream.contracts import (
     decode,
     make_dead_letter,
 )
+from leap_stream.core.columns import Columns
 from leap_stream.core.features import SpecArrays, log_rate_ceiling
 from leap_stream.core.history import LineageHistory, TypeAggregates
+from leap_stream.core.rows import SUBMISSION_COLUMNS
 from leap_stream.store.offline import flatten
 from leap_stream.store.online import Prediction, encode_predictions
 
@@ -484,9 +484,10 @@ class CompletionProcessor:
 
         def ceilings(subs: Sequence[dict[str, Any] | None]) -> list[float | None]:
             known = [i for i, sub in enumerate(subs) if sub is not None]
+            stored = [sub for sub in subs if sub is not None]
             out: list[float | None] = [None] * len(subs)
             if known:
-                jobs = pd.DataFrame([subs[i] for i in known])
+                jobs = Columns.of_rows(stored, SUBMISSION_COLUMNS)
                 hw = [completions[i]["hardware_type"] for i in known]
                 for i, v in zip(known, log_rate_ceiling(jobs, hw, specs).tolist(), strict=True):
                     out[i] = v

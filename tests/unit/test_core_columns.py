@@ -53,3 +53,16 @@ def test_map_values_matches_series_map_fillna(n: int) -> None:
     want = pd.Series(values, dtype=object).map(table).fillna(7.0).to_numpy(np.float64)
     got = map_values(values, table, 7.0)
     assert np.array_equal(got, want)
+
+
+def test_of_rows_makes_numbers_float_and_keeps_the_rest() -> None:
+    rows = [
+        {"parameters": 7, "active_parameters": None, "precision": "bf16", "flag": True},
+        {"parameters": 1.5e9, "active_parameters": 2.0, "precision": "fp8", "flag": False},
+    ]
+    cols = Columns.of_rows(rows, ["parameters", "active_parameters", "precision", "flag", "gone"])
+    assert cols["parameters"].dtype == np.float64 and cols["parameters"].tolist() == [7.0, 1.5e9]
+    assert np.isnan(cols["active_parameters"][0]) and cols["active_parameters"][1] == 2.0
+    assert cols["precision"].dtype == object and cols["flag"].tolist() == [True, False]
+    assert np.isnan(cols["gone"]).all() and len(cols) == 2
+    assert len(Columns.of_rows([], ["parameters"])) == 0
