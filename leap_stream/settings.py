@@ -83,6 +83,19 @@ def _choice(*allowed: str, upper: bool = False) -> Parser:
     return parse
 
 
+WORKER_ROLES = ("submissions", "completions")
+
+
+def _roles(env: str, raw: str) -> str:
+    """A comma-separated, non-empty subset of the worker's roles, written back in order."""
+    given = {r.strip() for r in raw.split(",") if r.strip()}
+    if not given or not given <= set(WORKER_ROLES):
+        raise SettingsError(
+            f"{env}={raw!r}: expected a comma-separated choice of {', '.join(WORKER_ROLES)}"
+        )
+    return ",".join(r for r in WORKER_ROLES if r in given)
+
+
 class _Bool:
     """A yes/no setting spelled ``true``/``false`` (or ``1``/``0``), written back the same way."""
 
@@ -379,6 +392,12 @@ class Settings:
         _float(0, above=True),
     )
     # --- Worker
+    worker_roles: str = _setting(
+        "LEAP_WORKER_ROLES",
+        "submissions,completions",
+        "What a worker process consumes: submissions (rank), completions (history and dataset), or both. Run one process of each to keep the completions off the rankings' interpreter (docs/worker.md).",
+        _roles,
+    )
     batch_size: int = _setting(
         "LEAP_BATCH_SIZE",
         "500",
@@ -625,6 +644,10 @@ class Settings:
         }
         conf.update({key: value for key, value in optional.items() if value})
         return conf
+
+    def runs(self, role: str) -> bool:
+        """Whether this worker process takes ``role`` (LEAP_WORKER_ROLES)."""
+        return role in self.worker_roles.split(",")
 
     @property
     def input_topics(self) -> tuple[str, str]:

@@ -511,23 +511,15 @@ def exit_unfinished(outputs: list[OutputProducer]) -> NoReturn:
     os._exit(EXIT_UNFINISHED)
 
 
-def build_app(deps: WorkerDeps) -> faust.App:
-    """The worker: the completions agent, the submissions loop, the model and lag timers."""
+def submission_loop(deps: WorkerDeps, out: OutputProducer) -> SubmissionLoop:
+    """The submissions loop of a worker, publishing through ``out`` (its own producer)."""
     cfg = deps.cfg
-    app = new_faust_app(deps)
-    # one producer per consumer of the input, each used from one thread only: a flush then
-    # covers exactly that side's records and delivery reports
-    sub_out, comp_out = deps.make_output(), deps.make_output()
-    agent = CompletionsAgent(app, deps, comp_out)
-    app.agent(app.topic(cfg.topic_completions, key_type=bytes, value_type=bytes, internal=False))(
-        agent.consume
-    )
-    sub_loop = SubmissionLoop(
+    return SubmissionLoop(
         kafka=deps.kafka,
         group=cfg.consumer_group,
         topic=cfg.topic_submissions,
         processor=deps.submissions,
-        send=lambda rankings, dead: send_all(sub_out, cfg, rankings, dead),
+        send=lambda rankings, dead: send_all(out, cfg, rankings, dead),
         on_batch=lambda records, res, took: observe_submissions(deps, records, res, took),
         on_store_error=lambda op: deps.metrics.redis_errors.labels(op=op).inc(),
         on_replace=lambda _why: deps.metrics.consumer_replaced.inc(),
@@ -541,6 +533,64 @@ def build_app(deps: WorkerDeps) -> faust.App:
         extra={"topic.metadata.refresh.interval.ms": int(cfg.metadata_refresh_s * 1000)},
     )
 
+
+def polls(deps: WorkerDeps) -> list[tuple[str, float, Callable[[], object]]]:
+    """The worker's periodic side work: (name, interval, function), each run in a thread of its
+    own (a model that takes minutes to load or compile must not freeze the lag gauge)."""
+    cfg = deps.cfg
+    found = (
+        ("model poll", cfg.model_poll_s, deps.model_poll),
+        ("lag poll", cfg.lag_interval_s, deps.lag_poll),
+        ("store poll", cfg.lag_interval_s, deps.store_poll),
+    )
+    return [(name, interval, poll) for name, interval, poll in found if poll is not None]
+
+
+def run_submissions_only(deps: WorkerDeps, stop: threading.Event) -> int:
+    """A worker with LEAP_WORKER_ROLES=submissions: the submissions loop and the polls, without
+    Faust (which has nothing to consume then). Runs until ``stop`` is set (SIGTERM) or the loop
+    fails; exit status as the full worker's: 0, or 3 when work was left unfinished."""
+    out = deps.make_output()
+    loop = submission_loop(deps, out)
+
+    def every(name: str, interval: float, poll: Callable[[], object]) -> None:
+        while not stop.wait(interval):
+            try:
+                poll()
+            except Exception as exc:
+                log.warning("%s failed: %r", name, exc)
+
+    for name, interval, poll in polls(deps):
+        threading.Thread(
+            target=every, args=(name, interval, poll), name=f"leap-{name.split()[0]}", daemon=True
+        ).start()
+    loop.start()
+    while loop.running and not stop.wait(0.25):
+        pass
+    loop.stop()
+    stop.set()
+    if loop.unfinished:
+        exit_unfinished([out])
+    out.close()
+    if loop.error is not None:
+        log.error("submissions loop failed: %r", loop.error)
+        return 1
+    return 0
+
+
+def build_app(deps: WorkerDeps) -> faust.App:
+    """The worker: the completions agent, the submissions loop, the model and lag timers."""
+    cfg = deps.cfg
+    app = new_faust_app(deps)
+    # one producer per consumer of the input, each used from one thread only: a flush then
+    # covers exactly that side's records and delivery reports
+    sub_out, comp_out = deps.make_output(), deps.make_output()
+    agent = CompletionsAgent(app, deps, comp_out)
+    if cfg.runs("completions"):
+        topic = app.topic(cfg.topic_completions, key_type=bytes, value_type=bytes, internal=False)
+        app.agent(topic)(agent.consume)
+    sub_loop = submission_loop(deps, sub_out)
+
     async def submissions_loop() -> None:
         sub_loop.start()
         while sub_loop.running:
@@ -548,17 +598,13 @@ def build_app(deps: WorkerDeps) -> faust.App:
         if sub_loop.error is not None:
             await app.crash(sub_loop.error)
 
-    app.task(submissions_loop)
+    if cfg.runs("submissions"):
+        app.task(submissions_loop)
     # a thread each: a model that takes minutes to load or compile must not freeze the lag
     # gauge, which is what on-call reads when something is slow
-    for name, interval, poll in (
-        ("model poll", cfg.model_poll_s, deps.model_poll),
-        ("lag poll", cfg.lag_interval_s, deps.lag_poll),
-        ("store poll", cfg.lag_interval_s, deps.store_poll),
-    ):
-        if poll is not None:
-            own = ThreadPoolExecutor(1, thread_name_prefix=f"leap-{name.split()[0]}")
-            app.timer(interval, name=name)(_in_aux(own, name, poll))
+    for name, interval, poll in polls(deps):
+        own = ThreadPoolExecutor(1, thread_name_prefix=f"leap-{name.split()[0]}")
+        app.timer(interval, name=name)(_in_aux(own, name, poll))
 
     async def close(app_: Any, **_kw: Any) -> None:
         agent.stopping.set()
@@ -589,4 +635,13 @@ def _in_aux(
     return tick
 
 
-__all__ = ["EXIT_UNFINISHED", "WorkerDeps", "build_app", "faust_broker_url", "record_of"]
+__all__ = [
+    "EXIT_UNFINISHED",
+    "WorkerDeps",
+    "build_app",
+    "faust_broker_url",
+    "polls",
+    "record_of",
+    "run_submissions_only",
+    "submission_loop",
+]

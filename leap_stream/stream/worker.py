@@ -10,7 +10,9 @@ import argparse
 import faulthandler
 import gc
 import logging
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -174,7 +176,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, cfg: Settings) -> int:
     import faust
 
-    from leap_stream.stream.app import build_app
+    from leap_stream.stream.app import build_app, run_submissions_only
 
     faulthandler.enable()  # a crash in a C extension prints every thread's stack
     level = (args.loglevel or cfg.log_level).lower()
@@ -200,13 +202,23 @@ def run(args: argparse.Namespace, cfg: Settings) -> int:
         cfg.metrics_addr,
         ready=deps.ready,
     )
-    app = build_app(deps)
-    worker = faust.Worker(app, loglevel=level, redirect_stdouts=False)
     if cfg.gc_freeze:
         gc.collect()
         gc.freeze()
+    if not cfg.runs("completions"):  # nothing for Faust to consume: the loop alone
+        return run_submissions_only(deps, stop_on_signals())
+    app = build_app(deps)
+    worker = faust.Worker(app, loglevel=level, redirect_stdouts=False)
     worker.execute_from_commandline()  # raises SystemExit with Faust's exit status
     return 0
+
+
+def stop_on_signals() -> threading.Event:
+    """An event SIGTERM and SIGINT set (the graceful stop of a worker without Faust)."""
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda _signum, _frame: stop.set())
+    return stop
 
 
 __all__ = [

@@ -568,3 +568,55 @@ def test_worker_without_redis_ranks_and_loses_nothing(stack: Stack) -> None:
     assert sorted(frame["event_id"]) == sorted(c["event_id"] for c in comps)
     assert not _dead_letters(stack.bootstrap, t["dlq"], expect=0, timeout=2)
     rankings.close()
+
+
+def test_one_process_per_role_loses_nothing(stack: Stack) -> None:
+    """LEAP_WORKER_ROLES: a submissions process and a completions process on the same topics,
+    group and Redis are one worker: every job ranked once, every completion in the dataset once,
+    each process reading only its own topic."""
+    sim = simulate(SimConfig(seed=21, days=1, rate=600))
+    subs = submission_events(sim.submissions)
+    keys = {(s["job_id"], s["attempt"]) for s in subs}
+    comps = completion_events(completions_in_arrival_order(sim.completions))
+    completions_side = Stack(
+        stack.bootstrap,
+        stack.redis_url,
+        stack.prefix,
+        stack.tmp / "completions",
+        stack.topics,
+        stack.group,
+        extra_env={**E2E_SETTINGS, "LEAP_WORKER_ROLES": "completions"},
+    )
+    completions_side.tmp.mkdir()
+    stack.extra_env = {**E2E_SETTINGS, "LEAP_WORKER_ROLES": "submissions"}
+    t = stack.topics
+    feeder = Feeder(stack.bootstrap)
+    for s in subs:
+        feeder.send(t["sub"], s["job_id"], orjson.dumps(s))
+    for c in comps:
+        feeder.send(t["comp"], c["job_id"], orjson.dumps(c))
+    feeder.flush()
+    rankings = RankingsClient(KafkaClients(stack.bootstrap), t["rank"])
+    lag = LagReader(KafkaClients(stack.bootstrap), worker_groups(stack.group, t["sub"], t["comp"]))
+    stack.start("submissions-only")
+    completions_side.start("completions-only")
+    try:
+
+        def done() -> bool:
+            assert stack.alive(), stack.log_tail()
+            assert completions_side.alive(), completions_side.log_tail()
+            rankings.poll(timeout=0.2, max_messages=5000)
+            return set(rankings.latest()) == keys and total_lag(lag.read()) == 0
+
+        wait_for("both roles caught up", done, 120)
+        # each process consumed its own topic only
+        assert stack.metric("leap_events_in", topic=t["comp"]) == 0
+        assert stack.metric("leap_events_in", topic=t["sub"], outcome="valid") == len(subs)
+        assert completions_side.metric("leap_events_in", topic=t["sub"]) == 0
+        assert completions_side.metric("leap_events_in", topic=t["comp"], outcome="valid") > 0
+    finally:
+        assert completions_side.stop(signal.SIGTERM) == 0, completions_side.log_tail()
+        assert stack.stop(signal.SIGTERM) == 0, stack.log_tail()
+    frame = read_dataset(stack.tmp / "completions" / "dataset")
+    ids = frame["event_id"].tolist()
+    assert len(ids) == len(set(ids)) and set(ids) == {c["event_id"] for c in comps}

@@ -61,3 +61,14 @@ def test_nothing_outside_the_settings_module_reads_a_leap_variable() -> None:
         if p.name != "settings.py" and reads.search(p.read_text())
     ]
     assert offenders == []
+
+
+def test_worker_roles() -> None:
+    assert Settings.from_env({}).worker_roles == "submissions,completions"
+    cfg = Settings.from_env({"LEAP_WORKER_ROLES": " completions , submissions"})
+    assert cfg.worker_roles == "submissions,completions" and cfg.runs("completions")
+    only = Settings.from_env({"LEAP_WORKER_ROLES": "completions"})
+    assert only.runs("completions") and not only.runs("submissions")
+    for bad in ("", "rankings", "submissions,rankings", ","):
+        with pytest.raises(SettingsError, match="LEAP_WORKER_ROLES"):
+            Settings.from_env({"LEAP_WORKER_ROLES": bad})

@@ -42,6 +42,11 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--workers", type=int, default=1, help="worker processes in the group (worker and load)"
     )
+    parser.add_argument(
+        "--split-roles",
+        action="store_true",
+        help="each worker as two processes: submissions and completions (LEAP_WORKER_ROLES)",
+    )
     parser.add_argument("--batch", type=int, default=500, help="consume(num_messages=…) size")
     parser.add_argument(
         "--only",
@@ -74,6 +79,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         figs["hardware_types"] = len(world.types)
         figs["candidates_per_job"] = args.candidates
         figs["workers"] = args.workers
+        figs["split_roles"] = args.split_roles
         compiled = wanted_compiled(settings.compiled_trees)
         figs["compiled_trees"] = compiled
         n = len(world.submissions)
@@ -128,7 +134,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
                 "rank": world.topic("wk-rank"),
                 "dlq": world.topic("wk-dlq"),
             }
-            worker = H.WorkerProc(world, topics, count=args.workers)
+            worker = H.WorkerProc(world, topics, count=args.workers, split_roles=args.split_roles)
             if compiled:  # the backlog waits until the workers serve compiled trees
                 worker.start()
                 H.log(f"workers serving compiled trees after {worker.wait_compiled():.1f}s")

@@ -445,10 +445,12 @@ class WorkerProc:
     world: BenchWorld
     topics: dict[str, str]
     count: int = 1
+    # one process per role (LEAP_WORKER_ROLES) instead of both in each: count pairs
+    split_roles: bool = False
     group: str = field(default_factory=lambda: f"bench-worker-{uuid.uuid4().hex[:8]}")
     procs: list[WorkerProcess] = field(default_factory=list)
 
-    def env(self, i: int) -> dict[str, str]:
+    def env(self, i: int, roles: str | None = None) -> dict[str, str]:
         # tuning settings (LEAP_BATCH_*, LEAP_COMPILED_TREES, …) pass through; where the worker
         # reads and writes is the bench's own
         return worker_env(
@@ -461,6 +463,7 @@ class WorkerProc:
             dataset_dir=self.world.tmp / "dataset",
             registry_dir=self.world.registry_dir,
             metrics_port=free_port(),
+            settings={"LEAP_WORKER_ROLES": roles} if roles else None,
             inherit_leap=True,
         )
 
@@ -489,12 +492,15 @@ class WorkerProc:
     def start(self) -> None:
         if self.procs:
             return
+        roles = ["submissions", "completions"] if self.split_roles else [None]
         for i in range(self.count):
-            w = WorkerProcess(
-                self.env(i), self.world.tmp / f"worker-{i}.log", self.world.tmp, "warning"
-            )
-            w.start()
-            self.procs.append(w)
+            for role in roles:
+                name = f"worker-{i}" + (f"-{role}" if role else "")
+                w = WorkerProcess(
+                    self.env(i, role), self.world.tmp / f"{name}.log", self.world.tmp, "warning"
+                )
+                w.start()
+                self.procs.append(w)
 
     def alive(self) -> bool:
         return bool(self.procs) and all(w.alive() for w in self.procs)
