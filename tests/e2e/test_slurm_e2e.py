@@ -9,6 +9,7 @@ server-side path), both against the real broker and Redis. Where a job landed is
 
 from __future__ import annotations
 
+import socket
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -184,6 +185,25 @@ def test_no_ranking_in_time_keeps_what_the_user_asked(world: SlurmWorld) -> None
     )
     asked = f"{ranked[1]},{ranked[0]}"
     job_id, _ = world.slurm.sbatch("--hold", "-p", asked, "--comment", spec_comment(probe))
+    assert world.slurm.job(job_id)["Partition"] == asked
+
+
+def test_a_serve_that_never_answers_costs_one_timeout(world: SlurmWorld) -> None:
+    """cli_filter waits serve_timeout_s at most, then the job keeps what the user asked (without
+    the timeout curl would wait for ever, and sbatch's 60 s limit in `LocalSlurm` fails this)."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # accepts connections, never answers
+    try:
+        world.configure(f"http://127.0.0.1:{silent.getsockname()[1]}/v1/rank")
+        conf = world.slurm.etc / "leap-stream.conf"
+        conf.write_text(conf.read_text().replace("serve_timeout_s = 5", "serve_timeout_s = 1"))
+        asked = ",".join(world.slurm.partitions[:3])
+        job_id, _ = world.slurm.sbatch(
+            "--hold", "-p", asked, "--comment", spec_comment(world.fresh(2))
+        )
+    finally:
+        silent.close()
     assert world.slurm.job(job_id)["Partition"] == asked
 
 
