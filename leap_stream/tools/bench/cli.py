@@ -34,6 +34,9 @@ def register(parser: argparse.ArgumentParser) -> None:
         "--http-rate", type=float, default=200.0, help="single-job requests/s to `serve`"
     )
     parser.add_argument(
+        "--burst", type=int, default=100_000, help="submissions of the burst stage (at once)"
+    )
+    parser.add_argument(
         "--mixed-runs",
         type=int,
         default=1,
@@ -50,7 +53,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int, default=500, help="consume(num_messages=…) size")
     parser.add_argument(
         "--only",
-        default="passthrough,pipeline,worker,naive,load,http",
+        default="passthrough,pipeline,worker,naive,load,burst,http",
         help="comma-separated stages to run (default all)",
     )
     parser.add_argument(
@@ -127,7 +130,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
                 f"trees {d['trees_cpu_us_per_job']:.0f} us: overhead ratio "
                 f"{d['overhead_ratio']:.1f}"
             )
-        if "worker" in stages or "load" in stages:
+        if stages & {"worker", "load", "burst"}:
             topics = {
                 "sub": world.topic("wk-sub"),
                 "comp": world.topic("wk-comp"),
@@ -173,6 +176,15 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
                     f"mixed: p99 under 50 ms in {detail['mixed']['runs_under_50ms']} of "
                     f"{len(runs)} runs; p99 of the runs {detail['mixed']['p99_ms_runs']}"
                 )
+            if "burst" in stages:
+                time.sleep(1.0)
+                d = H.burst(world, worker, args.burst)
+                detail["burst"] = d
+                H.log(
+                    f"burst: {d['ranked']}/{d['events']} submissions at once (produced in "
+                    f"{d['produce_s']}s) cleared in {d['clear_s']}s = {d['eps']:.0f}/s; first "
+                    f"1000: p50 {d['p50_ms_first_1000']:.1f} ms, p99 {d['p99_ms_first_1000']:.1f} ms"
+                )
             worker.stop()
         if "http" in stages:
             d = H.http_latency(world, world.topic("http-rank"), args.http_rate, args.seconds)
@@ -209,6 +221,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         http_p99_ms_at_200=detail.get("http", {}).get("p99_ms", nan),
         http_max_rps=detail.get("http", {}).get("max_rps", nan),
         p99_ms_mixed_at_1000=detail.get("mixed", {}).get("p99_ms", nan),
+        burst_clear_s=detail.get("burst", {}).get("clear_s", nan),
+        burst_p99_ms_first_1000=detail.get("burst", {}).get("p99_ms_first_1000", nan),
         overhead_ratio=detail.get("pipeline", {}).get("overhead_ratio", nan),
         pipeline_cpu_us_per_job=detail.get("pipeline", {}).get("pipeline_cpu_us_per_job", nan),
         trees_cpu_us_per_job=detail.get("pipeline", {}).get("trees_cpu_us_per_job", nan),

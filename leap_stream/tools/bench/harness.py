@@ -13,6 +13,7 @@ its own input topic and writes to its own output topic, so no stage's work leaks
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import signal
@@ -587,16 +588,69 @@ def worker_backlog(world: BenchWorld, worker: WorkerProc, n: int) -> dict[str, A
     }
 
 
-def _load_submissions(world: BenchWorld, total: int) -> list[dict[str, Any]]:
-    """``total`` submissions with fresh ids, cycling through the world's."""
+def _load_submissions(world: BenchWorld, total: int, kind: str = "load") -> list[dict[str, Any]]:
+    """``total`` submissions with fresh ids (``kind`` names the stage), cycling through the
+    world's."""
     return [
         dict(
             world.submissions[i % len(world.submissions)],
-            job_id=f"load-{world.run_id}-{i}",
-            event_id=f"sub-load-{world.run_id}-{i}",
+            job_id=f"{kind}-{world.run_id}-{i}",
+            event_id=f"sub-{kind}-{world.run_id}-{i}",
         )
         for i in range(total)
     ]
+
+
+def burst(world: BenchWorld, worker: WorkerProc, n: int, first: int = 1000) -> dict[str, Any]:
+    """``n`` submissions produced at once (a sweep) into the running worker: the time from the
+    first send to the last ranking, and the latency of the ``first`` ones sent."""
+    from leap_stream.contracts import format_ts
+
+    subs = _load_submissions(world, n, kind="burst")
+    reader = RankingsClient(
+        KafkaClients(world.bootstrap),
+        worker.topics["rank"],
+        consumer_extra={"fetch.wait.max.ms": 5},
+    )
+    reader.start_at_end()
+    p = KafkaClients(world.bootstrap).producer({"linger.ms": 5, "acks": "all"})
+    sent: dict[str, float] = {}
+    t_start = time.time()
+    for s in subs:
+        now = time.time()
+        s["submitted_at"] = format_ts(now)
+        sent[s["job_id"]] = now
+        while True:
+            try:
+                p.produce(worker.topics["sub"], key=s["job_id"].encode(), value=orjson.dumps(s))
+                break
+            except BufferError:
+                p.poll(0.01)
+        p.poll(0)
+    t_produced = time.time()
+    if p.flush(120) != 0:
+        raise RuntimeError("the burst could not be produced")
+    arrived: dict[str, float] = {}
+    end = time.monotonic() + 600
+    while len(arrived) < n and time.monotonic() < end:
+        for a in reader.poll_stamped(0.05, max_messages=5000):
+            job = str(a.ranking["job_id"])
+            if job in sent and job not in arrived:
+                arrived[job] = a.arrived
+        if not worker.alive():
+            raise RuntimeError("the worker died in the burst:\n" + worker.log_tail())
+    reader.close()
+    firsts = [s["job_id"] for s in subs[:first]]
+    lat_first = [arrived[j] - sent[j] for j in firsts if j in arrived]
+    return {
+        "events": n,
+        "ranked": len(arrived),
+        "produce_s": round(t_produced - t_start, 3),
+        "clear_s": round(max(arrived.values()) - t_start, 3) if arrived else math.nan,
+        "eps": rate(len(arrived), max(arrived.values()) - t_start) if arrived else 0.0,
+        f"p50_ms_first_{first}": percentile_ms(lat_first, 50),
+        f"p99_ms_first_{first}": percentile_ms(lat_first, 99),
+    }
 
 
 @dataclass
@@ -700,7 +754,8 @@ def offered_load(
     completes once, so completions arrive as fast as submissions; the simulator's hours between
     a job's submission and its completion do not fit a 20 s run, its order does. Each run's
     completions get their own event ids, so no run replays another's as duplicates."""
-    subs = _load_submissions(world, int(per_s * seconds))
+    kind = "load" if mixed_run is None else f"mixed{mixed_run}"
+    subs = _load_submissions(world, int(per_s * seconds), kind=kind)
     comps: list[dict[str, Any]] = []
     if mixed_run is not None:
         comps = [
@@ -883,6 +938,7 @@ __all__ = [
     "WorkerProc",
     "batch_loop",
     "build_world",
+    "burst",
     "http_latency",
     "load_topic",
     "naive_loop",

@@ -16,6 +16,8 @@ FINAL_KEYS = (
     "p50_ms_at_1000",
     "p99_ms_at_1000",
     "p99_ms_mixed_at_1000",
+    "burst_clear_s",
+    "burst_p99_ms_first_1000",
     "http_p50_ms_at_200",
     "http_p99_ms_at_200",
     "http_max_rps",
