@@ -1,0 +1,122 @@
+"""A real local Redis Cluster: three masters (Debian's redis-server with ``--cluster-enabled
+yes``) joined by ``redis-cli --cluster create``, in one folder on free ports.
+
+The groundwork of issue #14's Redis Cluster target: the tests and, later, ``dev up
+--redis-cluster`` start one with `LocalRedisCluster`. Masters only (``--cluster-replicas 0``): a
+dev cluster needs the slot routing and the one-slot rule of multi-key scripts, not failover.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from leap_stream.tools.dev.kafka import tail_file
+from leap_stream.tools.dev.redis import find_redis_server
+from leap_stream.tools.dev.state import free_port
+
+MASTERS = 3
+
+
+BUS_OFFSET = 10_000  # each node also listens on port + 10000 (the cluster bus)
+
+
+def cluster_port() -> int:
+    """A free port whose cluster-bus port (+10000) exists and is free too."""
+    for _ in range(200):
+        port = free_port()
+        if port + BUS_OFFSET > 65535:
+            continue
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port + BUS_OFFSET))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port with a free cluster-bus port (+10000)")
+
+
+class LocalRedisCluster:
+    """``masters`` redis-server processes under ``folder``, joined into one cluster."""
+
+    def __init__(self, folder: Path, masters: int = MASTERS) -> None:
+        self.folder = folder
+        self.ports = [cluster_port() for _ in range(masters)]
+        self.pids: list[int] = []
+
+    @property
+    def url(self) -> str:
+        """A seed node; cluster clients discover the others (``redis://host:port``)."""
+        return f"redis://127.0.0.1:{self.ports[0]}"
+
+    def start(self, timeout: float = 60.0) -> None:
+        binary = find_redis_server()
+        cli = str(Path(binary).with_name("redis-cli"))
+        for port in self.ports:
+            node = self.folder / str(port)
+            node.mkdir(parents=True, exist_ok=True)
+            proc = subprocess.Popen(
+                [
+                    binary, "--port", str(port), "--bind", "127.0.0.1",
+                    "--cluster-enabled", "yes", "--cluster-config-file", str(node / "nodes.conf"),
+                    "--cluster-node-timeout", "3000", "--save", "", "--appendonly", "no",
+                    "--dir", str(node), "--logfile", str(node / "redis.log"),
+                ],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            )  # fmt: skip
+            self.pids.append(proc.pid)
+        self._wait(lambda port: self._cli(cli, port, "PING") == "PONG", timeout)
+        nodes = [f"127.0.0.1:{p}" for p in self.ports]
+        create = subprocess.run(
+            [cli, "--cluster", "create", *nodes, "--cluster-replicas", "0", "--cluster-yes"],
+            capture_output=True, text=True, timeout=timeout,
+        )  # fmt: skip
+        if create.returncode != 0:
+            raise RuntimeError(f"redis-cli --cluster create failed: {create.stdout[-2000:]}")
+        self._wait(
+            lambda port: "cluster_state:ok" in self._cli(cli, port, "CLUSTER", "INFO"), timeout
+        )
+
+    @staticmethod
+    def _cli(cli: str, port: int, *args: str) -> str:
+        proc = subprocess.run(
+            [cli, "-p", str(port), *args], capture_output=True, text=True, timeout=10
+        )
+        return proc.stdout.strip()
+
+    def _wait(self, ok: Callable[[int], bool], timeout: float) -> None:
+        """Until ``ok(port)`` holds for every node."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if all(ok(p) for p in self.ports):
+                return
+            time.sleep(0.2)
+        logs = "\n".join(tail_file(self.folder / str(p) / "redis.log", 5) for p in self.ports)
+        raise RuntimeError(f"the Redis Cluster did not come up in {timeout:.0f} s:\n{logs}")
+
+    def kill(self, index: int, sig: int = signal.SIGKILL) -> None:
+        """Signal one master (a fault test's kill -9)."""
+        os.kill(self.pids[index], sig)
+
+    def stop(self) -> None:
+        for pid in self.pids:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except OSError:
+                continue
+        for pid in self.pids:
+            for _ in range(100):
+                try:
+                    os.waitpid(pid, os.WNOHANG)
+                    os.kill(pid, 0)
+                except OSError:
+                    break
+                time.sleep(0.05)
+
+
+__all__ = ["BUS_OFFSET", "MASTERS", "LocalRedisCluster", "cluster_port"]
