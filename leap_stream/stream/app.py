@@ -546,24 +546,33 @@ def polls(deps: WorkerDeps) -> list[tuple[str, float, Callable[[], object]]]:
     return [(name, interval, poll) for name, interval, poll in found if poll is not None]
 
 
-def run_submissions_only(deps: WorkerDeps, stop: threading.Event) -> int:
-    """A worker with LEAP_WORKER_ROLES=submissions: the submissions loop and the polls, without
-    Faust (which has nothing to consume then). Runs until ``stop`` is set (SIGTERM) or the loop
-    fails; exit status as the full worker's: 0, or 3 when work was left unfinished."""
-    out = deps.make_output()
-    loop = submission_loop(deps, out)
+def poll_in_thread(
+    name: str, interval: float, poll: Callable[[], object], stop: threading.Event
+) -> threading.Thread:
+    """Run ``poll`` every ``interval`` seconds in a daemon thread of its own until ``stop`` is
+    set; what it raises is logged and the next round comes (the polls of a process without
+    Faust's timers: a submissions-only worker, `leap-stream serve`)."""
 
-    def every(name: str, interval: float, poll: Callable[[], object]) -> None:
+    def every() -> None:
         while not stop.wait(interval):
             try:
                 poll()
             except Exception as exc:
                 log.warning("%s failed: %r", name, exc)
 
+    thread = threading.Thread(target=every, name=f"leap-{name.split()[0]}", daemon=True)
+    thread.start()
+    return thread
+
+
+def run_submissions_only(deps: WorkerDeps, stop: threading.Event) -> int:
+    """A worker with LEAP_WORKER_ROLES=submissions: the submissions loop and the polls, without
+    Faust (which has nothing to consume then). Runs until ``stop`` is set (SIGTERM) or the loop
+    fails; exit status as the full worker's: 0, or 3 when work was left unfinished."""
+    out = deps.make_output()
+    loop = submission_loop(deps, out)
     for name, interval, poll in polls(deps):
-        threading.Thread(
-            target=every, args=(name, interval, poll), name=f"leap-{name.split()[0]}", daemon=True
-        ).start()
+        poll_in_thread(name, interval, poll, stop)
     loop.start()
     while loop.running and not stop.wait(0.25):
         pass
@@ -640,6 +649,7 @@ __all__ = [
     "WorkerDeps",
     "build_app",
     "faust_broker_url",
+    "poll_in_thread",
     "polls",
     "record_of",
     "run_submissions_only",

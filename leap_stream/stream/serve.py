@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import hmac
 import itertools
 import logging
@@ -134,7 +135,7 @@ class RankService:
         self.ready = ready
         self.max_batch = max_batch
         self.batches = 0
-        self._pending: list[_Request] = []
+        self._pending: collections.deque[_Request] = collections.deque()
         self._scheduled = False
         self._offsets = itertools.count()
 
@@ -153,7 +154,7 @@ class RankService:
         while self._pending and (
             not batch or size + len(self._pending[0].bodies) <= self.max_batch
         ):
-            batch.append(self._pending.pop(0))
+            batch.append(self._pending.popleft())
             size += len(batch[-1].bodies)
         if self._pending:
             asyncio.get_running_loop().call_soon(self._drain)
@@ -411,6 +412,7 @@ def run(args: argparse.Namespace, cfg: Settings) -> int:
         return 0
     import uvicorn
 
+    from leap_stream.stream.app import poll_in_thread
     from leap_stream.stream.worker import RefusedToStart, ranking_core
 
     logging.basicConfig(
@@ -434,15 +436,7 @@ def run(args: argparse.Namespace, cfg: Settings) -> int:
     )
     publisher.start()
     stop = threading.Event()
-
-    def poll_models() -> None:
-        while not stop.wait(cfg.model_poll_s):
-            try:
-                core.holder.poll()
-            except Exception as exc:
-                log.warning("model poll failed: %r", exc)
-
-    threading.Thread(target=poll_models, name="leap-serve-models", daemon=True).start()
+    poll_in_thread("model poll", cfg.model_poll_s, core.holder.poll, stop)
 
     app = create_app(
         RankService(core.submissions, publisher.put, core.ready), tokens, core.metrics.registry
