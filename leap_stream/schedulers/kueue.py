@@ -52,11 +52,17 @@ def gated(job: Mapping[str, Any]) -> bool:
     return GATE_NAME in gates(job)
 
 
+def allowed_types(job: Mapping[str, Any]) -> list[str]:
+    """The hardware types the Job's ``leap-stream.io/allowed-types`` annotation allows."""
+    raw = (job.get("metadata", {}).get("annotations") or {}).get(ALLOWED_ANNOTATION, "")
+    return [t.strip() for t in str(raw).split(",") if t.strip()]
+
+
 def submission_of(job: Mapping[str, Any], now: datetime) -> dict[str, Any] | str:
     """The job-submitted event of a gated Job, or why it cannot be ranked."""
     meta = job.get("metadata", {})
     annotations = meta.get("annotations") or {}
-    allowed = [t.strip() for t in annotations.get(ALLOWED_ANNOTATION, "").split(",") if t.strip()]
+    allowed = allowed_types(job)
     if not allowed:
         return f"no {ALLOWED_ANNOTATION} annotation"
     try:
@@ -96,12 +102,10 @@ def decide(
 ) -> dict[str, Any]:
     """The JSON merge patch that releases the job: the gate removed, the decision recorded,
     and, when the ranking ranks any allowed type, the node affinity set to the top ``k``."""
-    annotations = job.get("metadata", {}).get("annotations") or {}
-    allowed = {t.strip() for t in annotations.get(ALLOWED_ANNOTATION, "").split(",")}
-    top = choose(ranking, allowed, k)
+    top = choose(ranking, set(allowed_types(job)), k)
     others = [g for g in gates(job) if g != GATE_NAME]
-    if top:
-        decision = f"types={','.join(top)};ranking={ranking['job_id']};source={ranking['source']}"  # type: ignore[index]
+    if top and ranking is not None:
+        decision = f"types={','.join(top)};ranking={ranking['job_id']};source={ranking['source']}"
     else:
         decision = f"unranked;{why or 'no allowed type ranked'}"
     patch: dict[str, Any] = {
@@ -276,6 +280,7 @@ __all__ = [
     "GateController",
     "JobsAPI",
     "KubeAPI",
+    "allowed_types",
     "decide",
     "gated",
     "gates",
