@@ -18,7 +18,7 @@ from pathlib import Path
 
 from leap_stream.tools.dev.kafka import tail_file
 from leap_stream.tools.dev.redis import find_redis_server
-from leap_stream.tools.dev.state import free_port
+from leap_stream.tools.dev.state import free_port, stop_pid
 
 MASTERS = 3
 
@@ -104,19 +104,8 @@ class LocalRedisCluster:
         os.kill(self.pids[index], sig)
 
     def stop(self) -> None:
-        for pid in self.pids:
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except OSError:
-                continue
-        for pid in self.pids:
-            for _ in range(100):
-                try:
-                    os.waitpid(pid, os.WNOHANG)
-                    os.kill(pid, 0)
-                except OSError:
-                    break
-                time.sleep(0.05)
+        for pid, port in zip(self.pids, self.ports, strict=False):
+            stop_pid(pid, marker=f":{port}")  # redis-server titles itself with its address
 
 
 __all__ = ["BUS_OFFSET", "MASTERS", "LocalRedisCluster", "cluster_port"]

@@ -12,14 +12,13 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
 import subprocess
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from leap_stream.tools.dev.kafka import tail_file
-from leap_stream.tools.dev.state import free_port
+from leap_stream.tools.dev.state import free_port, read_pid, stop_pid
 
 BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol")
 PACKAGES = "slurmctld slurmd slurm-client munge slurm-wlm-basic-plugins"
@@ -165,19 +164,15 @@ class LocalSlurm:
         return tail_file(self.folder / "log" / "slurmctld.log", n)
 
     def stop(self) -> None:
-        for pid_file in ("slurmd.pid", "slurmctld.pid", "munge/munged.pid"):
-            path = self.folder / pid_file
-            try:
-                pid = int(path.read_text().strip())
-                os.kill(pid, signal.SIGTERM)
-            except (OSError, ValueError):
-                continue
-            for _ in range(100):
-                try:
-                    os.kill(pid, 0)
-                except OSError:
-                    break
-                time.sleep(0.1)
+        """slurmd, slurmctld, then munged, each by its pid file (the daemons detach)."""
+        for pid_file, name in (
+            ("slurmd.pid", "slurmd"),
+            ("slurmctld.pid", "slurmctld"),
+            ("munge/munged.pid", "munged"),
+        ):
+            pid = read_pid(self.folder / pid_file)
+            if pid is not None:
+                stop_pid(pid, marker=name)
 
 
 __all__ = ["LocalSlurm", "SlurmUnavailable", "find_binary", "slurm_conf"]
