@@ -192,18 +192,24 @@ def _completions_of(
 # --- Kafka plumbing
 
 
+def produce_waiting(p: Any, topic: str, key: bytes, value: bytes) -> None:
+    """Produce one record; when librdkafka's queue is full, serve delivery reports until it has
+    room (a backlog or a burst is produced faster than the broker acknowledges)."""
+    while True:
+        try:
+            p.produce(topic, key=key, value=value)
+            break
+        except BufferError:
+            p.poll(0.01)
+    p.poll(0)
+
+
 def load_topic(bootstrap: str, topic: str, subs: list[dict[str, Any]], lines: list[bytes]) -> None:
     p = KafkaClients(bootstrap).producer(
         {"linger.ms": 20, "compression.type": "lz4", "batch.num.messages": 5000}
     )
     for s, line in zip(subs, lines, strict=True):
-        while True:
-            try:
-                p.produce(topic, key=s["job_id"].encode(), value=line)
-                break
-            except BufferError:
-                p.poll(0.05)
-        p.poll(0)
+        produce_waiting(p, topic, s["job_id"].encode(), line)
     if p.flush(120) != 0:
         raise RuntimeError(f"could not load {topic}")
 
@@ -620,13 +626,7 @@ def burst(world: BenchWorld, worker: WorkerProc, n: int, first: int = 1000) -> d
         now = time.time()
         s["submitted_at"] = format_ts(now)
         sent[s["job_id"]] = now
-        while True:
-            try:
-                p.produce(worker.topics["sub"], key=s["job_id"].encode(), value=orjson.dumps(s))
-                break
-            except BufferError:
-                p.poll(0.01)
-        p.poll(0)
+        produce_waiting(p, worker.topics["sub"], s["job_id"].encode(), orjson.dumps(s))
     t_produced = time.time()
     if p.flush(120) != 0:
         raise RuntimeError("the burst could not be produced")
@@ -945,6 +945,7 @@ __all__ = [
     "offered_load",
     "passthrough_work",
     "pipeline_work",
+    "produce_waiting",
     "time_the_trees",
     "worker_backlog",
 ]
