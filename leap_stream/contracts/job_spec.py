@@ -62,4 +62,10 @@ def submission_from_spec(
     return event
 
 
-__all__ = ["SCHEDULER_FIELDS", "JobSpecError", "submission_from_spec"]
+def spec_of(submission: Mapping[str, Any]) -> dict[str, Any]:
+    """The job spec of a job-submitted event: what its user would have written (the inverse of
+    `submission_from_spec` on the fields it keeps)."""
+    return {k: v for k, v in submission.items() if k not in SCHEDULER_FIELDS}
+
+
+__all__ = ["SCHEDULER_FIELDS", "JobSpecError", "spec_of", "submission_from_spec"]

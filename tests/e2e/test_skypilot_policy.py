@@ -19,7 +19,7 @@ import pytest
 import yaml
 from _served import Served
 
-from leap_stream.contracts.job_spec import SCHEDULER_FIELDS
+from leap_stream.contracts.job_spec import spec_of
 from leap_stream.core.placement import choose
 from leap_stream.schedulers.skypilot import ACCELERATORS, JOB_ID_ENV, SPEC_ENV
 from leap_stream.stream.client import RankingsClient
@@ -57,7 +57,7 @@ def _policy(sky_python: Path, served: Served, tmp: Path, task: dict[str, Any]) -
 
 
 def _task(event: dict[str, Any], types: list[str], spec: str | None = None) -> dict[str, Any]:
-    job_spec = {k: v for k, v in event.items() if k not in SCHEDULER_FIELDS}
+    job_spec = spec_of(event)
     envs = {"LEAP_TOTAL_SAMPLES": str(TOTAL_SAMPLES)}
     envs[SPEC_ENV] = orjson.dumps(job_spec).decode() if spec is None else spec
     return {

@@ -20,7 +20,7 @@ import orjson
 import pytest
 from _served import Served
 
-from leap_stream.contracts.job_spec import SCHEDULER_FIELDS
+from leap_stream.contracts.job_spec import spec_of
 from leap_stream.core.placement import choose
 from leap_stream.schedulers.slurm import file_name
 from leap_stream.stream.client import RankingsClient
@@ -73,7 +73,7 @@ class SlurmWorld:
 
 
 def spec_comment(event: dict[str, Any], keep_job_id: bool = False) -> str:
-    spec = {k: v for k, v in event.items() if k not in SCHEDULER_FIELDS}
+    spec = spec_of(event)
     if keep_job_id:
         spec["job_id"] = event["job_id"]
     return "leap:" + orjson.dumps(spec).decode()

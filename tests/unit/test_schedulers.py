@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from leap_stream.contracts import Ok, decode
-from leap_stream.contracts.job_spec import SCHEDULER_FIELDS, JobSpecError, submission_from_spec
+from leap_stream.contracts.job_spec import JobSpecError, spec_of, submission_from_spec
 from leap_stream.core.placement import candidate_of, choose, ranked_types
 from leap_stream.schedulers.slurm import RankingsCache, cache_entry, file_name
 
@@ -23,7 +23,7 @@ NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
 
 def _spec() -> dict[str, Any]:
     event = orjson.loads(EXAMPLE.read_bytes())
-    return {k: v for k, v in event.items() if k not in SCHEDULER_FIELDS}
+    return spec_of(event)
 
 
 def _ranking(types: list[str], source: str = "model", **extra: Any) -> dict[str, Any]:
@@ -120,3 +120,13 @@ def test_prune_removes_what_is_older_than_the_maximum_age(tmp_path: Path) -> Non
     assert cache.prune(now) == 1
     assert not old.exists() and (tmp_path / file_name("lineage", "lineage/a")).exists()
     assert (tmp_path / "notes.txt").exists()
+
+
+def test_spec_of_is_the_inverse_of_submission_from_spec() -> None:
+    event = orjson.loads(EXAMPLE.read_bytes())
+    spec = spec_of(event)
+    assert not set(spec) & {"job_id", "event_id", "submitted_at", "candidate_hardware"}
+    again = submission_from_spec(
+        spec, job_id=event["job_id"], allowed=event["candidate_hardware"], now=NOW
+    )
+    assert spec_of(again) == spec and again["candidate_hardware"] == event["candidate_hardware"]

@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 import pytest
 
-from leap_stream.contracts.job_spec import SCHEDULER_FIELDS
+from leap_stream.contracts.job_spec import spec_of
 from leap_stream.schedulers.kueue import (
     ALLOWED_ANNOTATION,
     DECISION_ANNOTATION,
@@ -34,7 +34,7 @@ NOW = datetime(2026, 12, 3, 12, tzinfo=UTC)
 
 def _job(name: str = "train", gates: str = GATE_NAME, affinity: Any = None) -> dict[str, Any]:
     event = orjson.loads(EXAMPLE.read_bytes())
-    spec = {k: v for k, v in event.items() if k not in SCHEDULER_FIELDS}
+    spec = spec_of(event)
     pod: dict[str, Any] = {"containers": [{"name": "c", "image": "i"}]}
     if affinity is not None:
         pod["affinity"] = affinity

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from fastapi.testclient import TestClient
 
-from leap_stream.contracts.job_spec import SCHEDULER_FIELDS
+from leap_stream.contracts.job_spec import spec_of
 from leap_stream.schedulers.skypilot import (
     JOB_ID_ENV,
     PREDICTIONS_ENV,
@@ -35,7 +35,7 @@ NOW = datetime(2026, 12, 3, 12, tzinfo=UTC)
 
 def _task(resources: dict[str, Any], **envs: str) -> dict[str, Any]:
     event = orjson.loads(EXAMPLE.read_bytes())
-    spec = orjson.dumps({k: v for k, v in event.items() if k not in SCHEDULER_FIELDS}).decode()
+    spec = orjson.dumps(spec_of(event)).decode()
     return {"name": "t", "resources": resources, "envs": {SPEC_ENV: spec, **envs}, "run": "x"}
 
 
