@@ -4,7 +4,7 @@ the connection settings (bootstrap servers, TLS, SASL) of `KafkaClients`, made o
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -45,4 +45,25 @@ class KafkaClients:
         return AdminClient(self.conf(extra))
 
 
-__all__ = ["KafkaClients"]
+def produce_waiting(
+    producer: Any,
+    topic: str,
+    key: bytes | str | None,
+    value: bytes,
+    on_delivery: Callable[..., object] | None = None,
+) -> None:
+    """Produce one record; while librdkafka's local queue is full, serve delivery reports
+    (0.05 s at a time) until it has room, then serve what is ready without waiting."""
+    while True:
+        try:
+            if on_delivery is None:
+                producer.produce(topic, key=key, value=value)
+            else:
+                producer.produce(topic, key=key, value=value, on_delivery=on_delivery)
+            break
+        except BufferError:
+            producer.poll(0.05)
+    producer.poll(0)
+
+
+__all__ = ["KafkaClients", "produce_waiting"]

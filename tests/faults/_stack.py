@@ -18,6 +18,7 @@ from leap_stream.core.history import HistoryBook
 from leap_stream.store.artefact import write_model
 from leap_stream.store.offline import read_dataset
 from leap_stream.store.online import OnlineStore, connect
+from leap_stream.stream.kafka import produce_waiting
 from leap_stream.tools.harness import WorkerStack, aggregate_differences, lineage_differences
 from leap_stream.tools.sim.events import (
     completion_events,
@@ -70,15 +71,7 @@ class Feeder:
             elif tag is not None:
                 self.placed[tag] = (msg.topic(), msg.partition(), msg.offset())
 
-        while True:
-            try:
-                self.p.produce(
-                    topic, key=None if key is None else key.encode(), value=value, on_delivery=done
-                )
-                break
-            except BufferError:
-                self.p.poll(0.05)
-        self.p.poll(0)
+        produce_waiting(self.p, topic, None if key is None else key.encode(), value, done)
 
     def flush(self) -> None:
         assert self.p.flush(60) == 0

@@ -35,7 +35,7 @@ import pandas as pd
 from leap_stream.contracts import TimeWindow
 from leap_stream.settings import Settings
 from leap_stream.stream.client import RankingsClient
-from leap_stream.stream.kafka import KafkaClients
+from leap_stream.stream.kafka import KafkaClients, produce_waiting
 from leap_stream.tools.bench.stats import due, percentile_ms, rate, widen_candidates
 from leap_stream.tools.harness import (
     WorkerProcess,
@@ -190,18 +190,6 @@ def _completions_of(
 
 
 # --- Kafka plumbing
-
-
-def produce_waiting(p: Any, topic: str, key: bytes, value: bytes) -> None:
-    """Produce one record; when librdkafka's queue is full, serve delivery reports until it has
-    room (a backlog or a burst is produced faster than the broker acknowledges)."""
-    while True:
-        try:
-            p.produce(topic, key=key, value=value)
-            break
-        except BufferError:
-            p.poll(0.01)
-    p.poll(0)
 
 
 def load_topic(bootstrap: str, topic: str, subs: list[dict[str, Any]], lines: list[bytes]) -> None:
@@ -945,7 +933,6 @@ __all__ = [
     "offered_load",
     "passthrough_work",
     "pipeline_work",
-    "produce_waiting",
     "time_the_trees",
     "worker_backlog",
 ]

@@ -30,7 +30,7 @@ import orjson
 import pandas as pd
 
 from leap_stream.stream.client import RankingsClient
-from leap_stream.stream.kafka import KafkaClients
+from leap_stream.stream.kafka import KafkaClients, produce_waiting
 from leap_stream.tools.harness import WorkerProcess, free_port, wait_for, worker_env
 
 KEY = ["job_id", "attempt"]
@@ -179,16 +179,6 @@ def _producer(bootstrap: str) -> Any:
     return kafka.producer({"linger.ms": 2, "compression.type": "lz4", "enable.idempotence": True})
 
 
-def _produce(producer: Any, topic: str, key: str, value: bytes) -> None:
-    while True:
-        try:
-            producer.produce(topic, value=value, key=key)
-            break
-        except BufferError:
-            producer.poll(0.05)
-    producer.poll(0)
-
-
 class RankingCollector:
     """Reads the rankings topic in a thread (`RankingsClient.poll_stamped`) and keeps the first
     arrival of each submission's ranking: the demo's latency is measured from these stamps."""
@@ -294,7 +284,7 @@ def stream_events(
     )
 
     def send(kind: str, key: str, value: bytes) -> None:
-        _produce(producer, topics[kind], key, value)
+        produce_waiting(producer, topics[kind], key, value)
         counts[kind] += 1
         bar.update(1)
 
@@ -329,7 +319,7 @@ def stream_events(
                 send(kind, key, value)
         if poison and i >= poison_at:
             for pk, pkey, pval in poison:
-                _produce(producer, topics[pk], pkey, pval)
+                produce_waiting(producer, topics[pk], pkey, pval)
                 counts["poison"] += 1
             poison = []
         now = time.perf_counter()

@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from leap_stream.settings import Settings
-from leap_stream.stream.kafka import KafkaClients
+from leap_stream.stream.kafka import KafkaClients, produce_waiting
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -109,13 +109,7 @@ def produce(
             ahead = sent / rate - (time.perf_counter() - start)
             if ahead > 0.002:
                 time.sleep(ahead)
-        while True:
-            try:
-                producer.produce(topics[kind], value=value, key=key, on_delivery=on_delivery)
-                break
-            except BufferError:
-                producer.poll(0.05)
-        producer.poll(0)
+        produce_waiting(producer, topics[kind], key, value, on_delivery)
         counts[kind] += 1
         sent += 1
         if sent % 1000 == 0:
