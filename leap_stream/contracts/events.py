@@ -123,6 +123,7 @@ class RankedCandidate(TypedDict):
     num_devices: int
     throughput_per_cost: float
     rank: int
+    few_measurements: NotRequired[bool]
 
 
 class Excluded(TypedDict):

@@ -51,6 +51,10 @@ Scorer = Callable[[np.ndarray], np.ndarray]
 INTERVAL_LEVEL = 0.8
 _QLO, _QHI = (1 - INTERVAL_LEVEL) / 2, 1 - (1 - INTERVAL_LEVEL) / 2
 MIN_BUCKET_ROWS = 30
+# Held-out rows a hardware type needs for an interval scale of its own; a type with fewer (a
+# new one, a rare one) gets the widest scale of the types that have one, and its candidates
+# say so (`few_measurements`).
+MIN_TYPE_ROWS = 100
 
 DEFAULT_PARAMS: dict[str, Any] = {
     "objective": "huber",
@@ -147,6 +151,14 @@ def anchor_kind(frame: Frame, groups: Sequence[str]) -> np.ndarray:
     return kind
 
 
+class IntervalScale(TypedDict):
+    """Per hardware type, how much wider (>1) or narrower its held-out residuals are than the
+    pooled quantiles of their anchor kinds; ``sparse`` for every type without enough rows."""
+
+    by_type: dict[str, float]
+    sparse: float
+
+
 class ModelMetadata(TypedDict):
     """What a model says about itself (metadata.json): how to build its features, its
     intervals, its calibration figures and, once the trainer gated it, the gate's verdict."""
@@ -166,6 +178,7 @@ class ModelMetadata(TypedDict):
     params: dict[str, Any]
     pair_effects: NotRequired[dict[str, float]]
     support: NotRequired[dict[str, list[float]]]
+    interval_scale: NotRequired[IntervalScale]
     ratio_features: NotRequired[list[str]]
     ratio_best_iteration: NotRequired[int]
     metrics: NotRequired[dict[str, Any]]
@@ -209,6 +222,9 @@ class ThroughputModel:
         q = metadata["residual_quantiles"]
         self._qlo = np.asarray([q[k][0] for k in KINDS], np.float64)
         self._qhi = np.asarray([q[k][1] for k in KINDS], np.float64)
+        scale = metadata.get("interval_scale")
+        self._type_scale: dict[str, float] = dict(scale["by_type"]) if scale else {}
+        self._sparse_scale = float(scale["sparse"]) if scale else 1.0
 
     @property
     def version(self) -> str:
@@ -342,7 +358,14 @@ class ThroughputModel:
         kind = anchor_kind(cf, self.groups)
         pred = np.choose(kind, [cf["self_log_pd"].to_numpy(np.float64), moved, blind])
         ape = np.abs(np.expm1(pred - yc))
-        self.metadata["residual_quantiles"] = _quantiles(resid)
+        quantiles = _quantiles(resid)
+        self.metadata["residual_quantiles"] = quantiles
+        own = np.choose(kind, [resid["self"], resid["transfer"], resid["model"]])
+        lo = np.asarray([quantiles[k][0] for k in KINDS])[kind]
+        hi = np.asarray([quantiles[k][1] for k in KINDS])[kind]
+        self.metadata["interval_scale"] = _type_scales(
+            cf["hardware_type"].to_numpy(object), own, lo, hi
+        )
         self.metadata["metrics"] = {
             "calib_rows": int(cal.sum()),
             "calib_accuracy_10pct": float(np.mean(ape <= 0.10)),
@@ -437,8 +460,26 @@ class ThroughputModel:
         log_total = log_pd + f64(frame, "log_devices")
         p50 = np.exp(log_total)
         widen = self.support_excess(frame) if excess is None else excess
-        low = np.exp(log_total + self._qlo[kind] - widen)
-        return p50, low, np.exp(log_total + self._qhi[kind] + widen)
+        scale = self.interval_scale(frame)
+        low = np.exp(log_total + self._qlo[kind] * scale - widen)
+        return p50, low, np.exp(log_total + self._qhi[kind] * scale + widen)
+
+    def interval_scale(self, frame: Frame) -> np.ndarray:
+        """Per row, its hardware type's interval scale (`IntervalScale`); 1 for a model
+        calibrated before types had scales."""
+        hw = np.asarray(frame["hardware_type"], object)
+        if not self._type_scale:
+            return np.full(len(hw), self._sparse_scale)
+        scales = np.asarray([*self._type_scale.values(), self._sparse_scale])
+        return np.asarray(scales[codes_of(hw, {t: i for i, t in enumerate(self._type_scale)})])
+
+    def few_measurements(self, frame: Frame) -> np.ndarray:
+        """Per row: its hardware type had too few held-out measurements for a scale of its own
+        (its interval is the widest known type's); False for a model without type scales."""
+        hw = np.asarray(frame["hardware_type"], object)
+        if not self._type_scale:
+            return np.zeros(len(hw), bool)
+        return np.asarray(codes_of(hw, {t: i for i, t in enumerate(self._type_scale)}) < 0)
 
     # --- artefact (files: store/artefact.py)
     def model_text(self) -> str:
@@ -777,6 +818,26 @@ def _pair_table(model_type: np.ndarray, hw: np.ndarray, resid: np.ndarray) -> di
     g = pd.Series(resid).groupby(keys.to_numpy()).agg(["sum", "count"])
     eff = g["sum"] / (g["count"] + PAIR_SHRINK)
     return {str(k): round(float(v), 6) for k, v in eff.items()}
+
+
+def _type_scales(
+    hw: np.ndarray, resid: np.ndarray, lo: np.ndarray, hi: np.ndarray
+) -> IntervalScale:
+    """Normalised conformal scales: a row's residual over its kind's quantile on its side
+    (``lo`` < 0 < ``hi``); per type with `MIN_TYPE_ROWS` rows, the conformal `INTERVAL_LEVEL`
+    quantile of that ratio. A type with fewer rows borrows the widest (at least 1): knowing
+    little about a type is no reason to claim more than the worst type shows."""
+    ok = np.isfinite(resid) & (lo < 0) & (hi > 0)
+    z = np.where(resid >= 0, resid / np.where(hi > 0, hi, 1.0), resid / np.where(lo < 0, lo, -1.0))
+    by_type: dict[str, float] = {}
+    frame = pd.DataFrame({"hw": hw[ok], "z": z[ok]})
+    for t, g in frame.groupby("hw", sort=True)["z"]:
+        n = len(g)
+        if n >= MIN_TYPE_ROWS:
+            q = min(1.0, np.ceil((n + 1) * INTERVAL_LEVEL) / n)
+            by_type[str(t)] = round(float(np.quantile(g.to_numpy(), q)), 4)
+    sparse = max([1.0, *by_type.values()])
+    return {"by_type": by_type, "sparse": sparse}
 
 
 def _quantiles(resid: dict[str, np.ndarray]) -> dict[str, list[float]]:

@@ -155,6 +155,7 @@ class Ranker:
         fits = np.asarray(frame["fits"], bool)
         model_reason = np.full(n_jobs, "ok" if self.model is not None else "no_model", object)
         ood = np.zeros(n_jobs, bool)  # the model extrapolates for this job (OOD_MARGIN)
+        few = np.zeros(n, bool)  # the candidate's type had too few held-out measurements
         if self.model is not None and fits.any():
             try:
                 # every row scored (no copy of the frame for the ~1 % that do not fit), kept
@@ -165,6 +166,7 @@ class Ranker:
                 ok = fits & np.isfinite(pred) & (pred > 0)
                 source[ok] = SRC_MODEL
                 outside = ok & (excess > OOD_MARGIN)
+                few = ok & self.model.few_measurements(frame)
                 np.logical_or.at(ood, np.asarray(frame["job"], np.int64)[outside], True)
             except Exception:  # a bad model must not take the worker down: fall back
                 log.exception("model prediction failed; falling back to the lookup table")
@@ -201,6 +203,7 @@ class Ranker:
         frame["cost"] = cost
         frame["tpc"] = throughput_per_cost(pred, cost, nd)
         frame["ood"] = ood[job]
+        frame["few"] = few & (source == SRC_MODEL)
         return frame, model_reason
 
     def rank_batch(
@@ -330,6 +333,9 @@ class _RankedRows:
                 strict=True,
             )
         ]
+        # rare: a candidate on a type the model has little evidence for says so
+        for i in np.flatnonzero(np.asarray(frame["few"], bool)[o_ok]).tolist():
+            entries[i]["few_measurements"] = True
         o_bad = order[~ok_o]
         excl: list[Excluded] = [
             {"hardware_type": t, "reason": "no_prediction" if f else "does_not_fit"}

@@ -175,3 +175,68 @@ def test_a_job_far_outside_the_training_data_is_flagged_with_wider_intervals(
     wa, wb = widths(a), widths(b)
     for hw in set(wa) & set(wb):
         assert wb[hw] == pytest.approx(wa[hw] + 2 * excess, rel=1e-6)
+
+
+def test_a_type_with_few_measurements_gets_the_widest_interval_and_says_so(
+    trained: tuple[Any, ThroughputModel, LookupTable],
+) -> None:
+    """A new or rare type has no interval scale of its own: its candidates borrow the widest
+    known type's scale and carry `few_measurements` (docs/model.md, Intervals)."""
+    d, model, lookup = trained
+    sub = _subs(d, 1)[0]
+    known, rare = sub["candidate_hardware"][:2]
+
+    def with_scale(by_type: dict[str, float], sparse: float) -> ThroughputModel:
+        meta = {**model.metadata, "interval_scale": {"by_type": by_type, "sparse": sparse}}
+        return ThroughputModel(model.booster, meta, ratio=model.ratio)  # type: ignore[arg-type]
+
+    every = dict.fromkeys(sub["candidate_hardware"], 1.0)
+    (r,) = Ranker(load_catalog(), with_scale({known: 1.0}, 2.5), lookup).rank_batch(
+        [sub], [None], {}, NOW
+    )
+    (plain,) = Ranker(load_catalog(), with_scale(every, 1.0), lookup).rank_batch(
+        [sub], [None], {}, NOW
+    )
+    _valid(r)
+    by_hw = {c["hardware_type"]: c for c in r["candidates"]}
+    base = {c["hardware_type"]: c for c in plain["candidates"]}
+    assert by_hw[rare]["few_measurements"] is True
+    assert "few_measurements" not in by_hw[known]
+    assert not any(c.get("few_measurements") for c in plain["candidates"])
+
+    def width(c: dict[str, Any]) -> float:
+        return float(np.log(c["interval"]["high"] / c["interval"]["low"]))
+
+    assert width(by_hw[rare]) == pytest.approx(2.5 * width(base[rare]), rel=1e-6)
+    assert width(by_hw[known]) == pytest.approx(width(base[known]), rel=1e-6)
+    assert by_hw[rare]["predicted_throughput"] == base[rare]["predicted_throughput"]
+
+
+def test_type_scales_follow_each_types_residuals() -> None:
+    from leap_stream.core.predictor import MIN_TYPE_ROWS, _type_scales
+
+    rng = np.random.default_rng(3)
+    n = 4000
+    hw = np.asarray(["wide"] * n + ["narrow"] * n + ["rare"] * (MIN_TYPE_ROWS - 1), object)
+    resid = np.concatenate(
+        [rng.normal(0, 2.0, n), rng.normal(0, 0.5, n), rng.normal(0, 9.0, MIN_TYPE_ROWS - 1)]
+    )
+    q = 1.2816  # the 10 / 90 % points of a standard normal
+    lo, hi = np.full(len(hw), -q), np.full(len(hw), q)
+    s = _type_scales(hw, resid, lo, hi)
+    assert set(s["by_type"]) == {"wide", "narrow"}
+    assert s["by_type"]["wide"] == pytest.approx(2.0, rel=0.08)
+    assert s["by_type"]["narrow"] == pytest.approx(0.5, rel=0.08)
+    assert s["sparse"] == s["by_type"]["wide"]
+
+
+def test_a_fitted_model_has_scales_only_for_types_with_enough_held_out_rows(
+    trained: tuple[Any, ThroughputModel, LookupTable],
+) -> None:
+    from leap_stream.core.predictor import MIN_TYPE_ROWS
+
+    _d, model, _lookup = trained
+    scale = model.metadata["interval_scale"]
+    held_out = model.metadata["metrics"]["calib_rows"]
+    assert len(scale["by_type"]) <= held_out // MIN_TYPE_ROWS
+    assert scale["sparse"] >= max([1.0, *scale["by_type"].values()])
