@@ -358,6 +358,9 @@ class PerRowModel:
     def support_excess(self, frame: Any) -> np.ndarray:
         return np.asarray(self.inner.support_excess(frame))
 
+    def few_measurements(self, frame: Any) -> np.ndarray:
+        return np.asarray(self.inner.few_measurements(frame))
+
     def predict(
         self, frame: Any, excess: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
