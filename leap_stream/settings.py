@@ -273,6 +273,12 @@ class Settings:
         "How long a submission's config is kept to join its completion (30 days).",
         _int(1),
     )
+    redis_cluster: bool = _setting(
+        "LEAP_REDIS_CLUSTER",
+        "0",
+        "1: LEAP_REDIS_URL is one node of a Redis Cluster; keys carry their model type as hash tag, so a store written without it must be rebuilt (docs/stores.md).",
+        _bool("1", "0"),
+    )
     redis_allow_eviction: bool = _setting(
         "LEAP_REDIS_ALLOW_EVICTION",
         "0",

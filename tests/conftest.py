@@ -115,6 +115,24 @@ def redis_url() -> Iterator[str]:
         stop_services(services)
 
 
+@pytest.fixture(scope="session")
+def redis_cluster_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A seed node of a real Redis Cluster (three masters): LEAP_REDIS_CLUSTER_URL when set,
+    else a `LocalRedisCluster` started for this session."""
+    from leap_stream.tools.dev.redis_cluster import LocalRedisCluster
+
+    configured = os.environ.get("LEAP_REDIS_CLUSTER_URL", "")
+    if configured:
+        yield configured
+        return
+    cluster = LocalRedisCluster(tmp_path_factory.mktemp("redis-cluster"))
+    try:
+        cluster.start()
+        yield cluster.url
+    finally:
+        cluster.stop()
+
+
 TopicFactory = Callable[..., str]
 
 

@@ -1,22 +1,30 @@
 """The online store: serving-time history in Redis, one round trip per batch.
 
-Layout (docs/design.md): ``{p}lin:{lineage}`` and ``{p}agg:{model_type}`` hashes of hardware →
-orjson arrays, ``{p}seen:{event_id}`` dedup markers, ``{p}sub:{job_id}:{attempt}`` submissions
-kept for the completion → dataset join. History updates run in a Lua script so each completion
-is applied atomically and at most once, with exactly the rules of `leap_stream.core.history`.
+Layout (docs/design.md, docs/stores.md): ``lin`` (per lineage) and ``agg`` (per model type)
+hashes of hardware → orjson arrays, ``seen`` dedup markers per completion event, ``sub``
+submissions kept for the completion → dataset join, ``pred`` the ranking's predictions. History
+updates run in a Lua script so each completion is applied atomically and at most once, with
+exactly the rules of `leap_stream.core.history`.
+
+On a Redis Cluster (``LEAP_REDIS_CLUSTER=1``) every key carries its model type as hash tag
+(`KeyLayout`): the keys one completion touches, and one model type's reads, share one slot, so
+each script call stays on one node. A batch then makes one script call per model type, sent
+as one pipeline per node (`_NodePipelines`).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import orjson
 import redis
 from redis.backoff import ExponentialBackoff
+from redis.cluster import RedisCluster
 from redis.retry import Retry
 
 from leap_stream.contracts.events import JobCompleted, JobSubmitted
@@ -277,6 +285,13 @@ return out
 _APPLY_CHUNK = 500  # events per EVALSHA: bounds how long one script blocks Redis
 
 
+def _raise_first(results: list[Any]) -> list[Any]:
+    for x in results:
+        if isinstance(x, Exception):
+            raise x
+    return results
+
+
 def _sha1(script: str) -> str:
     return hashlib.sha1(script.encode()).hexdigest()
 
@@ -327,7 +342,8 @@ def decode_submission(raw: bytes | str | None) -> dict[str, Any] | None:
     return None
 
 
-Prediction = tuple[str, int, bytes]  # (job_id, attempt, encode_predictions(...))
+Prediction = tuple[str, int, str, bytes]  # (job_id, attempt, model_type, encode_predictions(...))
+Client = redis.Redis | RedisCluster
 ANCHORS = ("self", "transfer", "model")
 
 
@@ -347,33 +363,200 @@ def decode_predictions(raw: bytes | str) -> dict[str, tuple[float, str]]:
 
 
 def connect(
-    url: str, *, password: str = "", timeout_s: float = 1.0, retries: int = 2
-) -> redis.Redis:
+    url: str,
+    *,
+    password: str = "",
+    timeout_s: float = 1.0,
+    retries: int = 2,
+    cluster: bool = False,
+) -> Client:
     """A client with short timeouts and a few quick retries: a dead Redis must fail fast.
 
     ``rediss://`` URLs use TLS (redis-py verifies the server certificate by default); a
-    password in the URL wins over ``password``.
+    password in the URL wins over ``password``. ``cluster``: ``url`` is one node of a Redis
+    Cluster, the client discovers the others.
     """
     kwargs: dict[str, Any] = {
         "socket_timeout": timeout_s,
         "socket_connect_timeout": timeout_s,
         "retry": Retry(ExponentialBackoff(cap=0.25, base=0.01), retries),
-        "retry_on_error": [redis.ConnectionError, redis.TimeoutError],
         "health_check_interval": 30,
     }
     if password and "@" not in url.split("//", 1)[-1]:
         kwargs["password"] = password
-    return redis.Redis.from_url(url, **kwargs)
+    if cluster:
+        return RedisCluster.from_url(url, **kwargs)
+    return redis.Redis.from_url(
+        url, retry_on_error=[redis.ConnectionError, redis.TimeoutError], **kwargs
+    )
 
 
-def connect_with(cfg: Settings, url: str | None = None) -> redis.Redis:
-    """`connect` with the configured URL (or ``url``), password, timeout and retries."""
+def connect_with(cfg: Settings, url: str | None = None) -> Client:
+    """`connect` with the configured URL (or ``url``), password, timeout, retries, and
+    whether it is a cluster."""
     return connect(
         url or cfg.require_redis(),
         password=cfg.redis_password,
         timeout_s=cfg.redis_timeout_s,
         retries=cfg.redis_retries,
+        cluster=cfg.redis_cluster,
     )
+
+
+@dataclass(frozen=True)
+class KeyLayout:
+    """Key names under ``prefix``. ``tagged`` (a cluster): each key starts with its model type
+    as hash tag, ``{p}{llama-7b}:lin:<lineage>``; a model type with braces in its name is tagged
+    by its digest, so the tag is always what sits between the first braces. Untagged:
+    ``{p}lin:<lineage>`` as before clusters were supported (a standalone Redis keeps its
+    data)."""
+
+    prefix: str
+    tagged: bool = False
+
+    def __post_init__(self) -> None:
+        if self.tagged and ("{" in self.prefix or "}" in self.prefix):
+            raise ValueError(f"a cluster key prefix cannot contain braces: {self.prefix!r}")
+
+    def _head(self, model_type: str) -> str:
+        if not self.tagged:
+            return self.prefix
+        tag = model_type
+        if not tag or "{" in tag or "}" in tag:
+            tag = "h" + hashlib.sha1(model_type.encode()).hexdigest()[:16]
+        return f"{self.prefix}{{{tag}}}:"
+
+    def lin(self, lineage_id: str, model_type: str) -> str:
+        return f"{self._head(model_type)}lin:{lineage_id}"
+
+    def agg(self, model_type: str) -> str:
+        return f"{self._head(model_type)}agg:{model_type}"
+
+    def seen(self, event_id: str, model_type: str) -> str:
+        return f"{self._head(model_type)}seen:{event_id}"
+
+    def sub(self, job_id: str, attempt: int, model_type: str) -> str:
+        return f"{self._head(model_type)}sub:{job_id}:{attempt}"
+
+    def pred(self, job_id: str, attempt: int, model_type: str) -> str:
+        return f"{self._head(model_type)}pred:{job_id}:{attempt}"
+
+    def pattern(self, kind: str) -> str:
+        """SCAN pattern of every key of one kind (``lin``, ``agg``, ``seen``, …)."""
+        return f"{self.prefix}{{*}}:{kind}:*" if self.tagged else f"{self.prefix}{kind}:*"
+
+    def group(self, model_type: str) -> str:
+        """Keys of one group can go to one script call: one per model type on a cluster."""
+        return self._head(model_type) if self.tagged else ""
+
+
+class _NodePipelines:
+    """A pipeline over a cluster: redis-py's cluster pipeline refuses EVALSHA, so the commands
+    are grouped by the node owning their slot and sent as one plain pipeline per node. Replies
+    come back in call order; a command that failed (MOVED after a resharding, NOSCRIPT after a
+    node restart) is in the replies as its exception, like `pipeline.execute(raise_on_error=
+    False)`."""
+
+    def __init__(self, cluster: RedisCluster) -> None:
+        self.cluster = cluster
+        self.calls: list[tuple[str, str, tuple[Any, ...], dict[str, Any]]] = []
+
+    def evalsha(self, sha: str, numkeys: int, *keys_and_args: Any) -> None:
+        self.calls.append((str(keys_and_args[0]), "evalsha", (sha, numkeys, *keys_and_args), {}))
+
+    def mget(self, names: Sequence[str]) -> None:
+        self.calls.append((names[0], "mget", (list(names),), {}))
+
+    def set(self, name: str, value: Any, ex: int | None = None) -> None:
+        self.calls.append((name, "set", (name, value), {"ex": ex}))
+
+    def execute(self, scripts: Sequence[str] = ()) -> list[Any]:
+        """Send every call; rerun once the calls that did not run: after MOVED / ASK (slots
+        moved: the slot map is read again) and NOSCRIPT (``scripts`` are loaded on that node).
+        Calls that ran are never repeated: other nodes' scripts already applied."""
+        replies: list[Any] = [None] * len(self.calls)
+        todo = list(range(len(self.calls)))
+        for attempt in range(2):
+            retry: list[int] = []
+            for node, idx in self._by_node(todo).values():
+                pipe = self.cluster.get_redis_connection(node).pipeline(transaction=False)
+                for i in idx:
+                    _key, name, args, kwargs = self.calls[i]
+                    getattr(pipe, name)(*args, **kwargs)
+                got = pipe.execute(raise_on_error=False)
+                if any(isinstance(x, redis.exceptions.NoScriptError) for x in got):
+                    for script in scripts:
+                        self.cluster.get_redis_connection(node).script_load(script)
+                for i, reply in zip(idx, got, strict=True):
+                    replies[i] = reply
+                    if isinstance(reply, _NOT_RUN):
+                        retry.append(i)
+            if not retry or attempt:
+                break
+            if any(isinstance(replies[i], _MOVED) for i in retry):
+                self.cluster.nodes_manager.initialize()
+            todo = retry
+        return replies
+
+    def _by_node(self, idx: Sequence[int]) -> dict[str, tuple[Any, list[int]]]:
+        out: dict[str, tuple[Any, list[int]]] = {}
+        for i in idx:
+            slot = self.cluster.keyslot(self.calls[i][0])
+            node = self.cluster.nodes_manager.get_node_from_slot(slot)  # type: ignore[arg-type]
+            out.setdefault(node.name, (node, []))[1].append(i)
+        return out
+
+
+_MOVED = (redis.exceptions.MovedError, redis.exceptions.AskError)
+_NOT_RUN = (redis.exceptions.NoScriptError, *_MOVED)
+
+
+@dataclass
+class _ReadCall:
+    """One read script call: the hashes it reads (and where each goes in the batch's reply),
+    then the keys it sets with their values."""
+
+    reads: list[str] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    writes: list[str] = field(default_factory=list)
+    values: list[bytes] = field(default_factory=list)
+
+    def read(self, key: str, position: int) -> None:
+        self.reads.append(key)
+        self.positions.append(position)
+
+    def write(self, key: str, value: bytes) -> None:
+        self.writes.append(key)
+        self.values.append(value)
+
+
+@dataclass(frozen=True)
+class _MGets:
+    """An MGET per key group (one on a single Redis; a cluster's MGET must stay in one slot),
+    replies put back in the order of ``names``."""
+
+    calls: list[list[str]]
+    positions: list[list[int]]
+    n: int
+
+    @classmethod
+    def of(cls, names: Sequence[str], groups: Sequence[str]) -> _MGets:
+        by: dict[str, list[int]] = {}
+        for i, g in enumerate(groups):
+            by.setdefault(g, []).append(i)
+        positions = list(by.values())
+        return cls([[names[i] for i in idx] for idx in positions], positions, len(names))
+
+    def queue(self, pipe: Any) -> None:
+        for names in self.calls:
+            pipe.mget(names)
+
+    def collect(self, replies: Sequence[Any]) -> list[Any]:
+        out: list[Any] = [None] * self.n
+        for idx, got in zip(self.positions, replies, strict=True):
+            for i, v in zip(idx, got, strict=True):
+                out[i] = v
+        return out
 
 
 class OnlineStore:
@@ -381,7 +564,7 @@ class OnlineStore:
 
     def __init__(
         self,
-        client: redis.Redis,
+        client: Client,
         prefix: str,
         *,
         dedup_ttl_s: int = 1_209_600,
@@ -392,6 +575,7 @@ class OnlineStore:
     ) -> None:
         self.r = client
         self.prefix = prefix
+        self.keys = KeyLayout(prefix, tagged=isinstance(client, RedisCluster))
         self.dedup_ttl_s = dedup_ttl_s
         self.submission_ttl_s = submission_ttl_s
         self.history_ttl_s = history_ttl_s
@@ -400,7 +584,7 @@ class OnlineStore:
         self._use_scripts(APPLY_LUA, READ_LUA)
 
     @classmethod
-    def of(cls, cfg: Settings, client: redis.Redis | None = None) -> OnlineStore:
+    def of(cls, cfg: Settings, client: Client | None = None) -> OnlineStore:
         """The store the settings describe (prefix, retention), over ``client`` or a new one."""
         return cls(
             client or connect_with(cfg),
@@ -411,22 +595,6 @@ class OnlineStore:
             rules=cfg.history_rules(),
             allow_orphans=cfg.allow_orphans,
         )
-
-    # --- keys
-    def lin_key(self, lineage_id: str) -> str:
-        return f"{self.prefix}lin:{lineage_id}"
-
-    def agg_key(self, model_type: str) -> str:
-        return f"{self.prefix}agg:{model_type}"
-
-    def seen_key(self, event_id: str) -> str:
-        return f"{self.prefix}seen:{event_id}"
-
-    def sub_key(self, job_id: str, attempt: int) -> str:
-        return f"{self.prefix}sub:{job_id}:{attempt}"
-
-    def pred_key(self, job_id: str, attempt: int) -> str:
-        return f"{self.prefix}pred:{job_id}:{attempt}"
 
     # --- plumbing
     def _guard(self, op: str, fn: Callable[[], T]) -> T:
@@ -441,31 +609,34 @@ class OnlineStore:
         self._apply_sha = _sha1(apply_lua)
         self._read_sha = _sha1(read_lua)
 
-    def _load_scripts(self) -> None:
+    def _load_scripts(self, client: redis.Redis) -> None:
         for script in self._scripts:
-            self.r.script_load(script)
+            client.script_load(script)
 
     def _execute(self, op: str, build: Callable[[Any], None]) -> list[Any]:
         """Run a pipeline built by ``build``; on NOSCRIPT (Redis restarted/flushed) load and rerun.
 
-        Rerunning is safe: a NOSCRIPT reply means the script did nothing, the rest is reads
-        and idempotent SETs.
+        Rerunning is safe: on one server a NOSCRIPT reply means no script of the pipeline ran,
+        the rest is reads and idempotent SETs. A cluster reruns only what did not run
+        (`_NodePipelines`).
         """
 
         def run() -> list[Any]:
+            if isinstance(self.r, RedisCluster):
+                nodes = _NodePipelines(self.r)
+                build(nodes)
+                return _raise_first(nodes.execute(self._scripts))
+            client = self.r
             for attempt in range(2):
-                pipe = self.r.pipeline(transaction=False)
+                pipe = client.pipeline(transaction=False)
                 build(pipe)
                 results: list[Any] = pipe.execute(raise_on_error=False)
                 if attempt == 0 and any(
                     isinstance(x, redis.exceptions.NoScriptError) for x in results
                 ):
-                    self._load_scripts()
+                    self._load_scripts(client)
                     continue
-                for x in results:
-                    if isinstance(x, Exception):
-                        raise x
-                return results
+                return _raise_first(results)
             raise AssertionError("unreachable")
 
         return self._guard(op, run)
@@ -504,37 +675,63 @@ class OnlineStore:
         return out[:n], dict(zip(model_types, out[n:], strict=True))
 
     def read_batch(
-        self, lineage_ids: Sequence[str], model_types: Iterable[str]
+        self,
+        lineage_ids: Sequence[str],
+        model_types: Iterable[str],
+        lineage_types: Sequence[str] | None = None,
     ) -> tuple[list[LineageHistory], dict[str, TypeAggregates]]:
-        """History of every lineage (in order) and aggregates of every model type, one round trip."""
-        return self._read(lineage_ids, _unique(model_types), [])
+        """History of every lineage (in order) and aggregates of every model type, one round
+        trip. ``lineage_types``: each lineage's model type, which a cluster's keys need."""
+        if lineage_types is None:
+            if self.keys.tagged and lineage_ids:
+                raise ValueError("on a Redis Cluster, reading a lineage needs its model type")
+            lineage_types = [""] * len(lineage_ids)
+        return self._read(lineage_ids, lineage_types, _unique(model_types), [])
 
     def _read(
         self,
         lineage_ids: Sequence[str],
+        lineage_types: Sequence[str],
         types: Sequence[str],
         remember: Sequence[dict[str, Any]],
         predictions: Sequence[Prediction] = (),
     ) -> tuple[list[LineageHistory], dict[str, TypeAggregates]]:
-        """One EVALSHA: every HGETALL and every SET of the batch (it beat a pipeline of
-        HGETALLs, docs/stores.md)."""
-        keys = [self.lin_key(x) for x in lineage_ids] + [self.agg_key(t) for t in types]
-        n_read = len(keys)
-        keys += [self.sub_key(f["job_id"], f["attempt"]) for f in remember]
-        values = [encode_submission(f) for f in remember]
-        keys += [self.pred_key(job, attempt) for job, attempt, _v in predictions]
-        values += [value for _j, _a, value in predictions]
+        """One EVALSHA per key group (one on a single Redis; one per model type on a
+        cluster): every HGETALL and every SET of the batch (it beat a pipeline of HGETALLs,
+        docs/stores.md)."""
+        groups: dict[str, _ReadCall] = {}
+
+        def call(model_type: str) -> _ReadCall:
+            return groups.setdefault(self.keys.group(model_type), _ReadCall())
+
+        for i, (lin, mt) in enumerate(zip(lineage_ids, lineage_types, strict=True)):
+            call(mt).read(self.keys.lin(lin, mt), i)
+        n = len(lineage_ids)
+        for k, t in enumerate(types):
+            call(t).read(self.keys.agg(t), n + k)
+        for f in remember:
+            mt = f["model_type"]
+            call(mt).write(self.keys.sub(f["job_id"], f["attempt"], mt), encode_submission(f))
+        for job, attempt, mt, value in predictions:
+            call(mt).write(self.keys.pred(job, attempt, mt), value)
+        ttl = self.submission_ttl_s
 
         def build(p: Any) -> None:
-            p.evalsha(self._read_sha, len(keys), *keys, n_read, self.submission_ttl_s, *values)
+            for g in groups.values():
+                keys = g.reads + g.writes
+                p.evalsha(self._read_sha, len(keys), *keys, len(g.reads), ttl, *g.values)
 
         results = self._execute("read", build)
-        return self._decode_reads([_from_flat(x) for x in results[0]], lineage_ids, types)
+        hashes: list[Hash] = [((), ())] * (n + len(types))
+        for g, got in zip(groups.values(), results, strict=True):
+            for pos, flat in zip(g.positions, got, strict=True):
+                hashes[pos] = _from_flat(flat)
+        return self._decode_reads(hashes, lineage_ids, types)
 
     # --- submissions
     def _queue_remember(self, pipe: Any, fields: Iterable[dict[str, Any]]) -> None:
         for f in fields:
-            key = self.sub_key(f["job_id"], f["attempt"])
+            key = self.keys.sub(f["job_id"], f["attempt"], f["model_type"])
             pipe.set(key, encode_submission(f), ex=self.submission_ttl_s)
 
     def remember_submissions(self, submissions: Sequence[JobSubmitted]) -> None:
@@ -550,8 +747,9 @@ class OnlineStore:
         the ``predictions`` of an earlier batch riding along (`encode_predictions`)."""
         fields = [submission_fields(s) for s in submissions]
         lineage_ids = [f["lineage_id"] for f in fields]
-        types = _unique(f["model_type"] for f in fields)
-        return self._read(lineage_ids, types, fields, predictions)
+        lineage_types = [f["model_type"] for f in fields]
+        types = _unique(lineage_types)
+        return self._read(lineage_ids, lineage_types, types, fields, predictions)
 
     def remember_predictions(self, predictions: Sequence[Prediction]) -> None:
         """The predictions no submission batch carried (the loop was idle)."""
@@ -559,18 +757,26 @@ class OnlineStore:
             ttl = self.submission_ttl_s
 
             def build(pipe: Any) -> None:
-                for job, attempt, value in predictions:
-                    pipe.set(self.pred_key(job, attempt), value, ex=ttl)
+                for job, attempt, mt, value in predictions:
+                    pipe.set(self.keys.pred(job, attempt, mt), value, ex=ttl)
 
             self._execute("remember", build)
 
-    def fetch_submissions(self, keys: Sequence[tuple[str, int]]) -> list[dict[str, Any] | None]:
-        """Stored submission fields for (job_id, attempt) pairs; None when unknown or expired."""
+    def fetch_submissions(
+        self, keys: Sequence[tuple[str, int]], model_types: Sequence[str] | None = None
+    ) -> list[dict[str, Any] | None]:
+        """Stored submission fields for (job_id, attempt) pairs; None when unknown or expired.
+        ``model_types``: each pair's model type, which a cluster's keys need."""
         if not keys:
             return []
-        names = [self.sub_key(j, a) for j, a in keys]
-        results = self._execute("fetch", lambda p: p.mget(names))
-        return [decode_submission(v) for v in results[0]]
+        if model_types is None:
+            if self.keys.tagged:
+                raise ValueError("on a Redis Cluster, fetching a submission needs its model type")
+            model_types = [""] * len(keys)
+        names = [self.keys.sub(j, a, mt) for (j, a), mt in zip(keys, model_types, strict=True)]
+        plan = _MGets.of(names, [self.keys.group(mt) for mt in model_types])
+        results = self._execute("fetch", plan.queue)
+        return [decode_submission(v) for v in plan.collect(results)]
 
     # --- completions
     def _apply_args(self, require_submission: bool) -> list[str | int]:
@@ -591,28 +797,44 @@ class OnlineStore:
             repr(r.physics_limit),
         ]
 
+    def _apply_order(self, completions: Sequence[Mapping[str, Any]]) -> list[list[int]]:
+        """Script calls of an apply, as lists of completion indices: arrival order inside a
+        call, at most `_APPLY_CHUNK` per call, one key group per call (a cluster's calls hold
+        one model type each; completions of different model types touch no common key)."""
+        by_group: dict[str, list[int]] = {}
+        for i, c in enumerate(completions):
+            by_group.setdefault(self.keys.group(c["model_type"]), []).append(i)
+        return [
+            idx[k : k + _APPLY_CHUNK]
+            for idx in by_group.values()
+            for k in range(0, len(idx), _APPLY_CHUNK)
+        ]
+
     def _queue_apply(
         self,
         pipe: Any,
         completions: Sequence[Mapping[str, Any]],
+        calls: Sequence[Sequence[int]],
         require_submission: bool,
         ceilings: Sequence[float | None] | None = None,
     ) -> None:
-        for start in range(0, len(completions), _APPLY_CHUNK):
+        for idx in calls:
             keys: list[str] = []
             args = self._apply_args(require_submission)
-            for i, c in enumerate(completions[start : start + _APPLY_CHUNK], start):
+            for i in idx:
+                c = completions[i]
+                mt = c["model_type"]
                 keys += [
-                    self.seen_key(c["event_id"]),
-                    self.lin_key(c["lineage_id"]),
-                    self.agg_key(c["model_type"]),
-                    self.sub_key(c["job_id"], int(c["attempt"])),
+                    self.keys.seen(c["event_id"], mt),
+                    self.keys.lin(c["lineage_id"], mt),
+                    self.keys.agg(mt),
+                    self.keys.sub(c["job_id"], int(c["attempt"]), mt),
                 ]
                 sps_raw = (c.get("throughput") or {}).get("samples_per_s")
                 sps = None if sps_raw is None else float(sps_raw)
                 nd = int(c["num_devices"])
                 ceiling = None if ceilings is None else ceilings[i]
-                ids = [c["lineage_id"], c["model_type"]]
+                ids = [c["lineage_id"], mt]
                 ids.append("" if ceiling is None or not math.isfinite(ceiling) else repr(ceiling))
                 if is_measurement(c["status"], sps) and nd > 0:
                     assert sps is not None
@@ -624,15 +846,22 @@ class OnlineStore:
             pipe.evalsha(self._apply_sha, len(keys), *keys, *args)
 
     def _apply_results(
-        self, results: Sequence[Any], completions: Sequence[Mapping[str, Any]]
+        self,
+        results: Sequence[Any],
+        completions: Sequence[Mapping[str, Any]],
+        calls: Sequence[Sequence[int]],
     ) -> list[ApplyResult]:
-        codes = [int(code) for chunk in results for code in chunk]
+        codes = [0] * len(completions)
+        for idx, got in zip(calls, results, strict=True):
+            for i, code in zip(idx, got, strict=True):
+                codes[i] = int(code)
         return [_result(c["event_id"], code) for c, code in zip(completions, codes, strict=True)]
 
     def apply_completions(
         self, completions: Sequence[Mapping[str, Any]], *, require_submission: bool = False
     ) -> list[ApplyResult]:
-        """Dedup and history update, atomic per event, in list (arrival) order, one round trip.
+        """Dedup and history update, atomic per event, in arrival order per model type, one
+        round trip.
 
         Takes job-completed events or the completion fields of dataset rows
         (`offline.completions_from_frame`, for a rebuild): only what the history needs. A
@@ -640,10 +869,11 @@ class OnlineStore:
         with ``require_submission`` (a rebuild replays rows whose submissions have expired)."""
         if not completions:
             return []
+        calls = self._apply_order(completions)
         results = self._execute(
-            "apply", lambda p: self._queue_apply(p, completions, require_submission)
+            "apply", lambda p: self._queue_apply(p, completions, calls, require_submission)
         )
-        return self._apply_results(results, completions)
+        return self._apply_results(results, completions, calls)
 
     def apply_and_fetch(
         self,
@@ -658,12 +888,21 @@ class OnlineStore:
         from the submissions read first (the guard's last reference, core.history.judge)."""
         if not completions:
             return [], []
-        keys = [(c["job_id"], int(c["attempt"])) for c in completions]
-        names = [self.sub_key(j, a) for j, a in keys] + [self.pred_key(j, a) for j, a in keys]
+        n = len(completions)
+        names = [
+            self.keys.sub(c["job_id"], int(c["attempt"]), c["model_type"]) for c in completions
+        ]
+        names += [
+            self.keys.pred(c["job_id"], int(c["attempt"]), c["model_type"]) for c in completions
+        ]
+        groups = [self.keys.group(c["model_type"]) for c in completions]
+        plan = _MGets.of(names, groups + groups)
+        calls = self._apply_order(completions)
+        require = not self.allow_orphans
 
         def decode(got: Sequence[Any]) -> list[dict[str, Any] | None]:
-            subs = [decode_submission(v) for v in got[: len(keys)]]
-            for sub, raw in zip(subs, got[len(keys) :], strict=True):
+            subs = [decode_submission(v) for v in got[:n]]
+            for sub, raw in zip(subs, got[n:], strict=True):
                 if sub is not None and raw is not None:
                     sub["_predictions"] = decode_predictions(raw)
             return subs
@@ -671,17 +910,18 @@ class OnlineStore:
         if ceilings is None:
 
             def build(p: Any) -> None:
-                self._queue_apply(p, completions, not self.allow_orphans)
-                p.mget(names)
+                self._queue_apply(p, completions, calls, require)
+                plan.queue(p)
 
             results = self._execute("apply", build)
-            return self._apply_results(results[:-1], completions), decode(results[-1])
-        subs = decode(self._execute("fetch", lambda p: p.mget(names))[0])
+            applied = self._apply_results(results[: len(calls)], completions, calls)
+            return applied, decode(plan.collect(results[len(calls) :]))
+        subs = decode(plan.collect(self._execute("fetch", plan.queue)))
         limits = ceilings(subs)
         results = self._execute(
-            "apply", lambda p: self._queue_apply(p, completions, not self.allow_orphans, limits)
+            "apply", lambda p: self._queue_apply(p, completions, calls, require, limits)
         )
-        return self._apply_results(results, completions), subs
+        return self._apply_results(results, completions, calls), subs
 
     def rebuild_history(
         self, completions: Sequence[Mapping[str, Any]], chunk: int = 5000
@@ -689,14 +929,15 @@ class OnlineStore:
         """Recreate lineage/aggregate history (and dedup markers) from scratch, e.g. from
         `offline.completions_from_frame(read_dataset(...))` after Redis lost its data.
 
-        Deletes this prefix's ``lin:``, ``agg:`` and ``seen:`` keys first (submissions stay).
-        Returns (events applied, measurements). Run it with the completions agent stopped.
+        Deletes this prefix's ``lin``, ``agg`` and ``seen`` keys first (submissions stay; on a
+        cluster, on every master). Returns (events applied, measurements). Run it with the
+        completions agent stopped.
         """
 
         def clear() -> None:
             for kind in ("lin", "agg", "seen"):
                 batch: list[Any] = []
-                for key in self.r.scan_iter(match=f"{self.prefix}{kind}:*", count=1000):
+                for key in self.r.scan_iter(match=self.keys.pattern(kind), count=1000):
                     batch.append(key)
                     if len(batch) >= 1000:
                         self.r.delete(*batch)
@@ -715,23 +956,41 @@ class OnlineStore:
     def ping(self) -> bool:
         return bool(self._guard("ping", self.r.ping))
 
+    def _nodes(self) -> list[redis.Redis]:
+        """One client per server: the cluster's masters, or the one Redis."""
+        if isinstance(self.r, RedisCluster):
+            return [self.r.get_redis_connection(n) for n in self.r.get_primaries()]
+        return [self.r]
+
     def eviction_policy(self) -> str | None:
-        """Redis's ``maxmemory-policy``; None when CONFIG is not allowed (managed services
-        often disable it: the operator then answers for the policy)."""
-        try:
-            got = self.r.config_get("maxmemory-policy")
-        except redis.ResponseError:
-            return None
-        except (redis.RedisError, OSError) as exc:
-            raise OnlineStoreUnavailable("config", exc) from exc
-        value = got.get("maxmemory-policy") or got.get(b"maxmemory-policy")
-        return None if value is None else _text(value)
+        """Redis's ``maxmemory-policy`` (on a cluster, the first master's that is not
+        ``noeviction``); None when CONFIG is not allowed (managed services often disable it:
+        the operator then answers for the policy)."""
+        policies: list[str] = []
+        for node in self._nodes():
+            try:
+                got = node.config_get("maxmemory-policy")
+            except redis.ResponseError:
+                return None
+            except (redis.RedisError, OSError) as exc:
+                raise OnlineStoreUnavailable("config", exc) from exc
+            value = got.get("maxmemory-policy") or got.get(b"maxmemory-policy")
+            if value is None:
+                return None
+            policies.append(_text(value))
+        return next((p for p in policies if p != "noeviction"), "noeviction")
 
     def evicted_keys(self) -> int | None:
-        """Keys Redis evicted since it started (INFO stats ``evicted_keys``)."""
-        stats = self._guard("info", lambda: self.r.info("stats"))
-        value = stats.get("evicted_keys")
-        return None if value is None else int(value)
+        """Keys Redis evicted since it started (INFO stats ``evicted_keys``; summed over a
+        cluster's masters)."""
+        total = 0
+        for node in self._nodes():
+            stats = self._guard("info", functools.partial(node.info, "stats"))
+            value = stats.get("evicted_keys")
+            if value is None:
+                return None
+            total += int(value)
+        return total
 
 
 def eviction_problem(policy: str | None, allowed: bool) -> str | None:

@@ -84,8 +84,6 @@ class CompletionStore(Protocol):
         self, completions: Sequence[JobCompleted], ceilings: Ceilings | None = None
     ) -> tuple[list[Any], list[dict[str, Any] | None]]: ...
 
-    def fetch_submissions(self, keys: Sequence[tuple[str, int]]) -> list[dict[str, Any] | None]: ...
-
 
 class BatchRanker(Protocol):
     @property
@@ -283,7 +281,8 @@ class SubmissionProcessor:
                         _dead_letter(rec, "internal", f"ranking failed: {exc!r}", now)
                     )
         by_job = {
-            (s["job_id"], s["attempt"]): h or {} for s, h in zip(subs, histories, strict=True)
+            (s["job_id"], s["attempt"]): (s["model"]["model_type"], h or {})
+            for s, h in zip(subs, histories, strict=True)
         }
         self._keep_predictions(out.rankings, by_job)
         return out
@@ -291,14 +290,14 @@ class SubmissionProcessor:
     def _keep_predictions(
         self,
         rankings: Sequence[HardwareRanking],
-        by_job: Mapping[tuple[str, int], LineageHistory],
+        by_job: Mapping[tuple[str, int], tuple[str, LineageHistory]],
     ) -> None:
         """What the model predicted per candidate and from which anchor (self: the lineage ran
         on it; transfer: on another type; model: never ran), for the completion to compare."""
         for r in rankings:
             if r["source"] != "model" or not r["candidates"]:
                 continue
-            hist = by_job.get((r["job_id"], r["attempt"]), {})
+            model_type, hist = by_job[(r["job_id"], r["attempt"])]
             entries = [
                 (
                     c["hardware_type"],
@@ -308,7 +307,7 @@ class SubmissionProcessor:
                 for c in r["candidates"]
             ]
             self.pending_predictions.append(
-                (r["job_id"], int(r["attempt"]), encode_predictions(entries))
+                (r["job_id"], int(r["attempt"]), model_type, encode_predictions(entries))
             )
         overflow = len(self.pending_predictions) - self.MAX_PENDING_REMEMBER
         if overflow > 0:

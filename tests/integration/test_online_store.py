@@ -1,13 +1,14 @@
-"""The Redis online store against a real redis-server: same state as the pure HistoryBook."""
+"""The Redis online store against a real redis-server and a real three-master Redis Cluster
+(every test taking `store` runs on both): same state as the pure HistoryBook."""
 
 from __future__ import annotations
 
 import math
 import random
 import time
+from collections.abc import Iterator
 
 import pytest
-import redis
 
 from leap_stream.core.history import HistoryBook, is_measurement
 from leap_stream.core.rows import submission_fields
@@ -24,9 +25,29 @@ from leap_stream.tools import synthetic_events as synthetic
 pytestmark = pytest.mark.services
 
 
-@pytest.fixture
-def store(redis_client: redis.Redis, redis_prefix: str) -> OnlineStore:
-    return OnlineStore(redis_client, redis_prefix, dedup_ttl_s=3600, submission_ttl_s=7200)
+@pytest.fixture(params=["single", "cluster"])
+def store(request: pytest.FixtureRequest, redis_prefix: str) -> Iterator[OnlineStore]:
+    """The store on one Redis (untagged keys) or on a cluster (keys tagged by model type)."""
+    if request.param == "cluster":
+        client = connect(request.getfixturevalue("redis_cluster_url"), timeout_s=10, cluster=True)
+    else:
+        client = connect(request.getfixturevalue("redis_url"), timeout_s=10)
+    yield OnlineStore(client, redis_prefix, dedup_ttl_s=3600, submission_ttl_s=7200)
+    keys = list(client.scan_iter(match=f"{redis_prefix}*", count=1000))
+    for key in keys:
+        client.delete(key)
+    client.close()
+
+
+def _types(lineage_ids: list[str]) -> list[str]:
+    """The model type of each synthetic lineage (`synthetic.pairs`: ``lin-N`` has model type
+    N mod their count; the hand-made lineages below are built from ``lin-000000``)."""
+    n = len(synthetic.MODEL_TYPES)
+    return [synthetic.MODEL_TYPES[int(x[4:]) % n if x[4:].isdigit() else 0] for x in lineage_ids]
+
+
+def _read(store: OnlineStore, ids: list[str], types: list[str]) -> tuple[list, dict]:
+    return store.read_batch(ids, types, _types(ids))
 
 
 def _replay(completions: list[dict]) -> HistoryBook:
@@ -61,7 +82,7 @@ def test_shuffled_duplicated_completions_match_history_book(store: OnlineStore) 
         assert r.new == (first_seen[c["event_id"]] == i)
 
     lineage_ids = sorted({c["lineage_id"] for c in completions})
-    histories, aggregates = store.read_batch(lineage_ids, synthetic.MODEL_TYPES)
+    histories, aggregates = _read(store, lineage_ids, synthetic.MODEL_TYPES)
     for lid, got in zip(lineage_ids, histories, strict=True):
         assert got == book.lineage(lid)  # newest-wins and counts: exact
     for mt in synthetic.MODEL_TYPES:
@@ -78,26 +99,28 @@ def test_shuffled_duplicated_completions_match_history_book(store: OnlineStore) 
 
 
 def test_reads_match_the_history_and_remember_submissions(
-    store: OnlineStore, redis_client: redis.Redis
+    store: OnlineStore,
 ) -> None:
     completions = [c for _s, c in synthetic.pairs(300, seed=5, lineages=50)]
     store.apply_completions(completions)
     book = _replay(completions)
     ids = [f"lin-{i:06d}" for i in range(60)]  # some never seen
-    by_lua = store.read_batch(ids, synthetic.MODEL_TYPES)
+    by_lua = _read(store, ids, synthetic.MODEL_TYPES)
     assert by_lua[0] == [book.lineage(x) for x in ids]
     assert sum(len(h) for h in by_lua[0]) > 50
-    histories, aggs = store.read_batch(ids, ["no-such-type"])
+    histories, aggs = _read(store, ids, ["no-such-type"])
     assert histories[-1] == {} and aggs == {"no-such-type": {}}
 
     subs = [s for s, _c in synthetic.pairs(30, seed=6, lineages=50)]
-    redis_client.delete(*[store.sub_key(s["job_id"], s["attempt"]) for s in subs])
+    for sub in subs:
+        store.r.delete(_sub_key(store, sub))
     got = store.read_and_remember(subs)
-    assert got[0] == store.read_batch([s["lineage_id"] for s in subs], [])[0]
-    assert store.fetch_submissions([(s["job_id"], s["attempt"]) for s in subs]) == [
+    assert got[0] == _read(store, [s["lineage_id"] for s in subs], [])[0]
+    types = [s["model"]["model_type"] for s in subs]
+    assert store.fetch_submissions([(s["job_id"], s["attempt"]) for s in subs], types) == [
         submission_fields(s) for s in subs
     ]
-    assert redis_client.ttl(store.sub_key(subs[0]["job_id"], subs[0]["attempt"])) > 7000
+    assert store.r.ttl(_sub_key(store, subs[0])) > 7000
 
 
 def test_unmeasured_completions_are_marked_but_change_nothing(store: OnlineStore) -> None:
@@ -106,34 +129,36 @@ def test_unmeasured_completions_are_marked_but_change_nothing(store: OnlineStore
     c.pop("throughput", None)
     [r] = store.apply_completions([c])
     assert r.new and not r.measured
-    histories, aggs = store.read_batch([c["lineage_id"]], [c["model_type"]])
+    histories, aggs = _read(store, [c["lineage_id"]], [c["model_type"]])
     assert histories == [{}] and aggs == {c["model_type"]: {}}
     [again] = store.apply_completions([c])
     assert not again.new
 
 
-def test_ttls_and_submission_join(store: OnlineStore, redis_client: redis.Redis) -> None:
+def _sub_key(store: OnlineStore, sub: dict) -> str:
+    return store.keys.sub(sub["job_id"], sub["attempt"], sub["model"]["model_type"])
+
+
+def test_ttls_and_submission_join(store: OnlineStore) -> None:
     pairs = synthetic.pairs(20, seed=9)
     subs = [s for s, _c in pairs]
     comps = [c for _s, c in pairs]
     histories, _ = store.read_and_remember(subs)
     assert len(histories) == 20
-    key = store.sub_key(subs[0]["job_id"], subs[0]["attempt"])
-    assert 7000 < redis_client.ttl(key) <= 7200
+    assert 7000 < store.r.ttl(_sub_key(store, subs[0])) <= 7200
 
     results, joined = store.apply_and_fetch(comps)
     assert all(r.new for r in results)
-    assert 3500 < redis_client.ttl(store.seen_key(comps[0]["event_id"])) <= 3600
+    seen = store.keys.seen(comps[0]["event_id"], comps[0]["model_type"])
+    assert 3500 < store.r.ttl(seen) <= 3600
     for sub, comp, got in zip(subs, comps, joined, strict=True):
         assert got == submission_fields(sub)
         assert flatten(got, comp) == flatten(sub, comp)
 
+    mt = subs[1]["model"]["model_type"]
     assert store.fetch_submissions(
-        [("no-such-job", 1), (subs[1]["job_id"], subs[1]["attempt"])]
-    ) == [
-        None,
-        submission_fields(subs[1]),
-    ]
+        [("no-such-job", 1), (subs[1]["job_id"], subs[1]["attempt"])], [mt, mt]
+    ) == [None, submission_fields(subs[1])]
 
 
 def test_script_loaded_on_noscript(store: OnlineStore, redis_prefix: str) -> None:
@@ -147,9 +172,7 @@ def test_script_loaded_on_noscript(store: OnlineStore, redis_prefix: str) -> Non
     assert [r.new for r in results] == [False] * 5 + [True] * 5  # nothing applied twice
     ids = [c["lineage_id"] for c in comps]
     fresh = OnlineStore(store.r, redis_prefix)
-    assert store.read_batch(ids, synthetic.MODEL_TYPES) == fresh.read_batch(
-        ids, synthetic.MODEL_TYPES
-    )
+    assert _read(store, ids, synthetic.MODEL_TYPES) == _read(fresh, ids, synthetic.MODEL_TYPES)
 
 
 def test_down_redis_raises_quickly() -> None:
@@ -157,7 +180,7 @@ def test_down_redis_raises_quickly() -> None:
     store = OnlineStore(client, "x:")
     t0 = time.monotonic()
     with pytest.raises(OnlineStoreUnavailable) as info:
-        store.read_batch(["a"], ["b"])
+        _read(store, ["a"], ["b"])
     assert info.value.op == "read"
     with pytest.raises(OnlineStoreUnavailable):
         store.apply_completions([c for _s, c in synthetic.pairs(2)])
@@ -187,7 +210,7 @@ def test_rebuild_history_from_the_dataset(store: OnlineStore, tmp_path) -> None:
     )
     assert 0 < measured < applied
     ids = book.lineage_ids
-    histories, aggregates = store.read_batch(ids, synthetic.MODEL_TYPES)
+    histories, aggregates = _read(store, ids, synthetic.MODEL_TYPES)
     assert histories == [book.lineage(x) for x in ids]
     assert aggregates == {mt: book.aggregates(mt) for mt in synthetic.MODEL_TYPES}
 
@@ -222,13 +245,13 @@ def test_private_redis_killed_and_restarted(tmp_path) -> None:
         proc.kill()
         proc.wait()
         with pytest.raises(OnlineStoreUnavailable):
-            store.read_batch([comps[0]["lineage_id"]], [])
+            _read(store, [comps[0]["lineage_id"]], [])
         with pytest.raises(OnlineStoreUnavailable):
             store.apply_completions(comps)
         proc = start()
         results = store.apply_completions(comps)  # data and script cache are gone
         assert all(r.new for r in results)
-        histories, _ = store.read_batch([c["lineage_id"] for c in comps], [])
+        histories, _ = _read(store, [c["lineage_id"] for c in comps], [])
         assert histories == [_replay(comps).lineage(c["lineage_id"]) for c in comps]
     finally:
         proc.kill()
@@ -257,7 +280,7 @@ def _telemetry(values: list[tuple[float, int]], lineage: str = "lin-poison") -> 
     return out
 
 
-def test_the_guard_in_lua_is_the_guard_in_python(store: OnlineStore, redis_client) -> None:
+def test_the_guard_in_lua_is_the_guard_in_python(store: OnlineStore) -> None:
     """Poisoned telemetry (×1000, ×1e-6, one device for eight), a real change corroborated,
     a window overflow: every outcome and the whole state agree with HistoryBook, and the
     history keys carry the retention TTL."""
@@ -291,29 +314,30 @@ def test_the_guard_in_lua_is_the_guard_in_python(store: OnlineStore, redis_clien
     assert [r.outcome for r in results] == want
     assert want[3] == want[5] == want[8] == "lineage" and want[6] == "devices"
     assert want[9] == "corroborated" and want[-1] == "aggregate"
-    got, aggs = store.read_batch(["lin-poison", "lin-stranger"], [comps[0]["model_type"]])
+    got, aggs = _read(store, ["lin-poison", "lin-stranger"], [comps[0]["model_type"]])
     assert got == [book.lineage("lin-poison"), {}]
     assert aggs[comps[0]["model_type"]] == book.aggregates(comps[0]["model_type"])
     m = got[0]["h100"]
     assert len(m.recent) == store.rules.recent and m.samples_per_s == pytest.approx(4003.0)
-    for key in (store.lin_key("lin-poison"), store.agg_key(comps[0]["model_type"])):
-        assert 0 < redis_client.ttl(key) <= store.history_ttl_s
+    mt = comps[0]["model_type"]
+    for key in (store.keys.lin("lin-poison", mt), store.keys.agg(mt)):
+        assert 0 < store.r.ttl(key) <= store.history_ttl_s
     # a redelivery reports the first outcome (for the dataset flag) and changes nothing
     again = store.apply_completions([comps[3]])
     assert not again[0].new and again[0].quarantine == "lineage"
-    assert store.read_batch(["lin-poison"], [])[0] == [book.lineage("lin-poison")]
+    assert _read(store, ["lin-poison"], [])[0] == [book.lineage("lin-poison")]
 
 
 def test_an_entry_in_the_single_measurement_layout_still_reads_and_updates(
-    store: OnlineStore, redis_client
+    store: OnlineStore,
 ) -> None:
-    key = store.lin_key("lin-old")
-    redis_client.hset(key, "h100", "[800,8,1796000000.0,3]")
-    [hist], _ = store.read_batch(["lin-old"], [])
+    key = store.keys.lin("lin-old", _types(["lin-old"])[0])
+    store.r.hset(key, "h100", "[800,8,1796000000.0,3]")
+    [hist], _ = _read(store, ["lin-old"], [])
     assert hist["h100"].count == 3 and hist["h100"].samples_per_s == pytest.approx(800.0)
     [c] = _telemetry([(810.0, 8)], lineage="lin-old")
     [r] = store.apply_completions([c])
     assert r.outcome == "accepted"
-    [hist], _ = store.read_batch(["lin-old"], [])
+    [hist], _ = _read(store, ["lin-old"], [])
     assert hist["h100"].count == 4 and len(hist["h100"].recent) == 2
     assert hist["h100"].recent[-1][0] == hist["h100"].measured_at == 1796000000.0  # newest last

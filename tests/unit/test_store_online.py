@@ -7,7 +7,7 @@ import pytest
 import redis
 
 from leap_stream.settings import Settings, SettingsError
-from leap_stream.store.online import OnlineStore, connect, connect_with
+from leap_stream.store.online import KeyLayout, OnlineStore, connect, connect_with
 from leap_stream.tools import synthetic_events as synthetic
 
 
@@ -47,11 +47,16 @@ def test_the_store_defaults_are_the_documented_settings() -> None:
 
 
 def test_key_layout_is_the_design() -> None:
-    store = OnlineStore(redis.Redis(), "leap:")
-    assert store.lin_key("L1") == "leap:lin:L1"
-    assert store.agg_key("llama-7b") == "leap:agg:llama-7b"
-    assert store.seen_key("e1") == "leap:seen:e1"
-    assert store.sub_key("job-1", 2) == "leap:sub:job-1:2"
+    keys = OnlineStore(redis.Redis(), "leap:").keys
+    assert not keys.tagged  # a single Redis: untagged
+    assert keys.lin("L1", "llama-7b") == "leap:lin:L1"
+    assert keys.agg("llama-7b") == "leap:agg:llama-7b"
+    assert keys.seen("e1", "llama-7b") == "leap:seen:e1"
+    assert keys.sub("job-1", 2, "llama-7b") == "leap:sub:job-1:2"
+    assert keys.pred("job-1", 2, "llama-7b") == "leap:pred:job-1:2"
+    tagged = KeyLayout("leap:", tagged=True)
+    assert tagged.lin("L1", "llama-7b") == "leap:{llama-7b}:lin:L1"
+    assert tagged.agg("llama-7b") == "leap:{llama-7b}:agg:llama-7b"
 
 
 def test_submission_encoding_round_trips() -> None:
@@ -68,3 +73,37 @@ def test_submission_encoding_round_trips() -> None:
     assert decode_submission(None) is None
     assert decode_submission(b"{broken") is None
     assert decode_submission(orjson.dumps([99, 1, 2])) is None  # unknown format
+
+
+def test_cluster_keys_of_one_model_type_share_a_slot() -> None:
+    """The rule a cluster's scripts need: everything one completion touches, and one model
+    type's reads, hash to one slot, whatever the model type's name holds."""
+    from redis.crc import key_slot
+
+    tagged = KeyLayout("leap:", tagged=True)
+    for mt in ("llama-7b", "weird}{name", "{", "}x", "a{b}c"):
+        keys = [
+            tagged.seen("evt-1", mt),
+            tagged.lin("lin-1", mt),
+            tagged.agg(mt),
+            tagged.sub("job-1", 2, mt),
+            tagged.pred("job-1", 2, mt),
+        ]
+        assert len({key_slot(k.encode()) for k in keys}) == 1, keys
+    slots = {key_slot(tagged.agg(f"model-{i}").encode()) for i in range(50)}
+    assert len(slots) > 40  # model types spread over the slots
+    assert tagged.group("a") != tagged.group("b")
+    # a single Redis keeps the layout it always had (no migration for existing stores)
+    plain = KeyLayout("leap:")
+    assert plain.lin("lin-1", "llama-7b") == "leap:lin:lin-1"
+    assert plain.sub("job-1", 2, "x") == "leap:sub:job-1:2"
+    assert plain.group("a") == plain.group("b") == ""
+    assert plain.pattern("lin") == "leap:lin:*"
+    assert tagged.pattern("lin") == "leap:{*}:lin:*"
+
+
+def test_a_cluster_prefix_with_braces_is_refused() -> None:
+
+    with pytest.raises(ValueError, match="braces"):
+        KeyLayout("leap:{x}:", tagged=True)
+    KeyLayout("leap:{x}:")  # a single Redis does not care
