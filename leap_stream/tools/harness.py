@@ -19,12 +19,15 @@ import urllib.request
 from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from leap_stream.core.history import HistoryBook
 from leap_stream.tools.dev.state import free_port
+
+if TYPE_CHECKING:
+    from leap_stream.store.online import OnlineStore
 
 Samples = dict[str, list[tuple[dict[str, str], float, str]]]
 
@@ -246,6 +249,14 @@ class WorkerStack:
     @property
     def proc(self) -> subprocess.Popen[bytes] | None:
         return self.worker.proc if self.worker is not None else None
+
+    def online_store(self) -> OnlineStore:
+        """A client of the online store this world's worker writes (a Redis Cluster when
+        ``extra_env`` says LEAP_REDIS_CLUSTER=1); the caller closes ``.r``."""
+        from leap_stream.store.online import OnlineStore, connect
+
+        cluster = self.extra_env.get("LEAP_REDIS_CLUSTER") == "1"
+        return OnlineStore(connect(self.redis_url, cluster=cluster), prefix=self.prefix)
 
     @property
     def log_path(self) -> Path | None:

@@ -83,6 +83,30 @@ def stack(
         s.stop(signal.SIGKILL)
 
 
+@pytest.fixture
+def cluster_stack(
+    kafka_bootstrap: str,
+    redis_cluster_url: str,
+    topic_factory: Any,
+    redis_prefix: str,
+    tmp_path: Path,
+) -> Iterator[Stack]:
+    """`stack` with its online store on a real three-master Redis Cluster."""
+    topics = worker_topics(topic_factory)
+    s = Stack(
+        kafka_bootstrap,
+        redis_cluster_url,
+        redis_prefix,
+        tmp_path,
+        topics,
+        f"e2e-{os.urandom(6).hex()}",
+        extra_env={**E2E_SETTINGS, "LEAP_REDIS_CLUSTER": "1"},
+    )
+    yield s
+    if s.alive():
+        s.stop(signal.SIGKILL)
+
+
 class Feeder:
     """Produces events and remembers where each landed (for the dead-letter check)."""
 
@@ -160,8 +184,11 @@ def _histogram_quantile(buckets: list[tuple[float, float]], q: float) -> float:
     return float("inf")
 
 
-def test_worker_end_to_end(stack: Stack) -> None:
-    """Every promise of the worker, through the real broker, Redis and files."""
+@pytest.mark.parametrize("world", ["stack", "cluster_stack"])
+def test_worker_end_to_end(world: str, request: pytest.FixtureRequest) -> None:
+    """Every promise of the worker, through the real broker, Redis (one server, and a
+    three-master cluster) and files."""
+    stack: Stack = request.getfixturevalue(world)
     sim = simulate(SimConfig(seed=5, days=2, rate=1500))
     day2 = sim.submissions["submitted_at"] >= sim.submissions["submitted_at"].min().normalize() + (
         pd.Timedelta(days=1)
@@ -295,9 +322,10 @@ def test_worker_end_to_end(stack: Stack) -> None:
     book = HistoryBook()
     for c in applied:
         book.apply_completion(c)
-    store = OnlineStore(connect(stack.redis_url), prefix=stack.prefix)
+    store = stack.online_store()
     lineages, types = book.lineage_ids, book.model_types
-    hist, aggs = store.read_batch(lineages, types)
+    types_of = {c["lineage_id"]: c["model_type"] for c in applied}
+    hist, aggs = store.read_batch(lineages, types, [types_of[x] for x in lineages])
     assert hist == [book.lineage(x) for x in lineages]
     assert aggs == {m: book.aggregates(m) for m in types}
 
@@ -620,3 +648,85 @@ def test_one_process_per_role_loses_nothing(stack: Stack) -> None:
     frame = read_dataset(stack.tmp / "completions" / "dataset")
     ids = frame["event_id"].tolist()
     assert len(ids) == len(set(ids)) and set(ids) == {c["event_id"] for c in comps}
+
+
+def test_two_workers_on_eight_partitions_of_a_redis_cluster_lose_nothing(
+    kafka_bootstrap: str,
+    redis_cluster_url: str,
+    topic_factory: Any,
+    redis_prefix: str,
+    tmp_path: Path,
+) -> None:
+    """Scale-out: two worker processes in one group share eight partitions of each input
+    topic, their online store a three-master Redis Cluster. Every job is ranked, every
+    completion is applied once (its dedup marker is on the cluster) and lands in exactly one
+    worker's dataset."""
+    topics = {
+        "sub": topic_factory("sub", partitions=8),
+        "comp": topic_factory("comp", partitions=8),
+        "rank": topic_factory("rank", partitions=8),
+        "dlq": topic_factory("dlq", partitions=2),
+    }
+    group = f"e2e-{os.urandom(6).hex()}"
+    settings = {**E2E_SETTINGS, "LEAP_REDIS_CLUSTER": "1"}
+    workers = []
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        workers.append(
+            Stack(
+                kafka_bootstrap,
+                redis_cluster_url,
+                redis_prefix,
+                tmp_path / name,
+                topics,
+                group,
+                extra_env=dict(settings),
+            )
+        )
+    sim = simulate(SimConfig(seed=23, days=1, rate=1200))
+    subs = submission_events(sim.submissions)
+    keys = {(s["job_id"], s["attempt"]) for s in subs}
+    comps = completion_events(completions_in_arrival_order(sim.completions))
+    feeder = Feeder(kafka_bootstrap)
+    for s in subs:
+        feeder.send(topics["sub"], s["job_id"], orjson.dumps(s))
+    for c in comps:
+        feeder.send(topics["comp"], c["job_id"], orjson.dumps(c))
+    feeder.flush()
+    rankings = RankingsClient(KafkaClients(kafka_bootstrap), topics["rank"])
+    lag = LagReader(
+        KafkaClients(kafka_bootstrap), worker_groups(group, topics["sub"], topics["comp"])
+    )
+    for w, name in zip(workers, ("a", "b"), strict=True):
+        w.start(f"worker-{name}")
+    try:
+
+        def done() -> bool:
+            for w in workers:
+                assert w.alive(), w.log_tail()
+            rankings.poll(timeout=0.2, max_messages=5000)
+            return set(rankings.latest()) == keys and total_lag(lag.read()) == 0
+
+        wait_for("both workers caught up", done, 180)
+        # the partitions really were shared: each worker took part of each topic
+        for w in workers:
+            assert 0 < w.metric("leap_events_in", topic=topics["sub"], outcome="valid") < len(subs)
+            assert w.metric("leap_events_in", topic=topics["comp"], outcome="valid") > 0
+    finally:
+        for w in workers:
+            assert w.stop(signal.SIGTERM) == 0, w.log_tail()
+    ids: list[str] = []
+    for w in workers:
+        ids += read_dataset(w.tmp / "dataset")["event_id"].tolist()
+    assert len(ids) == len(set(ids)) and set(ids) == {c["event_id"] for c in comps}
+    store = workers[0].online_store()
+    try:
+        unseen = [
+            c["event_id"]
+            for c in comps
+            if not store.r.exists(store.keys.seen(c["event_id"], c["model_type"]))
+        ]
+    finally:
+        store.r.close()
+    assert not unseen, f"{len(unseen)} completions never applied, e.g. {unseen[:3]}"
+    assert not _dead_letters(kafka_bootstrap, topics["dlq"], expect=0, timeout=3)

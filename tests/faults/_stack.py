@@ -17,7 +17,6 @@ import pandas as pd
 from leap_stream.core.history import HistoryBook
 from leap_stream.store.artefact import write_model
 from leap_stream.store.offline import read_dataset
-from leap_stream.store.online import OnlineStore, connect
 from leap_stream.stream.kafka import produce_waiting
 from leap_stream.tools.harness import WorkerStack, aggregate_differences, lineage_differences
 from leap_stream.tools.sim.events import (
@@ -178,8 +177,10 @@ def check_nothing_lost(
         order = sorted(fl.comps, key=lambda c: arrival[c["event_id"]])
     for c in order:
         book.apply_completion(c)
-    store = OnlineStore(connect(stack.redis_url), prefix=stack.prefix)
-    hist, aggs = store.read_batch(book.lineage_ids, book.model_types)
+    store = stack.online_store()
+    types_of = {c["lineage_id"]: c["model_type"] for c in fl.comps}
+    lineage_types = [types_of[x] for x in book.lineage_ids]
+    hist, aggs = store.read_batch(book.lineage_ids, book.model_types, lineage_types)
     differ_lin, disputed = lineage_differences(hist, book, book.lineage_ids)
     assert not differ_lin, (
         f"Redis history differs from a replay for {len(differ_lin)} lineages; first (lineage, "
@@ -187,7 +188,11 @@ def check_nothing_lost(
     )
     assert disputed <= max(3, len(book.lineage_ids) // 100), f"{disputed} lineages disputed"
     # every completion applied once: its dedup marker is there (a loss would have none)
-    unseen = [c["event_id"] for c in fl.comps if not store.r.exists(store.seen_key(c["event_id"]))]
+    unseen = [
+        c["event_id"]
+        for c in fl.comps
+        if not store.r.exists(store.keys.seen(c["event_id"], c["model_type"]))
+    ]
     assert not unseen, f"{len(unseen)} completions never applied, e.g. {unseen[:3]}"
     want_aggs = {m: book.aggregates(m) for m in book.model_types}
     differ = aggregate_differences(aggs, want_aggs, skip=book.disputed_types)

@@ -16,7 +16,11 @@ from leap_stream.tools.harness import wait_for
 pytestmark = pytest.mark.faults
 
 
-def test_kill9_three_times_loses_nothing(stack: Stack) -> None:
+@pytest.mark.parametrize("world", ["stack", "cluster_stack"])
+def test_kill9_three_times_loses_nothing(world: str, request: pytest.FixtureRequest) -> None:
+    """On one Redis and on a Redis Cluster (keys tagged by model type, one script call per
+    model type)."""
+    stack: Stack = request.getfixturevalue(world)
     fl = fleet(seed=31, rate=10_000)  # ~10k submissions + ~10k completions
     assert fl.events >= 19_000
     t = stack.topics
@@ -62,7 +66,7 @@ def test_kill9_three_times_loses_nothing(stack: Stack) -> None:
     repeats = rankings.received - len(rankings.latest())
     rankings.close()
     print(
-        f"\n--- kill -9 x3: {fl.events} events ({len(fl.subs)} submissions, {len(fl.comps)} "
+        f"\n--- kill -9 x3 ({world}): {fl.events} events ({len(fl.subs)} submissions, {len(fl.comps)} "
         f"completions), kills at {kills} events committed / {ranked_at_kill} ranked; lost 0; {repeats} repeated rankings "
         f"(at-least-once); dataset {figures['dataset_rows']} rows, history of "
         f"{figures['lineages']} lineages equal to a replay; {elapsed:.0f}s incl. 4 starts"

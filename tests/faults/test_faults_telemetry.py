@@ -207,7 +207,7 @@ def test_an_aborted_transaction_is_never_applied(stack: Stack) -> None:
     frame = read_dataset(stack.tmp / "dataset")
     assert set(frame["event_id"]) == {"cmp-t-kept"}
     store = OnlineStore(connect(stack.redis_url), prefix=stack.prefix)
-    assert store.r.exists(store.seen_key("cmp-t-aborted")) == 0
+    assert store.r.exists(store.keys.seen("cmp-t-aborted", aborted["model_type"])) == 0
     [hist], _ = store.read_batch(["lin-t"], [])
     assert hist["h100-sxm"].count == 1 and hist["h100-sxm"].samples_per_s == pytest.approx(14.62)
     store.r.close()
