@@ -23,7 +23,9 @@ pytestmark = pytest.mark.services
 
 def _cli(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {
-        k: v for k, v in os.environ.items() if k not in ("LEAP_KAFKA_BOOTSTRAP", "LEAP_REDIS_URL")
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("LEAP_KAFKA_BOOTSTRAP", "LEAP_REDIS_URL", "LEAP_REDIS_CLUSTER")
     }
     env["LEAP_HOME"] = str(home)
     return subprocess.run(
@@ -88,3 +90,38 @@ def test_up_twice_status_down_twice(home: Path) -> None:
             assert not state.pid_alive(first[name]["pid"])
     assert exports[1] == exports[0]  # same ports again: exports in a shell stay valid
     assert (home / "logs" / "kafka.log").read_text().count("Kafka Server started") == 2
+
+
+def test_up_with_a_redis_cluster_exports_it_and_down_stops_every_master(tmp_path: Path) -> None:
+    from leap_stream.store.online import connect
+
+    up = _cli(tmp_path, "up", "--no-kafka", "--redis-cluster", "--env")
+    try:
+        assert up.returncode == 0, up.stderr
+        env = state.parse_env(up.stdout)
+        assert env["LEAP_REDIS_CLUSTER"] == "1", up.stdout
+        assert (
+            state.parse_env((tmp_path / "dev.env").read_text())["LEAP_REDIS_URL"]
+            == (env["LEAP_REDIS_URL"])
+        )
+        info = _status(tmp_path)["redis-cluster"]
+        assert info["running"] and info["ready"], info
+        members = info["members"]
+        assert len(members) == 3 and all(state.pid_alive(pid) for pid, _m in members)
+        client = connect(env["LEAP_REDIS_URL"], cluster=True)
+        try:
+            for i in range(30):
+                client.set(f"k{{{i}}}", i)
+            owners = {client.get_node_from_key(f"k{{{i}}}").name for i in range(30)}
+            assert len(owners) == 3  # the keys really spread over the three masters
+        finally:
+            client.close()
+        again = _cli(tmp_path, "up", "--no-kafka", "--redis-cluster", "--env")
+        assert again.returncode == 0 and state.parse_env(again.stdout) == env
+        assert _status(tmp_path)["redis-cluster"]["pid"] == info["pid"]  # reused
+    finally:
+        down = _cli(tmp_path, "down", "--timeout", "5")
+    assert down.returncode == 0, down.stderr
+    assert "redis-cluster: stopped" in down.stdout
+    assert not any(state.pid_alive(pid) for pid, _m in members)
+    assert not _status(tmp_path)["redis-cluster"]["running"]

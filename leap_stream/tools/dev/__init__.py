@@ -1,7 +1,9 @@
 """Local Kafka and Redis for development, tests, the bench and the demo (`leap-stream dev`).
 
 `ensure_services()` is the one entry point: it reuses what is configured (LEAP_KAFKA_BOOTSTRAP,
-LEAP_REDIS_URL) or already running under $LEAP_HOME, and starts only what is missing.
+LEAP_REDIS_URL) or already running under $LEAP_HOME, and starts only what is missing. A Redis
+Cluster (three masters, `redis_cluster`) is a service of its own, started only when asked
+for; while it runs, the exports point LEAP_REDIS_URL at it with LEAP_REDIS_CLUSTER=1.
 """
 
 from __future__ import annotations
@@ -13,20 +15,27 @@ from typing import Any
 
 from leap_stream.settings import Settings
 from leap_stream.store.files import write_atomic
-from leap_stream.tools.dev import kafka, redis, state
+from leap_stream.tools.dev import kafka, redis, redis_cluster, state
 from leap_stream.tools.dev.state import OWNER_AUTO, OWNER_CLI, Paths, ServiceState
 
 log = logging.getLogger("leap_stream.tools.dev")
 
-SERVICES = ("kafka", "redis")
-_ENV = {"kafka": "LEAP_KAFKA_BOOTSTRAP", "redis": "LEAP_REDIS_URL"}
+SERVICES = ("kafka", "redis", "redis-cluster")
+_ENV = {
+    "kafka": "LEAP_KAFKA_BOOTSTRAP",
+    "redis": "LEAP_REDIS_URL",
+    "redis-cluster": "LEAP_REDIS_URL",
+}
 
 
 def _configured(cfg: Settings, name: str) -> str:
-    return cfg.kafka_bootstrap if name == "kafka" else cfg.redis_url
+    if name == "kafka":
+        return cfg.kafka_bootstrap
+    # LEAP_REDIS_URL names a cluster exactly when LEAP_REDIS_CLUSTER says so
+    return cfg.redis_url if cfg.redis_cluster == (name == "redis-cluster") else ""
 
 
-_MODULES: dict[str, Any] = {"kafka": kafka, "redis": redis}
+_MODULES: dict[str, Any] = {"kafka": kafka, "redis": redis, "redis-cluster": redis_cluster}
 
 
 @dataclass
@@ -38,9 +47,20 @@ class DevServices:
     started: list[str] = field(default_factory=list)
     home: Path | None = None
     leased: list[str] = field(default_factory=list)
+    redis_cluster_url: str = ""
 
     def env(self) -> dict[str, str]:
+        if self.redis_cluster_url:
+            return _cluster_env(self.kafka_bootstrap, self.redis_cluster_url)
         return {"LEAP_KAFKA_BOOTSTRAP": self.kafka_bootstrap, "LEAP_REDIS_URL": self.redis_url}
+
+
+def _cluster_env(kafka_bootstrap: str, url: str) -> dict[str, str]:
+    return {
+        "LEAP_KAFKA_BOOTSTRAP": kafka_bootstrap,
+        "LEAP_REDIS_URL": url,
+        "LEAP_REDIS_CLUSTER": "1",
+    }
 
 
 def _running(paths: Paths, name: str) -> ServiceState | None:
@@ -80,6 +100,7 @@ def ensure_services(
     kafka: bool = True,
     redis: bool = True,
     *,
+    redis_cluster: bool = False,
     home: Path | str | None = None,
     lease: bool = False,
     owner: str | None = None,
@@ -94,8 +115,9 @@ def ensure_services(
     cfg = cfg or Settings.from_env()
     paths = Paths.from_env(home, cfg)
     owner = owner or (OWNER_AUTO if lease else OWNER_CLI)
-    wanted = [n for n, on in (("kafka", kafka), ("redis", redis)) if on]
-    addresses = {"kafka": "", "redis": ""}
+    asked = (("kafka", kafka), ("redis", redis), ("redis-cluster", redis_cluster))
+    wanted = [n for n, on in asked if on]
+    addresses = dict.fromkeys(SERVICES, "")
     started: list[str] = []
     leased: list[str] = []
     with state.locked(paths):
@@ -107,14 +129,25 @@ def ensure_services(
                 state.acquire_lease(paths, name)
                 leased.append(name)
         _write_env_file(paths, cfg)
-    return DevServices(addresses["kafka"], addresses["redis"], started, paths.home, leased)
+    return DevServices(
+        addresses["kafka"],
+        addresses["redis"],
+        started,
+        paths.home,
+        leased,
+        redis_cluster_url=addresses["redis-cluster"],
+    )
 
 
 def _write_env_file(paths: Paths, cfg: Settings) -> None:
-    values = {}
-    for name in SERVICES:
+    def address(name: str) -> str:
         st = _running(paths, name)
-        values[_ENV[name]] = st.address if st else _configured(cfg, name)
+        return st.address if st else _configured(cfg, name)
+
+    if cluster := address("redis-cluster"):
+        values = _cluster_env(address("kafka"), cluster)
+    else:
+        values = {_ENV[name]: address(name) for name in ("kafka", "redis")}
     write_atomic(paths.env_file, state.render_env(values).encode())
 
 
@@ -157,7 +190,9 @@ def stop_services(
             if st is None:
                 result.setdefault(name, "not running")
                 continue
-            result[name] = state.stop_pid(st.pid, st.marker, timeout=timeout)
+            members = st.extra.get("members") or [[st.pid, st.marker]]
+            stopped = [state.stop_pid(pid, marker, timeout=timeout) for pid, marker in members]
+            result[name] = ", ".join(dict.fromkeys(stopped))
             state.clear_state(paths, name)
         _write_env_file(paths, cfg)
     return result
@@ -203,9 +238,10 @@ def with_local_services(cfg: Settings) -> Settings:
         found = {name: st.address for name in SERVICES if (st := _running(paths, name))}
     except OSError:  # unreadable state: as if nothing ran
         return cfg
+    redis_service = "redis-cluster" if cfg.redis_cluster else "redis"
     return cfg.replace(
         kafka_bootstrap=cfg.kafka_bootstrap or found.get("kafka", ""),
-        redis_url=cfg.redis_url or found.get("redis", ""),
+        redis_url=cfg.redis_url or found.get(redis_service, ""),
     )
 
 

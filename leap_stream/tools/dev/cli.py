@@ -26,6 +26,12 @@ def register(parser: argparse.ArgumentParser) -> None:
     up.add_argument("--env", action="store_true", help="print only the export lines (for eval)")
     up.add_argument("--no-kafka", action="store_true", help="leave Kafka alone")
     up.add_argument("--no-redis", action="store_true", help="leave Redis alone")
+    up.add_argument(
+        "--redis-cluster",
+        action="store_true",
+        help="a local Redis Cluster of three masters instead of one Redis; the exports add "
+        "LEAP_REDIS_CLUSTER=1",
+    )
     st = sub.add_parser("status", help="what runs: pids, addresses, logs")
     st.add_argument("--json", action="store_true", help="one JSON object")
     down = sub.add_parser("down", help="stop what `up` started (SIGTERM, then SIGKILL)")
@@ -54,8 +60,13 @@ def run(args: argparse.Namespace, cfg: Settings) -> int:
 
 def _up(args: argparse.Namespace, cfg: Settings) -> int:
     t0 = time.monotonic()
+    cluster = args.redis_cluster and not args.no_redis
     services = dev.ensure_services(
-        kafka=not args.no_kafka, redis=not args.no_redis, home=args.home, cfg=cfg
+        kafka=not args.no_kafka,
+        redis=not args.no_redis and not cluster,
+        redis_cluster=cluster,
+        home=args.home,
+        cfg=cfg,
     )
     paths = Paths.from_env(args.home, cfg)
     if not args.env:
@@ -96,7 +107,7 @@ def _down(args: argparse.Namespace, cfg: Settings) -> int:
         print(f"{name}: {what}")
     if args.purge:
         paths = Paths.from_env(args.home, cfg)
-        for d in (paths.kafka_dir, paths.redis_dir):
+        for d in (paths.kafka_dir, paths.redis_dir, paths.redis_cluster_dir):
             shutil.rmtree(d, ignore_errors=True)
             print(f"purged {d}")
     return 0

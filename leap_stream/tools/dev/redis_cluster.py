@@ -1,14 +1,18 @@
 """A real local Redis Cluster: three masters (Debian's redis-server with ``--cluster-enabled
 yes``) joined by ``redis-cli --cluster create``, in one folder on free ports.
 
-The groundwork of issue #14's Redis Cluster target: the tests and, later, ``dev up
---redis-cluster`` start one with `LocalRedisCluster`. Masters only (``--cluster-replicas 0``): a
-dev cluster needs the slot routing and the one-slot rule of multi-key scripts, not failover.
+The test fixtures start one with `LocalRedisCluster`; ``leap-stream dev up --redis-cluster``
+runs one as a dev service (`start`, `is_ready`, `wait_ready`: the interface of the other
+services). Masters only (``--cluster-replicas 0``): a dev cluster needs the slot routing and the
+one-slot rule of multi-key scripts, not failover. It keeps nothing across restarts: each start
+creates a new cluster (its node ids and slots live in files a restart could not reuse).
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -16,11 +20,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from leap_stream.settings import Settings
+from leap_stream.tools.dev import state
 from leap_stream.tools.dev.kafka import tail_file
 from leap_stream.tools.dev.redis import find_redis_server
-from leap_stream.tools.dev.state import free_port, stop_pid
+from leap_stream.tools.dev.state import Paths, ServiceState, free_port, stop_pid
 
 MASTERS = 3
+NAME = "redis-cluster"
 
 
 BUS_OFFSET = 10_000  # each node also listens on port + 10000 (the cluster bus)
@@ -108,4 +115,71 @@ class LocalRedisCluster:
             stop_pid(pid, marker=f":{port}")  # redis-server titles itself with its address
 
 
-__all__ = ["BUS_OFFSET", "MASTERS", "LocalRedisCluster", "cluster_port"]
+def is_ready(url: str, timeout: float = 1.0, cfg: Settings | None = None) -> bool:
+    """The seed node answers and says the cluster is ok (every slot served)."""
+    import redis as redis_py
+
+    password = (cfg or Settings.from_env()).redis_password or None
+    client = redis_py.Redis.from_url(
+        url, password=password, socket_timeout=timeout, socket_connect_timeout=timeout
+    )
+    try:
+        return bool(client.cluster("INFO").get("cluster_state") == "ok")
+    except (redis_py.RedisError, OSError):
+        return False
+    finally:
+        client.close()
+
+
+def start(
+    paths: Paths,
+    log: logging.Logger,
+    owner: str,
+    previous: ServiceState | None,
+    cfg: Settings,
+) -> ServiceState:
+    """A new cluster under ``paths.redis_cluster_dir`` (whatever an earlier one left there is
+    removed first); the state's pid is the first master's, ``members`` lists every master."""
+    folder = paths.redis_cluster_dir
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    cluster = LocalRedisCluster(folder)
+    log.info("starting a Redis Cluster of %d masters on ports %s", MASTERS, cluster.ports)
+    try:
+        cluster.start(timeout=cfg.dev_ready_timeout_s)
+    except RuntimeError:
+        cluster.stop()
+        raise
+    first = cluster.ports[0]
+    st = ServiceState(
+        name=NAME,
+        pid=cluster.pids[0],
+        address=cluster.url,
+        port=first,
+        log=str(folder / str(first) / "redis.log"),
+        marker=f":{first}",
+        owner=owner,
+        started_at=time.time(),
+        extra={
+            "members": [
+                [pid, f":{port}"] for pid, port in zip(cluster.pids, cluster.ports, strict=True)
+            ],
+            "ports": cluster.ports,
+        },
+    )
+    state.save_state(paths, st)
+    return st
+
+
+def wait_ready(st: ServiceState, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if is_ready(st.address, timeout=0.5):
+            return
+        time.sleep(0.2)
+    raise RuntimeError(
+        f"the Redis Cluster at {st.address} is not ok after {timeout:.0f} s; see {st.log}"
+    )
+
+
+__all__ = ["BUS_OFFSET", "MASTERS", "LocalRedisCluster", "cluster_port", "is_ready", "start"]

@@ -72,6 +72,10 @@ class Paths:
     def redis_dir(self) -> Path:
         return self.home / "redis"
 
+    @property
+    def redis_cluster_dir(self) -> Path:
+        return self.home / "redis-cluster"
+
     def state_file(self, service: str) -> Path:
         return self.run / f"{service}.json"
 
