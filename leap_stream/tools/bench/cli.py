@@ -70,18 +70,23 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     from leap_stream.tools.dev import ensure_services, stop_services
 
     stages = {s.strip() for s in args.only.split(",") if s.strip()}
-    services = ensure_services(kafka=True, redis=True, lease=True, cfg=settings)
+    cluster = settings.redis_cluster  # LEAP_REDIS_CLUSTER=1: the store on a Redis Cluster
+    services = ensure_services(
+        kafka=True, redis=not cluster, redis_cluster=cluster, lease=True, cfg=settings
+    )
+    redis_url = services.redis_cluster_url or services.redis_url
     figs: dict[str, Any] = {}
     detail: dict[str, Any] = {}
     world = None
     worker = None
     try:
         world = H.build_world(
-            services.kafka_bootstrap, services.redis_url, args.events, args.candidates, settings
+            services.kafka_bootstrap, redis_url, args.events, args.candidates, settings
         )
         figs["hardware_types"] = len(world.types)
         figs["candidates_per_job"] = args.candidates
         figs["workers"] = args.workers
+        figs["redis_cluster"] = cluster
         figs["split_roles"] = args.split_roles
         compiled = wanted_compiled(settings.compiled_trees)
         figs["compiled_trees"] = compiled

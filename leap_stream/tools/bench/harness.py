@@ -34,6 +34,7 @@ import pandas as pd
 
 from leap_stream.contracts import TimeWindow
 from leap_stream.settings import Settings
+from leap_stream.store.online import OnlineStore, connect
 from leap_stream.stream.client import RankingsClient
 from leap_stream.stream.kafka import KafkaClients, produce_waiting
 from leap_stream.tools.bench.stats import due, percentile_ms, rate, widen_candidates
@@ -71,6 +72,12 @@ class BenchWorld:
     topics: list[str] = field(default_factory=list)
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
 
+    def store(self) -> OnlineStore:
+        """The bench's online store (a Redis Cluster when LEAP_REDIS_CLUSTER=1)."""
+
+        client = connect(self.redis_url, cluster=self.settings.redis_cluster)
+        return OnlineStore(client, prefix=self.prefix)
+
     def topic(self, hint: str, partitions: int = 4) -> str:
         from leap_stream.tools.dev.topics import create_topics
 
@@ -80,14 +87,13 @@ class BenchWorld:
         return name
 
     def close(self) -> None:
-        from leap_stream.store.online import connect
         from leap_stream.tools.dev.topics import delete_topics
 
         try:
             if self.topics:
                 delete_topics(self.bootstrap, self.topics)
         finally:
-            r = connect(self.redis_url)
+            r = self.store().r
             keys = list(r.scan_iter(match=f"{self.prefix}*", count=2000))
             for i in range(0, len(keys), 1000):
                 r.delete(*keys[i : i + 1000])
@@ -107,7 +113,6 @@ def build_world(
     from leap_stream.catalog import load_catalog
     from leap_stream.core.lookup import LookupTable
     from leap_stream.store.artefact import write_model
-    from leap_stream.store.online import OnlineStore, connect
     from leap_stream.store.registry import Registry
     from leap_stream.tools.sim.events import completion_events, submission_events
     from leap_stream.tools.sim.fleet import SimConfig, simulate
@@ -127,7 +132,7 @@ def build_world(
     log(f"fleet simulated and model {model.version} trained in {time.perf_counter() - t0:.1f}s")
 
     prefix = f"bench:{uuid.uuid4().hex[:8]}:"
-    store = OnlineStore(connect(redis_url), prefix=prefix)
+    store = OnlineStore(connect(redis_url, cluster=settings.redis_cluster), prefix=prefix)
     past_comp = sim.completions[sim.completions["ended_at"] < first_day]  # known before day 2
     comps = completion_events(past_comp.sort_values("ended_at"))
     for i in range(0, len(comps), 2000):
@@ -147,8 +152,10 @@ def build_world(
         sim.completions[sim.completions["ended_at"] >= first_day].sort_values("ended_at")
     )
     completions = _completions_of(subs, later, len(base))
+    head = subs[:5000]
+    types_of_head = [s["model"]["model_type"] for s in head]
     with_prior = sum(
-        bool(h) for h in store.read_batch([s["lineage_id"] for s in subs[:5000]], [])[0]
+        bool(h) for h in store.read_batch([s["lineage_id"] for s in head], [], types_of_head)[0]
     )
     log(
         f"{len(subs)} submissions x {candidates} candidates over {len(types)} types; "
@@ -282,7 +289,6 @@ def passthrough_work(msgs: list[Any]) -> tuple[list[tuple[bytes | None, bytes]],
 def pipeline_work(world: BenchWorld) -> tuple[Work, Any]:
     """The worker's batch function (`SubmissionProcessor.process`), same store and ranker."""
     from leap_stream.catalog import load_catalog
-    from leap_stream.store.online import OnlineStore, connect
     from leap_stream.store.registry import Registry
     from leap_stream.stream.app import dead_letter_key
     from leap_stream.stream.batch import Record, SubmissionProcessor
@@ -298,7 +304,7 @@ def pipeline_work(world: BenchWorld) -> tuple[Work, Any]:
         raise RuntimeError("the bench model did not load")
     if compiled and not holder.wait_compiled(300):
         raise RuntimeError("compiled trees asked for but they did not compile (see the log)")
-    store = OnlineStore(connect(world.redis_url), prefix=world.prefix)
+    store = world.store()
     proc = SubmissionProcessor(
         store,
         holder.get,
@@ -386,7 +392,6 @@ def naive_loop(world: BenchWorld, src: str, dst: str, n: int) -> dict[str, Any]:
     from leap_stream.contracts import Ok, decode
     from leap_stream.core.ranker import Ranker
     from leap_stream.store.artefact import read_artefact
-    from leap_stream.store.online import OnlineStore, connect
     from leap_stream.stream.output import OutputProducer
 
     catalog = load_catalog()
@@ -394,7 +399,7 @@ def naive_loop(world: BenchWorld, src: str, dst: str, n: int) -> dict[str, Any]:
     base, lookup = read_artefact(world.model_dir)
     model = PerRowModel(base)
     ranker = Ranker(catalog, model=model, lookup=lookup)  # type: ignore[arg-type]
-    store = OnlineStore(connect(world.redis_url), prefix=world.prefix)
+    store = world.store()
     max_bytes = world.settings.max_message_bytes
     out = OutputProducer(KafkaClients(world.bootstrap))
     c = consumer(world.bootstrap, [src])
@@ -413,7 +418,8 @@ def naive_loop(world: BenchWorld, src: str, dst: str, n: int) -> dict[str, Any]:
             if not isinstance(res, Ok):
                 continue
             sub = res.event
-            hist, aggs = store.read_batch([sub["lineage_id"]], [sub["model"]["model_type"]])
+            mt = sub["model"]["model_type"]
+            hist, aggs = store.read_batch([sub["lineage_id"]], [mt], [mt])
             store.remember_submissions([sub])
             ranking = ranker.rank_batch([sub], list(hist), aggs, datetime.now(UTC))[0]
             if ranking["reason"] in ("model_error", "no_model"):  # a broken per-row path must
@@ -461,7 +467,10 @@ class WorkerProc:
             dataset_dir=self.world.tmp / "dataset",
             registry_dir=self.world.registry_dir,
             metrics_port=free_port(),
-            settings={"LEAP_WORKER_ROLES": roles} if roles else None,
+            settings={
+                "LEAP_REDIS_CLUSTER": "1" if self.world.settings.redis_cluster else "0",
+                **({"LEAP_WORKER_ROLES": roles} if roles else {}),
+            },
             inherit_leap=True,
         )
 
@@ -814,7 +823,11 @@ def http_latency(
         dataset_dir=world.tmp / "dataset",
         registry_dir=world.registry_dir,
         metrics_port=0,
-        settings={"LEAP_SERVE_PORT": str(port), "LEAP_LOG_LEVEL": "WARNING"},
+        settings={
+            "LEAP_SERVE_PORT": str(port),
+            "LEAP_LOG_LEVEL": "WARNING",
+            "LEAP_REDIS_CLUSTER": "1" if world.settings.redis_cluster else "0",
+        },
         inherit_leap=True,
     )
     serve = WorkerProcess(env, world.tmp / "serve.log", world.tmp, command=("serve",))

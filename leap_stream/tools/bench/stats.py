@@ -27,6 +27,7 @@ FINAL_KEYS = (
     "hardware_types",
     "candidates_per_job",
     "workers",
+    "redis_cluster",
     "compiled_trees",
     "pipeline_vs_passthrough",
     "pipeline_vs_naive",
