@@ -826,3 +826,68 @@ def test_kueue_gate_manifests_are_minimal_and_marked_untested() -> None:
     from leap_stream.cli import COMMANDS
 
     assert "kueue-gate" in COMMANDS and "serve" in COMMANDS
+
+
+SPLIT = DEPLOY / "k8s-split-roles"
+ROLE = "leap-stream/role"
+
+
+def _without_role(doc: dict[str, Any]) -> dict[str, Any]:
+    """``doc`` with what makes it the completions role taken out again."""
+    d = json.loads(json.dumps(doc))
+    d["metadata"]["name"] = "leap-stream-worker"
+    d["metadata"].get("labels", {}).pop(ROLE, None)
+    spec = d["spec"]
+    if d["kind"] == "ScaledObject":
+        spec["scaleTargetRef"]["name"] = "leap-stream-worker"
+        return d
+    spec["selector"]["matchLabels"].pop(ROLE)
+    if d["kind"] == "Deployment":
+        pod = spec["template"]
+        pod["metadata"]["labels"].pop(ROLE)
+        assert pod["spec"]["containers"][0].pop("env") == [
+            {"name": "LEAP_WORKER_ROLES", "value": "completions"}
+        ]
+        for t in pod["spec"]["topologySpreadConstraints"]:
+            t["labelSelector"]["matchLabels"].pop(ROLE)
+    return d
+
+
+def test_split_roles_completions_worker_is_the_base_worker_in_its_role(
+    k8s: list[dict[str, Any]],
+) -> None:
+    """deploy/k8s-split-roles/completions-worker.yaml is a copy of the base worker: it may
+    differ only by its role (name, role label in every selector, LEAP_WORKER_ROLES, the
+    completions trigger alone, one replica at least)."""
+    cm = one(k8s, "ConfigMap")["data"]
+    docs = {d["kind"]: d for d in load_all(SPLIT / "completions-worker.yaml")}
+    assert set(docs) == {"Deployment", "PodDisruptionBudget", "ScaledObject"}
+    assert _without_role(docs["Deployment"]) == one(k8s, "Deployment")
+    assert _without_role(docs["PodDisruptionBudget"]) == one(k8s, "PodDisruptionBudget")
+    so, base_so = _without_role(docs["ScaledObject"]), one(k8s, "ScaledObject")
+    (trigger,) = so["spec"].pop("triggers")
+    assert trigger["metadata"]["topic"] == cm["LEAP_TOPIC_COMPLETIONS"]
+    assert trigger in base_so["spec"]["triggers"]
+    assert so["spec"].pop("minReplicaCount") == 1
+    rest = {k: v for k, v in base_so["spec"].items() if k not in ("triggers", "minReplicaCount")}
+    assert so["spec"] == rest
+
+
+def test_split_roles_patches_fit_the_base(k8s: list[dict[str, Any]]) -> None:
+    """The overlay's JSON patches assume a container without env (``add`` would replace
+    one), the completions trigger second, one topology constraint; kustomize would refuse a
+    failed ``test``, this says why before anyone applies it."""
+    cm = one(k8s, "ConfigMap")["data"]
+    kustomization = yaml.safe_load((SPLIT / "kustomization.yaml").read_text())
+    assert kustomization["resources"] == ["../k8s", "completions-worker.yaml"]
+    pod = one(k8s, "Deployment")["spec"]["template"]["spec"]
+    assert "env" not in pod["containers"][0]
+    assert len(pod["topologySpreadConstraints"]) == 1
+    triggers = one(k8s, "ScaledObject")["spec"]["triggers"]
+    assert [t["metadata"]["topic"] for t in triggers] == [
+        cm["LEAP_TOPIC_SUBMISSIONS"],
+        cm["LEAP_TOPIC_COMPLETIONS"],
+    ]
+    patched = {p["target"]["kind"]: p["patch"] for p in kustomization["patches"]}
+    assert "value: submissions" in patched["Deployment"]
+    assert f"value: {cm['LEAP_TOPIC_COMPLETIONS']}" in patched["ScaledObject"]
