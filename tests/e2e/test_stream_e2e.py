@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ from leap_stream.store.online import OnlineStore, connect
 from leap_stream.stream.client import RankingsClient
 from leap_stream.stream.kafka import KafkaClients
 from leap_stream.stream.lag import LagReader, total_lag, worker_groups
+from leap_stream.stream.submission_loop import submissions_group
 from leap_stream.tools.harness import (
     WorkerStack,
     aggregate_differences,
@@ -650,6 +651,22 @@ def test_one_process_per_role_loses_nothing(stack: Stack) -> None:
     assert len(ids) == len(set(ids)) and set(ids) == {c["event_id"] for c in comps}
 
 
+def _members_with_partitions(bootstrap: str, groups: list[str]) -> Callable[[], bool]:
+    """A `wait_for` condition: each of ``groups`` has two members, each holding partitions."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+
+    def ready() -> bool:
+        for future in admin.describe_consumer_groups(groups).values():
+            members = future.result(timeout=10).members
+            if len(members) != 2 or not all(m.assignment.topic_partitions for m in members):
+                return False
+        return True
+
+    return ready
+
+
 def test_two_workers_on_eight_partitions_of_a_redis_cluster_lose_nothing(
     kafka_bootstrap: str,
     redis_cluster_url: str,
@@ -687,6 +704,12 @@ def test_two_workers_on_eight_partitions_of_a_redis_cluster_lose_nothing(
     subs = submission_events(sim.submissions)
     keys = {(s["job_id"], s["attempt"]) for s in subs}
     comps = completion_events(completions_in_arrival_order(sim.completions))
+    # both workers hold partitions of both topics before the first event: else the first one
+    # up may drain everything before the second joins, and nothing is shared
+    for w, name in zip(workers, ("a", "b"), strict=True):
+        w.start(f"worker-{name}")
+    both = _members_with_partitions(kafka_bootstrap, [submissions_group(group), group])
+    wait_for("both workers hold partitions of both topics", both, 120)
     feeder = Feeder(kafka_bootstrap)
     for s in subs:
         feeder.send(topics["sub"], s["job_id"], orjson.dumps(s))
@@ -697,8 +720,6 @@ def test_two_workers_on_eight_partitions_of_a_redis_cluster_lose_nothing(
     lag = LagReader(
         KafkaClients(kafka_bootstrap), worker_groups(group, topics["sub"], topics["comp"])
     )
-    for w, name in zip(workers, ("a", "b"), strict=True):
-        w.start(f"worker-{name}")
     try:
 
         def done() -> bool:

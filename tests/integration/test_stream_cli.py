@@ -118,8 +118,10 @@ def test_bench_runs_every_stage_small_and_prints_its_figures(
     from leap_stream.tools.bench.stats import FINAL_KEYS
 
     env = {"LEAP_KAFKA_BOOTSTRAP": kafka_bootstrap, "LEAP_REDIS_URL": redis_url}
+    # the worker stage's rate is over the span of its rankings' produced_at: a backlog that fits
+    # one batch (500) has no span, so three batches at least
     res = _cli(
-        ["bench", "--events", "400", "--seconds", "1", "--naive-events", "30"], env, timeout=600
+        ["bench", "--events", "1500", "--seconds", "1", "--naive-events", "30"], env, timeout=600
     )
     assert res.returncode == 0, res.stderr[-3000:]
     last = orjson.loads(res.stdout.strip().splitlines()[-1])
