@@ -48,17 +48,28 @@ def real_ratios(data: Path) -> pd.DataFrame:
     return pd.concat(out, ignore_index=True)[["a_type", "b_type", "log2", "source"]]
 
 
+# The frameworks the public results of a vendor's parts were measured with: MLPerf's TPU
+# entries are JAX and TensorFlow (no PyTorch/XLA); everything else is compared on every job.
+REAL_FRAMEWORKS = {"google": {"jax", "tensorflow"}}
+
+
 def sim_ratios(seed: int, rate: int, days: int, keep: set[tuple[str, str]]) -> pd.DataFrame:
-    """The same ratio on the simulator's measured throughput of every candidate."""
+    """The same ratio on the simulator's measured throughput of every candidate; a pair with a
+    part of a vendor in `REAL_FRAMEWORKS` only over jobs of those frameworks."""
     res = simulate(SimConfig(seed=seed, days=days, rate=rate))
     t = res.truth[["job_id", "attempt", "hardware_type", "measured_samples_per_s"]]
     w = t.pivot_table(
         index=["job_id", "attempt"], columns="hardware_type", values="measured_samples_per_s"
     )
+    fw = res.submissions.set_index(["job_id", "attempt"])["framework"].reindex(w.index)
+    vendor = {t: load_catalog()[t].vendor for t in w.columns}
     out = []
     for a, b in sorted(keep):
         if a in w.columns and b in w.columns:
-            r = np.log2(w[b] / w[a]).dropna()  # same job, same device count: per device too
+            r = np.log2(w[b] / w[a])  # same job, same device count: per device too
+            for v in {vendor[a], vendor[b]} & set(REAL_FRAMEWORKS):
+                r = r[fw.isin(REAL_FRAMEWORKS[v]).to_numpy()]
+            r = r.dropna()
             out.append(pd.DataFrame({"a_type": a, "b_type": b, "log2": r.to_numpy()}))
     return pd.concat(out, ignore_index=True)
 
