@@ -85,27 +85,11 @@ def stack(
 
 
 @pytest.fixture
-def cluster_stack(
-    kafka_bootstrap: str,
-    redis_cluster_url: str,
-    topic_factory: Any,
-    redis_prefix: str,
-    tmp_path: Path,
-) -> Iterator[Stack]:
+def cluster_stack(stack: Stack, redis_cluster_url: str) -> Stack:
     """`stack` with its online store on a real three-master Redis Cluster."""
-    topics = worker_topics(topic_factory)
-    s = Stack(
-        kafka_bootstrap,
-        redis_cluster_url,
-        redis_prefix,
-        tmp_path,
-        topics,
-        f"e2e-{os.urandom(6).hex()}",
-        extra_env={**E2E_SETTINGS, "LEAP_REDIS_CLUSTER": "1"},
-    )
-    yield s
-    if s.alive():
-        s.stop(signal.SIGKILL)
+    stack.redis_url = redis_cluster_url
+    stack.extra_env["LEAP_REDIS_CLUSTER"] = "1"
+    return stack
 
 
 class Feeder:

@@ -41,24 +41,8 @@ def stack(
 
 
 @pytest.fixture
-def cluster_stack(
-    kafka_bootstrap: str,
-    redis_cluster_url: str,
-    topic_factory: Any,
-    redis_prefix: str,
-    tmp_path: Path,
-) -> Iterator[Stack]:
-    """`stack` with its online store on a real three-master Redis Cluster; its keys are left
-    to the session's cluster, which goes when the session ends."""
-    s = Stack(
-        kafka_bootstrap,
-        redis_cluster_url,
-        redis_prefix,
-        tmp_path,
-        worker_topics(topic_factory, "f"),
-        f"faults-{os.urandom(6).hex()}",
-    )
-    s.extra_env["LEAP_REDIS_CLUSTER"] = "1"
-    yield s
-    if s.alive():
-        s.stop(signal.SIGKILL)
+def cluster_stack(stack: Stack, redis_cluster_url: str) -> Stack:
+    """`stack` with its online store on a real three-master Redis Cluster."""
+    stack.redis_url = redis_cluster_url
+    stack.extra_env["LEAP_REDIS_CLUSTER"] = "1"
+    return stack

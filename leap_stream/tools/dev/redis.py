@@ -7,7 +7,9 @@ import os
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from leap_stream.settings import Settings
 from leap_stream.store.files import write_atomic
@@ -63,18 +65,26 @@ def redis_command(
 
 
 def is_ready(url: str, timeout: float = 1.0, cfg: Settings | None = None) -> bool:
-    import redis as redis_py
-
     host, port = state.split_hostport(url, DEFAULT_PORT)
     if not state.tcp_reachable(host, port, timeout=timeout):
         return False
+    return answers(url, lambda client: bool(client.ping()), timeout, cfg)
+
+
+def answers(
+    url: str, question: Callable[[Any], bool], timeout: float, cfg: Settings | None = None
+) -> bool:
+    """``question(client)`` for a short-lived client of the Redis at ``url`` (with the
+    configured password); False when it cannot be asked."""
+    import redis as redis_py
+
     password = (cfg or Settings.from_env()).redis_password or None
     client = redis_py.Redis.from_url(
         url, password=password, socket_timeout=timeout, socket_connect_timeout=timeout
     )
     try:
-        return bool(client.ping())
-    except redis_py.RedisError:
+        return question(client)
+    except (redis_py.RedisError, OSError):
         return False
     finally:
         client.close()

@@ -19,11 +19,12 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from leap_stream.settings import Settings
 from leap_stream.tools.dev import state
 from leap_stream.tools.dev.kafka import tail_file
-from leap_stream.tools.dev.redis import find_redis_server
+from leap_stream.tools.dev.redis import answers, find_redis_server
 from leap_stream.tools.dev.state import Paths, ServiceState, free_port, stop_pid
 
 MASTERS = 3
@@ -117,18 +118,11 @@ class LocalRedisCluster:
 
 def is_ready(url: str, timeout: float = 1.0, cfg: Settings | None = None) -> bool:
     """The seed node answers and says the cluster is ok (every slot served)."""
-    import redis as redis_py
 
-    password = (cfg or Settings.from_env()).redis_password or None
-    client = redis_py.Redis.from_url(
-        url, password=password, socket_timeout=timeout, socket_connect_timeout=timeout
-    )
-    try:
+    def ok(client: Any) -> bool:
         return bool(client.cluster("INFO").get("cluster_state") == "ok")
-    except (redis_py.RedisError, OSError):
-        return False
-    finally:
-        client.close()
+
+    return answers(url, ok, timeout, cfg)
 
 
 def start(
