@@ -593,21 +593,24 @@ def build_app(deps: WorkerDeps) -> faust.App:
     app = new_faust_app(deps)
     # one producer per consumer of the input, each used from one thread only: a flush then
     # covers exactly that side's records and delivery reports
-    sub_out, comp_out = deps.make_output(), deps.make_output()
+    comp_out = deps.make_output()
     agent = CompletionsAgent(app, deps, comp_out)
     if cfg.runs("completions"):
         topic = app.topic(cfg.topic_completions, key_type=bytes, value_type=bytes, internal=False)
         app.agent(topic)(agent.consume)
-    sub_loop = submission_loop(deps, sub_out)
+    # a completions-only process (LEAP_WORKER_ROLES) builds no submissions side at all
+    sub_out = deps.make_output() if cfg.runs("submissions") else None
+    sub_loop = submission_loop(deps, sub_out) if sub_out is not None else None
 
     async def submissions_loop() -> None:
+        assert sub_loop is not None
         sub_loop.start()
         while sub_loop.running:
             await asyncio.sleep(0.25)
         if sub_loop.error is not None:
             await app.crash(sub_loop.error)
 
-    if cfg.runs("submissions"):
+    if sub_loop is not None:
         app.task(submissions_loop)
     # a thread each: a model that takes minutes to load or compile must not freeze the lag
     # gauge, which is what on-call reads when something is slow
@@ -618,11 +621,13 @@ def build_app(deps: WorkerDeps) -> faust.App:
     async def close(app_: Any, **_kw: Any) -> None:
         agent.stopping.set()
         # finish the batch in hand, commit what is durable, leave the group
-        await asyncio.get_running_loop().run_in_executor(None, sub_loop.stop)
-        if sub_loop.unfinished:
-            exit_unfinished([sub_out, comp_out])
+        if sub_loop is not None and sub_out is not None:
+            await asyncio.get_running_loop().run_in_executor(None, sub_loop.stop)
+            if sub_loop.unfinished:
+                exit_unfinished([sub_out, comp_out])
         await agent.flush(force=True)
-        sub_out.close()
+        if sub_out is not None:
+            sub_out.close()
         await asyncio.get_running_loop().run_in_executor(agent.pool, comp_out.close)
 
     app.on_before_shutdown.connect(close)  # type: ignore[arg-type]
