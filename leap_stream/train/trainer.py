@@ -46,6 +46,18 @@ class TrainingRows:
     frame: pd.DataFrame
     y: np.ndarray  # measured whole-job samples/s
 
+    def known_before(self, cutoff: pd.Timestamp) -> TrainingRows:
+        """The rows submitted and measured before ``cutoff``: what `training_rows` of the
+        dataset cut there gives, without a second replay. A row's history holds only what
+        ended before its submission, and a verdict only what ended before it, so for a row
+        submitted before the cutoff neither depends on anything the cut removes."""
+        ended = pd.to_datetime(self.rows["ended_at"], utc=True)
+        submitted = pd.to_datetime(self.rows["submitted_at"], utc=True)
+        keep = ((ended < cutoff) & (submitted < cutoff)).to_numpy()
+        frame = self.frame.loc[keep].reset_index(drop=True)
+        frame["job"] = np.arange(len(frame))  # one row per job: its row in `rows`
+        return TrainingRows(self.rows.loc[keep].reset_index(drop=True), frame, self.y[keep])
+
 
 def training_rows(
     dataset: pd.DataFrame,
@@ -250,9 +262,7 @@ def train_and_publish(
     cur_metrics: dict[str, float] | None = None
     if holdout_days > 0 and fresh.sum() >= MIN_GATE_ROWS:
         # the candidate recipe only learns from measurements that had arrived by the cutoff
-        before = training_rows(
-            dataset.loc[(sub < cutoff).to_numpy()], known_before=cutoff, rules=rules
-        )
+        before = everything.known_before(cutoff)
         if len(before.rows) >= MIN_GATE_ROWS:
             cand_model = fit(before, seed=seed, progress=progress)
             hold_frame = everything.frame.loc[fresh].reset_index(drop=True)

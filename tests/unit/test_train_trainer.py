@@ -38,6 +38,20 @@ def test_training_rows_respect_known_before() -> None:
     assert len(tr.rows) == len(tr.frame) == len(tr.y)
 
 
+def test_rows_known_before_a_cutoff_need_no_second_replay() -> None:
+    """The gate's candidate rows, cut from the full replay, are exactly a replay of the dataset
+    cut there (histories, aggregates, quarantine verdicts and all)."""
+    d = _dataset(4000, seed=6)
+    cut = pd.Timestamp("2026-11-07T06:00:00", tz="UTC")
+    sub = pd.to_datetime(d["submitted_at"], utc=True)
+    replayed = trainer.training_rows(d.loc[(sub < cut).to_numpy()], known_before=cut)
+    cut_out = trainer.training_rows(d).known_before(cut)
+    assert 0 < len(cut_out.rows) < len(trainer.training_rows(d).rows)
+    pd.testing.assert_frame_equal(cut_out.rows, replayed.rows)
+    pd.testing.assert_frame_equal(cut_out.frame, replayed.frame)
+    assert (cut_out.y == replayed.y).all()
+
+
 def test_train_publish_promote_then_gate(tmp_path: Path) -> None:
     d = _dataset()
     reg = tmp_path / "registry"
