@@ -44,3 +44,25 @@ def test_simulate_cli_writes_files_and_summary(
 def test_simulate_needs_a_destination(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["simulate", "--seed", "1"]) == 2
     assert "--out" in capsys.readouterr().err
+
+
+def test_simulate_dataset_by_day_is_the_simulators_dataset(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--dataset-dir writes day by day exactly the rows the whole-run simulation's
+    dataset.parquet has (what `read_dataset` reads back from either)."""
+    from leap_stream.store.offline import read_dataset
+
+    args = ["simulate", "--seed", "2", "--days", "3", "--rate", "600", "--no-progress"]
+    assert main([*args, "--dataset-dir", str(tmp_path / "ds")]) == 0
+    summary = orjson.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert main([*args, "--out", str(tmp_path / "sim")]) == 0
+    by_day = read_dataset(tmp_path / "ds")
+    whole = read_dataset(tmp_path / "sim" / "dataset.parquet")
+    assert summary["dataset_rows"] == len(by_day) == len(whole) > 0
+    assert len(list((tmp_path / "ds").glob("day=*"))) >= 3
+    key = ["event_id"]
+    pd.testing.assert_frame_equal(
+        by_day.sort_values(key).reset_index(drop=True),
+        whole.sort_values(key).reset_index(drop=True),
+    )

@@ -16,6 +16,7 @@ import orjson
 
 from leap_stream.settings import Settings
 from leap_stream.stream.kafka import KafkaClients, produce_waiting
+from leap_stream.tools.sim.fleet import SimConfig
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -33,6 +34,12 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--per-day", type=int, default=None, help="submissions per day (also with --to-kafka)"
     )
+    parser.add_argument(
+        "--dataset-dir",
+        type=Path,
+        help="write only the training dataset, day by day, to this folder (day= partitions, "
+        "as the worker writes it): memory stays one day's, for a year of history",
+    )
     parser.add_argument("--to-kafka", action="store_true", help="produce the events to Kafka")
     parser.add_argument("--bootstrap", default="", help="Kafka bootstrap (default: settings)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
@@ -40,15 +47,22 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     from leap_stream.tools.sim.events import write_jsonl
-    from leap_stream.tools.sim.fleet import SimConfig, simulate
+    from leap_stream.tools.sim.fleet import simulate
 
-    if args.out is None and not args.to_kafka:
-        print("simulate: give --out DIR and/or --to-kafka", file=sys.stderr)
+    if args.out is None and not args.to_kafka and args.dataset_dir is None:
+        print("simulate: give --out DIR, --dataset-dir DIR and/or --to-kafka", file=sys.stderr)
         return 2
     per_day = args.per_day
     if per_day is None:
         per_day = int(args.rate) if (args.rate is not None and not args.to_kafka) else 30000
     cfg = SimConfig(seed=args.seed, days=args.days, rate=per_day, start=args.start)
+    if args.dataset_dir is not None:
+        if args.out is not None or args.to_kafka:
+            print("simulate: --dataset-dir goes alone", file=sys.stderr)
+            return 2
+        written = write_dataset_by_day(cfg, args.dataset_dir, progress=not args.no_progress)
+        sys.stdout.write(orjson.dumps(written).decode() + "\n")
+        return 0
     t0 = time.perf_counter()
     result = simulate(cfg)
     gen_s = time.perf_counter() - t0
@@ -67,6 +81,30 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         )
     sys.stdout.write(orjson.dumps(summary).decode() + "\n")
     return 0
+
+
+def write_dataset_by_day(cfg: SimConfig, root: Path, progress: bool = True) -> dict[str, Any]:
+    """Simulate ``cfg`` a day at a time, appending each day's dataset rows under ``root``
+    and keeping nothing else (no events, no truth)."""
+    from tqdm import tqdm
+
+    from leap_stream.store.offline import DatasetSink
+    from leap_stream.tools.sim.fleet import FleetSimulator
+
+    t0 = time.perf_counter()
+    sim = FleetSimulator(cfg)
+    sink = DatasetSink(root)
+    rows = 0
+    for _ in tqdm(range(cfg.days), desc="simulate", unit="day", disable=not progress):
+        day = sim.step_day()
+        sink.append_frame(day.dataset)
+        rows += len(day.dataset)
+    return {
+        "days": cfg.days,
+        "dataset_rows": rows,
+        "dataset_dir": str(root),
+        "generate_s": round(time.perf_counter() - t0, 3),
+    }
 
 
 def produce(
