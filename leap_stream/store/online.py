@@ -471,12 +471,13 @@ class _NodePipelines:
         self.calls.append((name, "set", (name, value), {"ex": ex}))
 
     def execute(self, scripts: Sequence[str] = ()) -> list[Any]:
-        """Send every call; rerun once the calls that did not run: after MOVED / ASK (slots
-        moved: the slot map is read again) and NOSCRIPT (``scripts`` are loaded on that node).
+        """Send every call; rerun the calls that did not run: after MOVED / ASK (slots moved:
+        the slot map is read again) and NOSCRIPT (``scripts`` are loaded on that node). A slot
+        that moved to a node that never ran the script needs both, hence up to `_SENDS` sends.
         Calls that ran are never repeated: other nodes' scripts already applied."""
         replies: list[Any] = [None] * len(self.calls)
         todo = list(range(len(self.calls)))
-        for attempt in range(2):
+        for attempt in range(_SENDS):
             retry: list[int] = []
             for node, idx in self._by_node(todo).values():
                 pipe = self.cluster.get_redis_connection(node).pipeline(transaction=False)
@@ -491,7 +492,7 @@ class _NodePipelines:
                     replies[i] = reply
                     if isinstance(reply, _NOT_RUN):
                         retry.append(i)
-            if not retry or attempt:
+            if not retry or attempt == _SENDS - 1:
                 break
             if any(isinstance(replies[i], _MOVED) for i in retry):
                 self.cluster.nodes_manager.initialize()
@@ -507,6 +508,7 @@ class _NodePipelines:
         return out
 
 
+_SENDS = 3  # a first send, a rerun after MOVED, one after NOSCRIPT on the new owner
 _MOVED = (redis.exceptions.MovedError, redis.exceptions.AskError)
 _NOT_RUN = (redis.exceptions.NoScriptError, *_MOVED)
 
