@@ -153,10 +153,12 @@ def anchor_kind(frame: Frame, groups: Sequence[str]) -> np.ndarray:
 
 class IntervalScale(TypedDict):
     """Per hardware type, how much wider (>1) or narrower its held-out residuals are than the
-    pooled quantiles of their anchor kinds; ``sparse`` for every type without enough rows."""
+    pooled quantiles of their anchor kinds; ``sparse`` for every type without enough rows;
+    ``unseen_pair``: a further factor for a (model type × hardware) pair no training row had."""
 
     by_type: dict[str, float]
     sparse: float
+    unseen_pair: NotRequired[float]
 
 
 class ModelMetadata(TypedDict):
@@ -225,6 +227,11 @@ class ThroughputModel:
         scale = metadata.get("interval_scale")
         self._type_scale: dict[str, float] = dict(scale["by_type"]) if scale else {}
         self._sparse_scale = float(scale["sparse"]) if scale else 1.0
+        self._unseen_pair_scale = float(scale.get("unseen_pair", 1.0)) if scale else 1.0
+        # which (model type × hardware) pairs the training rows had (their effects' keys)
+        self._pair_seen = np.zeros(self._pair_table.shape, bool)
+        if split:
+            self._pair_seen[mi, hi] = True
 
     @property
     def version(self) -> str:
@@ -366,6 +373,16 @@ class ThroughputModel:
         self.metadata["interval_scale"] = _type_scales(
             cf["hardware_type"].to_numpy(object), own, lo, hi
         )
+        pairs = self.metadata.get("pair_effects") or {}
+        mt_hw = _pair_keys(cf["model_type"].to_numpy(object), cf["hardware_type"].to_numpy(object))
+        unseen = _unseen_pair_scale(
+            self.metadata["interval_scale"],
+            cf["hardware_type"].to_numpy(object),
+            ~np.asarray(mt_hw.isin(list(pairs)), bool),
+            [(resid[k], *quantiles[k]) for k in ("transfer", "model")],
+        )
+        if unseen is not None:
+            self.metadata["interval_scale"]["unseen_pair"] = unseen
         self.metadata["metrics"] = {
             "calib_rows": int(cal.sum()),
             "calib_accuracy_10pct": float(np.mean(ape <= 0.10)),
@@ -460,18 +477,29 @@ class ThroughputModel:
         log_total = log_pd + f64(frame, "log_devices")
         p50 = np.exp(log_total)
         widen = self.support_excess(frame) if excess is None else excess
-        scale = self.interval_scale(frame)
+        scale = self.interval_scale(frame, kind)
         low = np.exp(log_total + self._qlo[kind] * scale - widen)
         return p50, low, np.exp(log_total + self._qhi[kind] * scale + widen)
 
-    def interval_scale(self, frame: Frame) -> np.ndarray:
-        """Per row, its hardware type's interval scale (`IntervalScale`); 1 for a model
+    def interval_scale(self, frame: Frame, kind: np.ndarray | None = None) -> np.ndarray:
+        """Per row, its hardware type's interval scale (`IntervalScale`), times the unseen-pair
+        factor where the training rows never had its (model type × hardware) and the row is
+        not anchored on its own prior there (``kind``; every row when not given); 1 for a model
         calibrated before types had scales."""
         hw = np.asarray(frame["hardware_type"], object)
         if not self._type_scale:
-            return np.full(len(hw), self._sparse_scale)
-        scales = np.asarray([*self._type_scale.values(), self._sparse_scale])
-        return np.asarray(scales[codes_of(hw, {t: i for i, t in enumerate(self._type_scale)})])
+            out = np.full(len(hw), self._sparse_scale)
+        else:
+            scales = np.asarray([*self._type_scale.values(), self._sparse_scale])
+            types = {t: i for i, t in enumerate(self._type_scale)}
+            out = np.asarray(scales[codes_of(hw, types)])
+        if self._unseen_pair_scale != 1.0:
+            mt = codes_of(np.asarray(frame["model_type"], object), self._pair_mt)
+            seen = self._pair_seen[mt, codes_of(hw, self._pair_hw)]  # -1: the padding, unseen
+            if kind is not None:
+                seen = seen | (kind == KIND_SELF)
+            out = np.where(seen, out, out * self._unseen_pair_scale)
+        return out
 
     def few_measurements(self, frame: Frame) -> np.ndarray:
         """Per row: its hardware type had too few held-out measurements for a scale of its own
@@ -820,24 +848,59 @@ def _pair_table(model_type: np.ndarray, hw: np.ndarray, resid: np.ndarray) -> di
     return {str(k): round(float(v), 6) for k, v in eff.items()}
 
 
+def _normalised(resid: np.ndarray, lo: np.ndarray | float, hi: np.ndarray | float) -> np.ndarray:
+    """A residual over its kind's quantile on its side (``lo`` < 0 < ``hi``): inside the
+    interval exactly when ≤ 1; NaN where it cannot be formed."""
+    lo_, hi_ = np.broadcast_to(lo, resid.shape), np.broadcast_to(hi, resid.shape)
+    ok = np.isfinite(resid) & (lo_ < 0) & (hi_ > 0)
+    z = np.where(
+        resid >= 0, resid / np.where(hi_ > 0, hi_, 1.0), resid / np.where(lo_ < 0, lo_, -1.0)
+    )
+    return np.where(ok, z, np.nan)
+
+
 def _type_scales(
     hw: np.ndarray, resid: np.ndarray, lo: np.ndarray, hi: np.ndarray
 ) -> IntervalScale:
-    """Normalised conformal scales: a row's residual over its kind's quantile on its side
-    (``lo`` < 0 < ``hi``); per type with `MIN_TYPE_ROWS` rows, the conformal `INTERVAL_LEVEL`
-    quantile of that ratio. A type with fewer rows borrows the widest (at least 1): knowing
-    little about a type is no reason to claim more than the worst type shows."""
-    ok = np.isfinite(resid) & (lo < 0) & (hi > 0)
-    z = np.where(resid >= 0, resid / np.where(hi > 0, hi, 1.0), resid / np.where(lo < 0, lo, -1.0))
+    """Normalised conformal scales: per type with `MIN_TYPE_ROWS` rows, the conformal
+    `INTERVAL_LEVEL` quantile of its rows' `_normalised` residuals. A type with fewer rows
+    borrows the widest (at least 1): knowing little about a type is no reason to claim more
+    than the worst type shows."""
+    z = _normalised(resid, lo, hi)
+    ok = np.isfinite(z)
     by_type: dict[str, float] = {}
     frame = pd.DataFrame({"hw": hw[ok], "z": z[ok]})
     for t, g in frame.groupby("hw", sort=True)["z"]:
-        n = len(g)
-        if n >= MIN_TYPE_ROWS:
-            q = min(1.0, np.ceil((n + 1) * INTERVAL_LEVEL) / n)
-            by_type[str(t)] = round(float(np.quantile(g.to_numpy(), q)), 4)
-    sparse = max([1.0, *by_type.values()])
-    return {"by_type": by_type, "sparse": sparse}
+        if len(g) >= MIN_TYPE_ROWS:
+            by_type[str(t)] = round(_conformal(g.to_numpy()), 4)
+    return {"by_type": by_type, "sparse": max([1.0, *by_type.values()])}
+
+
+def _unseen_pair_scale(
+    scales: IntervalScale,
+    hw: np.ndarray,
+    unseen: np.ndarray,
+    kinds: Sequence[tuple[np.ndarray, float, float]],
+) -> float | None:
+    """The factor (at least 1) on the type scale for a (model type × hardware) pair no training
+    row had: over the held-out rows on such pairs, their residuals as a candidate there would
+    be anchored — moved from another type, or blind (``kinds``: residual, lo, hi of each) —
+    normalised and divided by their type's scale, the conformal quantile. None with fewer
+    than `MIN_TYPE_ROWS` such residuals. A held-out row's own prior does not count: a ranking
+    meets an unseen pair on the candidates a lineage never ran on."""
+    by_type, sparse = scales["by_type"], scales["sparse"]
+    type_scale = np.asarray([by_type.get(str(t), sparse) for t in hw])
+    z = np.concatenate([_normalised(r, lo, hi)[unseen] / type_scale[unseen] for r, lo, hi in kinds])
+    z = z[np.isfinite(z)]
+    if len(z) < MIN_TYPE_ROWS:
+        return None
+    return round(max(1.0, _conformal(z)), 4)
+
+
+def _conformal(z: np.ndarray) -> float:
+    """The finite-sample conformal `INTERVAL_LEVEL` quantile of ``z``."""
+    n = len(z)
+    return float(np.quantile(z, min(1.0, np.ceil((n + 1) * INTERVAL_LEVEL) / n)))
 
 
 def _quantiles(resid: dict[str, np.ndarray]) -> dict[str, list[float]]:

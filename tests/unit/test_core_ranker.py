@@ -240,3 +240,58 @@ def test_a_fitted_model_has_scales_only_for_types_with_enough_held_out_rows(
     held_out = model.metadata["metrics"]["calib_rows"]
     assert len(scale["by_type"]) <= held_out // MIN_TYPE_ROWS
     assert scale["sparse"] >= max([1.0, *scale["by_type"].values()])
+
+
+def test_an_unseen_model_type_and_hardware_pair_widens_only_moved_and_blind_intervals(
+    trained: tuple[Any, ThroughputModel, LookupTable],
+) -> None:
+    """Candidates on a (model type × hardware) pair no training row had get the calibrated
+    unseen-pair factor on top of their type's scale; pairs the training rows had do not."""
+    d, model, lookup = trained
+    sub = _subs(d, 1)[0]
+    mt = sub["model"]["model_type"]
+    pairs = model.metadata["pair_effects"]
+    seen = {h for h in sub["candidate_hardware"] if f"{mt}|{h}" in pairs}
+    assert seen, "the fixture's first job has no pair the training rows had"
+    kept = {k: v for k, v in pairs.items() if not k.startswith(f"{mt}|") or k.split("|")[1] in seen}
+    every = dict.fromkeys(sub["candidate_hardware"], 1.0)
+
+    def ranked(unseen: float, pair_effects: dict[str, float]) -> dict[str, Any]:
+        scale = {"by_type": every, "sparse": 1.0, "unseen_pair": unseen}
+        meta = {**model.metadata, "interval_scale": scale, "pair_effects": pair_effects}
+        m = ThroughputModel(model.booster, meta, ratio=model.ratio)  # type: ignore[arg-type]
+        (r,) = Ranker(load_catalog(), m, lookup).rank_batch([sub], [None], {}, NOW)
+        _valid(r)
+        return {c["hardware_type"]: c for c in r["candidates"]}
+
+    def width(c: dict[str, Any]) -> float:
+        return float(np.log(c["interval"]["high"] / c["interval"]["low"]))
+
+    # drop one seen pair from the table: that candidate is now on an unseen pair
+    gone = sorted(seen)[0]
+    fewer = {k: v for k, v in kept.items() if k != f"{mt}|{gone}"}
+    base, wide = ranked(1.0, fewer), ranked(2.0, fewer)
+    for hw in base:
+        factor = 1.0 if f"{mt}|{hw}" in fewer else 2.0
+        assert width(wide[hw]) == pytest.approx(factor * width(base[hw]), rel=1e-6), hw
+    assert width(wide[gone]) == pytest.approx(2.0 * width(base[gone]), rel=1e-6)
+
+
+def test_the_unseen_pair_factor_comes_from_moved_and_blind_residuals() -> None:
+    from leap_stream.core.predictor import MIN_TYPE_ROWS, _unseen_pair_scale
+
+    rng = np.random.default_rng(5)
+    n = 4 * MIN_TYPE_ROWS
+    hw = np.asarray(["a"] * n, object)
+    unseen = np.arange(n) < n // 2
+    q = 1.2816
+    # residuals twice as wide on the unseen pairs, as wide as the quantiles elsewhere
+    transfer = rng.normal(0, 1.0, n) * np.where(unseen, 2.0, 1.0)
+    blind = rng.normal(0, 1.0, n) * np.where(unseen, 2.0, 1.0)
+    scales = {"by_type": {"a": 1.0}, "sparse": 1.0}
+    f = _unseen_pair_scale(scales, hw, unseen, [(transfer, -q, q), (blind, -q, q)])
+    assert f == pytest.approx(2.0, rel=0.1)
+    assert _unseen_pair_scale(scales, hw, np.zeros(n, bool), [(transfer, -q, q)]) is None
+    # a type already twice as wide explains it: no further factor
+    wide = {"by_type": {"a": 2.0}, "sparse": 2.0}
+    assert _unseen_pair_scale(wide, hw, unseen, [(transfer, -q, q), (blind, -q, q)]) == 1.0
