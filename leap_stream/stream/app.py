@@ -588,16 +588,17 @@ def run_submissions_only(deps: WorkerDeps, stop: threading.Event) -> int:
 
 
 def build_app(deps: WorkerDeps) -> faust.App:
-    """The worker: the completions agent, the submissions loop, the model and lag timers."""
+    """The worker: the completions agent, the submissions loop (unless LEAP_WORKER_ROLES leaves
+    it out), the model and lag timers. A process without the completions role never gets here
+    (`run_submissions_only`: Faust would have nothing to consume)."""
     cfg = deps.cfg
     app = new_faust_app(deps)
     # one producer per consumer of the input, each used from one thread only: a flush then
     # covers exactly that side's records and delivery reports
     comp_out = deps.make_output()
     agent = CompletionsAgent(app, deps, comp_out)
-    if cfg.runs("completions"):
-        topic = app.topic(cfg.topic_completions, key_type=bytes, value_type=bytes, internal=False)
-        app.agent(topic)(agent.consume)
+    topic = app.topic(cfg.topic_completions, key_type=bytes, value_type=bytes, internal=False)
+    app.agent(topic)(agent.consume)
     # a completions-only process (LEAP_WORKER_ROLES) builds no submissions side at all
     sub_out = deps.make_output() if cfg.runs("submissions") else None
     sub_loop = submission_loop(deps, sub_out) if sub_out is not None else None
