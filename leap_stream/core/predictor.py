@@ -225,8 +225,11 @@ class ThroughputModel:
         self._qlo = np.asarray([q[k][0] for k in KINDS], np.float64)
         self._qhi = np.asarray([q[k][1] for k in KINDS], np.float64)
         scale = metadata.get("interval_scale")
-        self._type_scale: dict[str, float] = dict(scale["by_type"]) if scale else {}
+        by_type: dict[str, float] = dict(scale["by_type"]) if scale else {}
+        # type -> position in `_scales`, whose last entry (code -1) is the sparse scale
+        self._type_code = {t: i for i, t in enumerate(by_type)}
         self._sparse_scale = float(scale["sparse"]) if scale else 1.0
+        self._scales = np.asarray([*by_type.values(), self._sparse_scale], np.float64)
         self._unseen_pair_scale = float(scale.get("unseen_pair", 1.0)) if scale else 1.0
         # which (model type × hardware) pairs the training rows had (their effects' keys)
         self._pair_seen = np.zeros(self._pair_table.shape, bool)
@@ -487,12 +490,10 @@ class ThroughputModel:
         not anchored on its own prior there (``kind``; every row when not given); 1 for a model
         calibrated before types had scales."""
         hw = np.asarray(frame["hardware_type"], object)
-        if not self._type_scale:
+        if not self._type_code:
             out = np.full(len(hw), self._sparse_scale)
         else:
-            scales = np.asarray([*self._type_scale.values(), self._sparse_scale])
-            types = {t: i for i, t in enumerate(self._type_scale)}
-            out = np.asarray(scales[codes_of(hw, types)])
+            out = np.asarray(self._scales[codes_of(hw, self._type_code)])
         if self._unseen_pair_scale != 1.0:
             mt = codes_of(np.asarray(frame["model_type"], object), self._pair_mt)
             seen = self._pair_seen[mt, codes_of(hw, self._pair_hw)]  # -1: the padding, unseen
@@ -505,9 +506,9 @@ class ThroughputModel:
         """Per row: its hardware type had too few held-out measurements for a scale of its own
         (its interval is the widest known type's); False for a model without type scales."""
         hw = np.asarray(frame["hardware_type"], object)
-        if not self._type_scale:
+        if not self._type_code:
             return np.zeros(len(hw), bool)
-        return np.asarray(codes_of(hw, {t: i for i, t in enumerate(self._type_scale)}) < 0)
+        return np.asarray(codes_of(hw, self._type_code) < 0)
 
     # --- artefact (files: store/artefact.py)
     def model_text(self) -> str:
