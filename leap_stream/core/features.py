@@ -20,7 +20,7 @@ import pandas as pd
 from leap_stream.contracts.vocab import FAMILIES, FRAMEWORKS, OPTIMIZERS, PRECISIONS, VENDORS
 from leap_stream.core.columns import Columns, f64, map_values
 from leap_stream.core.columns import Frame as Jobs
-from leap_stream.core.history import LineageHistory, TypeAggregates
+from leap_stream.core.history import AggregatesAsOf, LineageHistory, TypeAggregates
 
 # Columns of a job frame (the dataset's column names; `ranker.jobs_frame` builds it from events).
 CATEGORIES: dict[str, tuple[str, ...]] = {
@@ -344,7 +344,7 @@ def build(
     jobs: Jobs,
     candidates: Sequence[Sequence[str]],
     histories: Sequence[LineageHistory | None],
-    aggregates: Sequence[TypeAggregates | None],
+    aggregates: Sequence[TypeAggregates | None] | AggregatesAsOf,
     specs: pd.DataFrame | SpecArrays,
     now: np.ndarray,
 ) -> pd.DataFrame:
@@ -410,7 +410,7 @@ def build_columns(
     jobs: Jobs,
     candidates: Sequence[Sequence[str]],
     histories: Sequence[LineageHistory | None],
-    aggregates: Sequence[TypeAggregates | None],
+    aggregates: Sequence[TypeAggregates | None] | AggregatesAsOf,
     specs: pd.DataFrame | SpecArrays,
     now: np.ndarray,
 ) -> Columns:
@@ -631,21 +631,27 @@ def _aggregate_columns(
     hw: np.ndarray,
     other_hw: np.ndarray,
     other_lpd: np.ndarray,
-    aggregates: Sequence[TypeAggregates | None],
+    aggregates: Sequence[TypeAggregates | None] | AggregatesAsOf,
     sa: SpecArrays,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The model type's aggregates on the candidate and on the prior's type, and the prior
     moved to the candidate by the spec ratios. Returns the aggregate on the prior's type and
     its count (the prior side's `agg` inputs)."""
-    k = len(sa.types) + 1
-    a_uid, a_job, a_hw, a_ewma, a_cnt = _flatten_aggregates(aggregates, sa.code)
-    a_key = a_job * k + a_hw
-    a_row = a_uid[job] * k
-    agg_row_key = a_row + hw
-    agg_cand = _lookup(agg_row_key, a_key, a_ewma)
-    agg_prior = _lookup(a_row + other_hw, a_key, a_ewma)
+    if isinstance(aggregates, AggregatesAsOf):
+        mt, marks = aggregates.model_type[job], aggregates.marks[job]
+        agg_cand, cand_count = aggregates.log.at(mt, hw, marks, sa.code)
+        agg_prior, prior_count = aggregates.log.at(mt, other_hw, marks, sa.code)
+    else:
+        k = len(sa.types) + 1
+        a_uid, a_job, a_hw, a_ewma, a_cnt = _flatten_aggregates(aggregates, sa.code)
+        a_key = a_job * k + a_hw
+        a_row = a_uid[job] * k
+        agg_cand = _lookup(a_row + hw, a_key, a_ewma)
+        cand_count = _lookup(a_row + hw, a_key, a_cnt)
+        agg_prior = _lookup(a_row + other_hw, a_key, a_ewma)
+        prior_count = _lookup(a_row + other_hw, a_key, a_cnt)
     f["agg_cand"] = agg_cand
-    f["agg_cand_count"] = _lookup(agg_row_key, a_key, a_cnt)
+    f["agg_cand_count"] = cand_count
     f["agg_prior"] = agg_prior
     f["agg_ratio"] = agg_cand - agg_prior
     # The other-hardware prior moved to the candidate by a blend of the FLOP/s and bandwidth
@@ -653,7 +659,7 @@ def _aggregate_columns(
     log_flops, log_bw = sa.log_flops, sa.log_bw
     spec_ratio = 0.5 * ((log_flops[hw] - log_flops[other_hw]) + (log_bw[hw] - log_bw[other_hw]))
     f["est_transfer"] = other_lpd + spec_ratio
-    return agg_prior, _lookup(a_row + other_hw, a_key, a_cnt)
+    return agg_prior, prior_count
 
 
 def booster_features(groups: Sequence[str]) -> list[str]:

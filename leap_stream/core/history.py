@@ -24,6 +24,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import numpy as np
+
 from leap_stream.contracts.timestamps import epoch_s
 
 HISTORY_EWMA_ALPHA = 0.2
@@ -312,6 +314,9 @@ class HistoryBook:
     def aggregates(self, model_type: str) -> TypeAggregates:
         return dict(self._aggregates.get(model_type, {}))
 
+    def aggregate(self, model_type: str, hardware_type: str) -> TypeAggregate | None:
+        return self._aggregates.get(model_type, {}).get(hardware_type)
+
     @property
     def lineage_ids(self) -> list[str]:
         return list(self._lineages)
@@ -319,3 +324,90 @@ class HistoryBook:
     @property
     def model_types(self) -> list[str]:
         return list(self._aggregates)
+
+
+class AggregateLog:
+    """The aggregates as a log of changes in replay order, for point-in-time look-ups.
+
+    A training replay asks for a model type's aggregates as of every submission; a snapshot
+    dict per change was a year's worth of dicts (and most of the feature build's time). Here a
+    row keeps only the log's length when it was submitted (`mark`), and `at` finds, for many
+    rows at once, the last change of (its model type, a hardware type) before that mark. The
+    log starts from the book's state (`starting_from`), so it need only span a piece of a
+    replay."""
+
+    def __init__(self) -> None:
+        self._model_types: dict[str, int] = {}
+        self._hardware: dict[str, int] = {}
+        self._mt: list[int] = []
+        self._hw: list[int] = []
+        self._ewma: list[float] = []
+        self._count: list[int] = []
+
+    @classmethod
+    def starting_from(cls, book: HistoryBook) -> AggregateLog:
+        log = cls()
+        for model_type in book.model_types:
+            for hw, agg in book._aggregates[model_type].items():
+                log.record(model_type, hw, agg)
+        return log
+
+    def record(self, model_type: str, hardware_type: str, aggregate: TypeAggregate) -> None:
+        self._mt.append(self._model_types.setdefault(model_type, len(self._model_types)))
+        self._hw.append(self._hardware.setdefault(hardware_type, len(self._hardware)))
+        self._ewma.append(aggregate.ewma_log_per_device)
+        self._count.append(aggregate.count)
+
+    def mark(self) -> int:
+        return len(self._mt)
+
+    def model_type_codes(self, model_types: Sequence[str]) -> np.ndarray:
+        """-1 for a model type the log has never seen."""
+        return np.fromiter(
+            (self._model_types.get(m, -1) for m in model_types), np.int64, count=len(model_types)
+        )
+
+    def at(
+        self,
+        model_type: np.ndarray,
+        hardware: np.ndarray,
+        marks: np.ndarray,
+        hardware_codes: Mapping[str, int],
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(EWMA, count) per row of (model type code, hardware code, mark); NaN where that
+        pair had no aggregate before the mark. ``hardware_codes`` numbers hardware names as
+        ``hardware`` does (the catalog's codes)."""
+        n = len(model_type)
+        ewma, count = np.full(n, np.nan), np.full(n, np.nan)
+        if not self._mt or n == 0:
+            return ewma, count
+        names = list(self._hardware)
+        to_code = np.asarray([hardware_codes.get(h, -1) for h in names], np.int64)
+        span = int(max(hardware_codes.values(), default=0)) + 3  # codes -1 … max + 1
+        size = len(self._mt) + 1
+        key = np.asarray(self._mt, np.int64) * span + to_code[np.asarray(self._hw, np.int64)] + 1
+        order = np.argsort(key * size + np.arange(len(key)), kind="stable")
+        sorted_full = (key * size + np.arange(len(key)))[order]
+        want = np.asarray(model_type, np.int64) * span + np.asarray(hardware, np.int64) + 1
+        valid = (np.asarray(model_type) >= 0) & (np.asarray(hardware) >= 0)
+        pos = np.searchsorted(sorted_full, want * size + np.asarray(marks, np.int64)) - 1
+        posc = np.clip(pos, 0, len(order) - 1)
+        hit = valid & (pos >= 0) & (key[order[posc]] == want)
+        src = order[posc[hit]]
+        ewma[hit] = np.asarray(self._ewma, np.float64)[src]
+        count[hit] = np.asarray(self._count, np.float64)[src]
+        return ewma, count
+
+
+@dataclass(frozen=True)
+class AggregatesAsOf:
+    """Per job, its model type's aggregates as of its submission: its model type's code in
+    ``log`` and the log's `mark` then (what `features.build_columns` takes in place of one
+    aggregates dict per job)."""
+
+    log: AggregateLog
+    model_type: np.ndarray
+    marks: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.marks)

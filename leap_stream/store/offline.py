@@ -11,7 +11,7 @@ import hashlib
 import math
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import date, datetime
 from pathlib import Path
 from typing import Any
@@ -139,10 +139,11 @@ def rows_to_table(rows: Iterable[Mapping[str, Any]]) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=SCHEMA)
 
 
-def conform(table: pa.Table) -> pa.Table:
-    """Cast a table read from disk (ours or the simulator's) to ``SCHEMA``, dropping extra columns."""
+def conform(table: pa.Table, schema: pa.Schema = SCHEMA) -> pa.Table:
+    """Cast a table read from disk (ours or the simulator's) to ``schema`` (``SCHEMA`` or a
+    selection of its fields), dropping extra columns."""
     arrays = []
-    for field in SCHEMA:
+    for field in schema:
         if field.name in LATER_COLUMNS and field.name not in table.column_names:
             arrays.append(pa.nulls(table.num_rows, field.type))
             continue
@@ -154,7 +155,7 @@ def conform(table: pa.Table) -> pa.Table:
                 col = col.cast(col.type.value_type)
             col = col.cast(field.type)
         arrays.append(col)
-    return pa.Table.from_arrays(arrays, schema=SCHEMA)
+    return pa.Table.from_arrays(arrays, schema=schema)
 
 
 def _batch_name(event_ids: Iterable[str]) -> str:
@@ -245,19 +246,38 @@ def _written_key(table: pa.Table, path: Path) -> tuple[int, str]:
     return (path.stat().st_mtime_ns, path.name)
 
 
-def _read_tables(files: list[Path]) -> pa.Table:
-    """All files concatenated earliest written first, so `_dedup` keeps the earliest copy."""
+def _read_file(path: Path, schema: pa.Schema) -> pa.Table:
+    """One Parquet file's columns of ``schema`` (a column the file lacks is read as null)."""
+    have = set(pq.read_schema(path).names)
+    return pq.read_table(path, columns=[c for c in schema.names if c in have])
+
+
+def _read_tables(
+    files: list[Path], schema: pa.Schema = SCHEMA, categorical: bool = False
+) -> pa.Table:
+    """All files concatenated earliest written first, so `_dedup` keeps the earliest copy.
+    ``categorical``: string columns but the event id dictionary-encoded file by file, so a
+    year's strings are never in memory in full."""
     keyed = []
     for path in files:
         try:
-            raw = pq.read_table(path)
-            keyed.append((_written_key(raw, path), conform(raw)))
+            raw = _read_file(path, schema)
+            table = conform(raw, schema)
+            keyed.append((_written_key(raw, path), _encoded(table) if categorical else table))
         except FileNotFoundError:
             continue  # removed by a concurrent compact; its rows live in the compacted file
     if not keyed:
-        return SCHEMA.empty_table()
+        return schema.empty_table()
     keyed.sort(key=lambda kt: kt[0])
     return pa.concat_tables([t for _k, t in keyed])
+
+
+def _encoded(table: pa.Table) -> pa.Table:
+    """String columns (but the event id, the dedup key) dictionary-encoded."""
+    for i, field in enumerate(table.schema):
+        if pa.types.is_string(field.type) and field.name != "event_id":
+            table = table.set_column(i, field.name, pc.dictionary_encode(table.column(i)))
+    return table
 
 
 def _dedup(table: pa.Table) -> pa.Table:
@@ -272,13 +292,17 @@ def _dedup(table: pa.Table) -> pa.Table:
         .aggregate([("_i", "min")])
         .column("_i_min")
     )
+    if len(firsts) == table.num_rows:
+        return table  # nothing repeated: no copy
     return table.take(firsts.take(pc.array_sort_indices(firsts)))
 
 
 def to_frame(table: pa.Table) -> pd.DataFrame:
+    """Dictionary-encoded columns become pandas categoricals."""
     frame = table.to_pandas()
     for col in TIMESTAMP_COLUMNS:
-        frame[col] = frame[col].astype("datetime64[ns, UTC]")
+        if col in frame.columns:
+            frame[col] = frame[col].astype("datetime64[ns, UTC]")
     return frame
 
 
@@ -286,18 +310,25 @@ def read_dataset(
     root: str | os.PathLike[str],
     start: str | date | datetime | pd.Timestamp | None = None,
     end: str | date | datetime | pd.Timestamp | None = None,
+    columns: Sequence[str] | None = None,
+    categorical: bool = False,
 ) -> pd.DataFrame:
     """Rows with ``start <= submitted_at < end`` (either bound optional), one per event_id.
 
     ``root`` is a dataset folder (``day=`` partitions) or a single Parquet file (the simulator's).
+    ``columns``: only these dataset columns (all when None); ``categorical``: string columns
+    as pandas categoricals. Both keep a year of history small in memory: the string columns
+    are most of a row and have a few hundred distinct values each (training reads so).
     """
     root = Path(root)
+    wanted = SCHEMA if columns is None else _schema_of([*columns, "event_id", "submitted_at"])
     if root.is_file():
-        table = conform(pq.read_table(root))
+        table = conform(_read_file(root, wanted), wanted)
+        table = _encoded(table) if categorical else table
     elif root.is_dir():
-        table = _read_tables(_files(root, _as_day(start), _as_day(end)))
+        table = _read_tables(_files(root, _as_day(start), _as_day(end)), wanted, categorical)
     else:
-        table = SCHEMA.empty_table()
+        table = wanted.empty_table()
     table = _dedup(table)
     if start is not None or end is not None:
         sub = table.column("submitted_at")
@@ -309,7 +340,20 @@ def read_dataset(
             hi = pa.scalar(to_timestamp(end).value, pa.int64()).cast(_TS)
             mask = pc.and_(mask, pc.less(sub, hi))
         table = table.filter(mask)
-    return to_frame(table)
+    if columns is not None:
+        table = table.select(list(dict.fromkeys(columns)))
+    frame = to_frame(table)
+    del table
+    pa.default_memory_pool().release_unused()  # the Arrow copy of a year, back to the system
+    return frame
+
+
+def _schema_of(columns: Sequence[str]) -> pa.Schema:
+    """The fields of ``SCHEMA`` named in ``columns``, in the dataset's order."""
+    unknown = set(columns) - set(SCHEMA.names)
+    if unknown:
+        raise ValueError(f"not dataset columns: {sorted(unknown)}")
+    return pa.schema([f for f in SCHEMA if f.name in set(columns)])
 
 
 def compact(root: str | os.PathLike[str], day: str | date | datetime | pd.Timestamp) -> Path | None:

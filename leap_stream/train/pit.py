@@ -7,6 +7,7 @@ serving will see.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,6 +17,9 @@ from leap_stream.contracts.timestamps import epoch_seconds
 from leap_stream.core.features import SpecArrays, log_rate_ceiling
 from leap_stream.core.history import (
     MEASURED_STATUSES,
+    QUARANTINE_RULES,
+    AggregateLog,
+    AggregatesAsOf,
     HistoryBook,
     LineageHistory,
     TypeAggregates,
@@ -25,12 +29,13 @@ from leap_stream.core.history import (
 @dataclass
 class Snapshots:
     histories: list[LineageHistory]
-    aggregates: list[TypeAggregates]
+    aggregates: list[TypeAggregates]  # empty with `aggregates_as_of`
     now: np.ndarray  # submitted_at, epoch s
     book: HistoryBook  # state after every completion that ended before the last query
     # per row of `completions` (its order): what the rules made of it; "none" also for rows
     # not replayed (ended after the last query, unless replay(finish=True))
     verdicts: np.ndarray
+    aggregates_as_of: AggregatesAsOf | None = None  # replay_chunks(aggregate_log=True)
 
 
 def replay(
@@ -49,6 +54,36 @@ def replay(
     their verdicts (the book then holds them too). ``specs``: the catalog, for the physics
     reference of the guard (as the worker applies it; without, that rule is not applied).
     """
+    n = len(queries)
+    histories: list[LineageHistory] = [{}] * n
+    aggregates: list[TypeAggregates] = [{}] * n
+    last: Snapshots | None = None
+    for rows, part in replay_chunks(completions, queries, book, finish, specs, max(n, 1)):
+        for j, i in enumerate(rows.tolist()):
+            histories[i] = part.histories[j]
+            aggregates[i] = part.aggregates[j]
+        last = part
+    assert last is not None
+    return Snapshots(
+        histories, aggregates, epoch_seconds(queries["submitted_at"]), last.book, last.verdicts
+    )
+
+
+def replay_chunks(
+    completions: pd.DataFrame,
+    queries: pd.DataFrame,
+    book: HistoryBook | None = None,
+    finish: bool = False,
+    specs: SpecArrays | None = None,
+    chunk_rows: int = 200_000,
+    aggregate_log: bool = False,
+) -> Iterator[tuple[np.ndarray, Snapshots]]:
+    """`replay` in pieces of at most ``chunk_rows`` queries, in submission order: (the
+    queries' positions, their snapshots). A caller that turns each piece into features and
+    drops it holds one piece's snapshots at a time, not a year's. The verdicts array is
+    shared by every piece and complete once the iteration ends. Always yields once.
+    ``aggregate_log``: each piece's aggregates as an `AggregatesAsOf` over a log of changes
+    instead of a dict per change (the same values, a fraction of the time and memory)."""
     book = book or HistoryBook()
     c_end = epoch_seconds(completions["ended_at"])
     c_order = np.argsort(c_end, kind="stable")
@@ -66,13 +101,11 @@ def replay(
     q_order = np.argsort(q_now, kind="stable")
     q_lin = queries["lineage_id"].to_numpy(object)
     q_mt = queries["model_type"].to_numpy(object)
-    n = len(queries)
-    histories: list[LineageHistory] = [{}] * n
-    aggregates: list[TypeAggregates] = [{}] * n
     lin_cache: dict[str, LineageHistory] = {}
     agg_cache: dict[str, TypeAggregates] = {}
     verdicts = np.full(len(c_end), "none", dtype=object)
     ptr, n_c = 0, len(c_end)
+    log: AggregateLog | None = None
 
     def apply_until(t: float) -> None:
         nonlocal ptr
@@ -93,24 +126,42 @@ def replay(
                 verdicts[c_order[ptr]] = outcome
                 lin_cache.pop(c_lin[ptr], None)
                 agg_cache.pop(c_mt[ptr], None)
+                if log is not None and outcome not in QUARANTINE_RULES:
+                    changed = book.aggregate(c_mt[ptr], c_hw[ptr])
+                    assert changed is not None
+                    log.record(c_mt[ptr], c_hw[ptr], changed)
             ptr += 1
 
-    for i in q_order.tolist():
-        t = q_now[i]
-        apply_until(t)
-        lin = q_lin[i]
-        h = lin_cache.get(lin)
-        if h is None:
-            h = lin_cache[lin] = book.lineage(lin)
-        histories[i] = h
-        mt = q_mt[i]
-        a = agg_cache.get(mt)
-        if a is None:
-            a = agg_cache[mt] = book.aggregates(mt)
-        aggregates[i] = a
-    if finish:
-        apply_until(np.inf)
-    return Snapshots(histories, aggregates, q_now, book, verdicts)
+    starts = range(0, max(len(q_order), 1), max(chunk_rows, 1))
+    for k, start in enumerate(starts):
+        rows = q_order[start : start + chunk_rows]
+        histories: list[LineageHistory] = []
+        aggregates: list[TypeAggregates] = []
+        log = AggregateLog.starting_from(book) if aggregate_log else None
+        marks = np.zeros(len(rows), np.int64)
+        for j, i in enumerate(rows.tolist()):
+            apply_until(q_now[i])
+            lin = q_lin[i]
+            h = lin_cache.get(lin)
+            if h is None:
+                h = lin_cache[lin] = book.lineage(lin)
+            histories.append(h)
+            if log is not None:
+                marks[j] = log.mark()
+                continue
+            mt = q_mt[i]
+            a = agg_cache.get(mt)
+            if a is None:
+                a = agg_cache[mt] = book.aggregates(mt)
+            aggregates.append(a)
+        if finish and k == len(starts) - 1:
+            apply_until(np.inf)
+        as_of = (
+            AggregatesAsOf(log, log.model_type_codes(q_mt[rows].tolist()), marks)
+            if log is not None
+            else None
+        )
+        yield rows, Snapshots(histories, aggregates, q_now[rows], book, verdicts, as_of)
 
 
 _PARALLEL = ("data_parallel", "tensor_parallel", "pipeline_parallel")
@@ -138,6 +189,8 @@ def measured(dataset: pd.DataFrame) -> pd.DataFrame:
     """Rows that carry a throughput measurement (the training rows)."""
     sps = dataset["samples_per_s"].to_numpy(np.float64)
     ok = dataset["status"].isin(list(MEASURED_STATUSES)).to_numpy() & np.isfinite(sps) & (sps > 0)
+    if ok.all() and dataset.index.equals(pd.RangeIndex(len(dataset))):
+        return dataset  # no copy of a year of rows that are all measured already
     return dataset.loc[ok].reset_index(drop=True)
 
 

@@ -21,9 +21,11 @@ from typing import Any
 import numpy as np
 import orjson
 import pandas as pd
+from pandas.api.types import union_categoricals
 
 from leap_stream.contracts.timestamps import isoformat_z
 from leap_stream.core import features as F
+from leap_stream.core.columns import Columns
 from leap_stream.core.history import DEFAULT_RULES, QUARANTINE_RULES, HistoryBook, HistoryRules
 from leap_stream.core.lookup import LookupTable
 from leap_stream.core.predictor import NUM_ROUNDS, ThroughputModel
@@ -36,13 +38,44 @@ log = logging.getLogger(__name__)
 # Candidate may be this much below the current model's ±10 % accuracy and still pass (noise).
 GATE_TOLERANCE = 0.005
 MIN_GATE_ROWS = 200
+# The dataset columns training reads: the job's configuration (features), what the history
+# replay applies, the look-up table's keys. A year of history is read with only these.
+TRAINING_COLUMNS = (
+    "lineage_id",
+    "submitted_at",
+    "ended_at",
+    "family",
+    "model_type",
+    "parameters",
+    "active_parameters",
+    "layers",
+    "hidden_size",
+    "sequence_length",
+    "precision",
+    "optimizer",
+    "framework",
+    "global_batch_size",
+    "micro_batch_size",
+    "num_devices",
+    "data_parallel",
+    "tensor_parallel",
+    "pipeline_parallel",
+    "activation_checkpointing",
+    "hardware_type",
+    "status",
+    "samples_per_s",
+)
+# What `TrainingRows.rows` keeps of a dataset row once its features are built.
+ROW_KEYS = ("lineage_id", "model_type", "hardware_type", "submitted_at", "ended_at")
+# Submissions replayed and turned into features at a time (bounds the snapshots held).
+CHUNK_ROWS = 200_000
 
 
 @dataclass
 class TrainingRows:
     """Measured dataset rows with their point-in-time features (candidate = where it ran)."""
 
-    rows: pd.DataFrame
+    rows: pd.DataFrame  # their `ROW_KEYS`
     frame: pd.DataFrame
     y: np.ndarray  # measured whole-job samples/s
 
@@ -63,34 +96,81 @@ def training_rows(
     dataset: pd.DataFrame,
     known_before: pd.Timestamp | None = None,
     rules: HistoryRules = DEFAULT_RULES,
+    chunk_rows: int = CHUNK_ROWS,
 ) -> TrainingRows:
     """Rows whose measurement had arrived before `known_before` (all when None).
 
     A row the history rules quarantine (core.history) is no training target either: a ×1000
-    telemetry error must not teach the model what it keeps out of the priors."""
+    telemetry error must not teach the model what it keeps out of the priors.
+
+    The replay and the features go ``chunk_rows`` submissions at a time and each piece's
+    snapshots are dropped once it is features, so memory grows with the feature columns
+    (float32, strings as categoricals), not with a year of history dicts."""
     completions = dataset
     if known_before is not None:
         ended = pd.to_datetime(dataset["ended_at"], utc=True)
         completions = dataset.loc[(ended < known_before).to_numpy()]
     rows = pit.measured(completions)
+    del completions, dataset
     specs = F.SpecArrays.of(catalog_specs())
-    snap = pit.replay(rows, rows, HistoryBook(rules), finish=True, specs=specs)
-    kept = ~np.isin(snap.verdicts, QUARANTINE_RULES)
+    columns = _FeatureColumns(len(rows))
+    verdicts = np.empty(0, object)
+    book = HistoryBook(rules)
+    for pos, snap in pit.replay_chunks(rows, rows, book, True, specs, chunk_rows, True):
+        part = rows.iloc[pos]
+        candidates = [[h] for h in part["hardware_type"].tolist()]
+        aggregates = snap.aggregates_as_of or snap.aggregates
+        cols = F.build_columns(part, candidates, snap.histories, aggregates, specs, snap.now)
+        columns.put(pos, cols)
+        verdicts = snap.verdicts
+    kept = ~np.isin(verdicts, QUARANTINE_RULES)
     if not kept.all():
         log.info("%d quarantined measurements are not training targets", int((~kept).sum()))
-        rows = rows.loc[kept].reset_index(drop=True)
-        snap.histories = [h for h, k in zip(snap.histories, kept, strict=True) if k]
-        snap.aggregates = [a for a, k in zip(snap.aggregates, kept, strict=True) if k]
-        snap.now = snap.now[kept]
-    frame = F.build(
-        rows,
-        [[h] for h in rows["hardware_type"].tolist()],
-        snap.histories,
-        snap.aggregates,
-        _specs_for(rows),
-        snap.now,
-    )
-    return TrainingRows(rows, frame, rows["samples_per_s"].to_numpy(np.float64))
+    y = rows["samples_per_s"].to_numpy(np.float64)[kept]
+    rows = rows.loc[kept, list(ROW_KEYS)].reset_index(drop=True)
+    frame = columns.frame(kept)
+    frame["job"] = np.arange(len(frame))  # one candidate per job: the job is its row in `rows`
+    return TrainingRows(rows, frame, y)
+
+
+class _FeatureColumns:
+    """Feature columns of ``n`` rows filled a piece at a time: floats as float32 (half the
+    memory; the booster bins them far coarser), strings as categoricals (a few hundred values
+    in millions of rows), in the column order of the first piece."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.order: list[str] = []
+        self.dense: dict[str, np.ndarray] = {}
+        self.strings: dict[str, list[tuple[np.ndarray, pd.Categorical]]] = {}
+
+    def put(self, pos: np.ndarray, cols: Columns) -> None:
+        for name in cols:
+            v = cols[name]
+            if name not in self.order:
+                self.order.append(name)
+            if v.dtype == object:
+                self.strings.setdefault(name, []).append((pos, pd.Categorical(v)))
+                continue
+            if name not in self.dense:
+                dtype = np.float32 if v.dtype.kind == "f" else v.dtype
+                self.dense[name] = np.empty(self.n, dtype)
+            self.dense[name][pos] = v
+
+    def frame(self, kept: np.ndarray) -> pd.DataFrame:
+        """The rows where ``kept``, one column at a time (no second copy of the whole)."""
+        out: dict[str, Any] = {}
+        everything = bool(kept.all())
+        for name in self.order:
+            if name in self.dense:
+                col = self.dense.pop(name)
+                out[name] = col if everything else col[kept]
+            else:
+                parts = self.strings.pop(name)
+                whole = union_categoricals([c for _p, c in parts])
+                at = np.argsort(np.concatenate([p for p, _c in parts]), kind="stable")
+                out[name] = pd.Series(whole[at[kept] if not everything else at], copy=False)
+        return pd.DataFrame(out, copy=False)
 
 
 _SPECS: pd.DataFrame | None = None
@@ -238,7 +318,9 @@ def train_and_publish(
         dataset, report["future_rows"] = drop_future_rows(dataset, latest)
     sub = pd.to_datetime(dataset["submitted_at"], utc=True)
     now = now or sub.max()  # the last submission: "the held-out last nights" are submission days
-    everything = training_rows(dataset, rules=rules)
+    lookup = LookupTable.fit(dataset)
+    everything = training_rows(pit.measured(dataset), rules=rules)
+    del dataset, sub  # a year of it: the training rows hold what is still needed
     report["rows"] = len(everything.rows)
     if len(everything.rows) == 0:
         report.update(promoted=False, reason="no measured rows")
@@ -287,7 +369,6 @@ def train_and_publish(
     if model is None:
         model = fit(everything, seed=seed, progress=progress)
     model.metadata["gate"] = {"candidate": cand_metrics, "current": cur_metrics, "reason": why}
-    lookup = LookupTable.fit(dataset)
     with tempfile.TemporaryDirectory() as tmp:
         d = write_model(Path(tmp) / model.version, model, lookup)
         version = registry.publish(d)
@@ -324,10 +405,10 @@ def run(args: argparse.Namespace, cfg: Settings) -> int:
         use_catalog_file(cfg.catalog_file)
     dataset_dir = args.dataset or cfg.dataset_dir
     registry_dir = args.registry or cfg.registry_dir
-    dataset = read_dataset(dataset_dir)
-    print(f"train: {len(dataset)} dataset rows from {dataset_dir}", file=sys.stderr)
+    print(f"train: reading {dataset_dir}", file=sys.stderr)
     report = train_and_publish(
-        dataset,
+        # not held here: training drops what it no longer needs as it goes
+        read_dataset(dataset_dir, columns=TRAINING_COLUMNS, categorical=True),
         Path(registry_dir),
         holdout_days=args.holdout_days,
         seed=args.seed,
@@ -336,6 +417,7 @@ def run(args: argparse.Namespace, cfg: Settings) -> int:
         latest=_latest_plausible(cfg),
         rules=cfg.history_rules(),  # the worker's, so training sees the history it serves
     )
+    print(f"train: {report['dataset_rows']} dataset rows", file=sys.stderr)
     verdict = "promoted" if report.get("promoted") else "NOT promoted"
     print(f"train: {report.get('version')} {verdict}: {report.get('reason')}", file=sys.stderr)
     print(orjson.dumps(report, option=orjson.OPT_SERIALIZE_NUMPY).decode())

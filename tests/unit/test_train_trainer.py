@@ -4,14 +4,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import orjson
 import pandas as pd
 import pytest
 
+from leap_stream.catalog import load_catalog
+from leap_stream.core import features as F
+from leap_stream.core.history import QUARANTINE_RULES, HistoryBook
 from leap_stream.store.artefact import read_lookup, read_model
 from leap_stream.store.registry import LOOKUP, Registry
 from leap_stream.tools import synthetic_rows as S
-from leap_stream.train import trainer
+from leap_stream.train import pit, trainer
+
+CATALOG = load_catalog().spec_matrix()
 
 
 def _dataset(n: int = 3000, seed: int = 4) -> pd.DataFrame:
@@ -50,6 +56,45 @@ def test_rows_known_before_a_cutoff_need_no_second_replay() -> None:
     pd.testing.assert_frame_equal(cut_out.rows, replayed.rows)
     pd.testing.assert_frame_equal(cut_out.frame, replayed.frame)
     assert (cut_out.y == replayed.y).all()
+
+
+def test_training_rows_in_pieces_equal_one_whole_replay() -> None:
+    """Replayed in pieces, aggregates from the change log and columns stored compactly, the
+    training rows are the whole replay's features (float columns to float32 precision)."""
+    d = _dataset(3000, seed=8)
+    pieces = trainer.training_rows(d, chunk_rows=97)
+    rows = pit.measured(d)
+    snap = pit.replay(rows, rows, HistoryBook(), finish=True, specs=F.SpecArrays.of(CATALOG))
+    kept = ~np.isin(snap.verdicts, QUARANTINE_RULES)
+    whole = (
+        F.build(
+            rows,
+            [[h] for h in rows["hardware_type"]],
+            snap.histories,
+            snap.aggregates,
+            CATALOG,
+            snap.now,
+        )
+        .loc[kept]
+        .reset_index(drop=True)
+    )
+    assert list(pieces.frame.columns) == list(whole.columns)
+    assert len(pieces.frame) == len(whole) > 2500
+    assert np.isfinite(whole["agg_cand"]).sum() > 1000  # the aggregates are exercised
+    for c in whole.columns:
+        got, want = pieces.frame[c].to_numpy(), whole[c].to_numpy()
+        if c == "job":
+            assert (got == np.arange(len(whole))).all()
+        elif want.dtype == object:
+            assert (
+                pd.Series(got, dtype=object).fillna("").tolist()
+                == pd.Series(want, dtype=object).fillna("").tolist()
+            ), c
+        else:
+            np.testing.assert_allclose(
+                got.astype(np.float64), want.astype(np.float64), rtol=1e-6, err_msg=c
+            )
+    assert (pieces.y == rows["samples_per_s"].to_numpy()[kept]).all()
 
 
 def test_train_publish_promote_then_gate(tmp_path: Path) -> None:
