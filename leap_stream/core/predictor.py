@@ -73,6 +73,7 @@ DEFAULT_PARAMS: dict[str, Any] = {
 }
 NUM_ROUNDS = 150
 EARLY_STOP = 40
+BAG_ROWS = 2_000_000  # rows a tree sees at most (`_bagging_fraction`)
 # Lineage effects taken out before the second fit: a lineage's mean residual shrunk by this
 # many pseudo-rows at zero (a lineage seen once moves a third of the way).
 LINEAGE_SHRINK = 2.0
@@ -288,7 +289,9 @@ class ThroughputModel:
             calib = None
         p = {**DEFAULT_PARAMS, **(params or {}), "num_threads": _threads(len(frame)), "seed": seed}
         train_idx = ~calib if calib is not None else np.ones(len(frame), bool)
-        X = _matrix(frame, names, levels) if names else None
+        p["bagging_fraction"] = _bagging_fraction(p["bagging_fraction"], int(train_idx.sum()))
+        # float32: what LightGBM bins from anyway, at half the memory of a year's matrix
+        X = _matrix(frame, names, levels, dtype=np.float32) if names else None
         fitted = _train_booster(X, y - offset, names, train_idx, calib, p, num_rounds, progress)
         lineage_effect = np.zeros(len(frame))
         if names and len(frame) >= 400:
@@ -328,7 +331,7 @@ class ThroughputModel:
         _blind, moved = self._log_pd_parts(pf)
         other = pf["other_log_pd"].to_numpy(np.float64)
         names = ratio_features(self.feature_names)
-        X = _ratio_matrix(pf, names, moved - other, self._levels, self._luts)
+        X = _ratio_matrix(pf, names, moved - other, self._levels, self._luts, dtype=np.float32)
         target = y[rows] - other
         tr = train_idx[rows]
         va = calib[rows] if calib is not None else np.zeros(len(rows), bool)
@@ -616,6 +619,13 @@ def _train(
     return lgb.Booster(model_str=booster.model_to_string(num_iteration=best)), best
 
 
+def _bagging_fraction(fraction: float, rows: int) -> float:
+    """The share of rows each tree sees: ``fraction``, but no more than `BAG_ROWS` rows. A tree's
+    cost grows with its rows and its split estimates stop improving long before a year of
+    history; over the rounds every row still takes part."""
+    return min(float(fraction), BAG_ROWS / rows) if rows > 0 else float(fraction)
+
+
 def _lineage_effects(lineage_ids: np.ndarray | pd.Series, resid: np.ndarray) -> np.ndarray:
     """Per row, its lineage's mean residual shrunk toward zero (`LINEAGE_SHRINK` pseudo-rows):
     the hidden per-lineage factor, which the second fit should not spend trees on."""
@@ -655,10 +665,11 @@ def _ratio_matrix(
     levels: dict[str, list[str]],
     luts: dict[str, dict[str, int]],
     rows: np.ndarray | None = None,
+    dtype: type[np.floating[Any]] = np.float64,
 ) -> np.ndarray:
     """The ratio model's input for `rows` of `frame` (all when None) as one float matrix."""
     idx = np.arange(len(frame)) if rows is None else rows
-    X = np.empty((len(idx), len(names)), np.float64)
+    X = np.empty((len(idx), len(names)), dtype)
     col = {c: i for i, c in enumerate(names)}
     for i, c in enumerate(names):
         if c == BOOSTER_RATIO:
@@ -773,6 +784,7 @@ def _matrix(
     extra: np.ndarray | None = None,
     base: np.ndarray | None = None,
     luts: dict[str, dict[str, int]] | None = None,
+    dtype: type[np.floating[Any]] = np.float64,
 ) -> np.ndarray:
     """Booster input as one float matrix (categoricals as level codes, unseen → NaN). With
     `extra` (row positions), those rows again below, on their prior hardware ("o_" columns).
@@ -781,7 +793,7 @@ def _matrix(
     level → code dicts of `levels` (the model keeps them; built here when not given)."""
     n = len(frame) if base is None else len(base)
     ne = 0 if extra is None else len(extra)
-    X = np.empty((n + ne, len(names)), np.float64)
+    X = np.empty((n + ne, len(names)), dtype)
     if names == ["const"]:
         X[:] = 0.0
         return X
