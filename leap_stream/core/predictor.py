@@ -290,9 +290,13 @@ class ThroughputModel:
         p = {**DEFAULT_PARAMS, **(params or {}), "num_threads": _threads(len(frame)), "seed": seed}
         train_idx = ~calib if calib is not None else np.ones(len(frame), bool)
         p["bagging_fraction"] = _bagging_fraction(p["bagging_fraction"], int(train_idx.sum()))
-        # float32: what LightGBM bins from anyway, at half the memory of a year's matrix
-        X = _matrix(frame, names, levels, dtype=np.float32) if names else None
-        fitted = _train_booster(X, y - offset, names, train_idx, calib, p, num_rounds, progress)
+        # float32: what LightGBM bins from anyway, at half the memory of a year's matrix; the
+        # training rows first, so that they and the calibration rows are views, not copies
+        order = np.concatenate([np.flatnonzero(train_idx), np.flatnonzero(~train_idx)])
+        X = _matrix(frame, names, levels, base=order, dtype=np.float32) if names else None
+        fitted = _train_booster(
+            X, y - offset, names, train_idx, calib, p, num_rounds, progress, order=order
+        )
         lineage_effect = np.zeros(len(frame))
         if names and len(frame) >= 400:
             # the second fit, on targets without each lineage's own shrunk mean residual
@@ -300,7 +304,16 @@ class ThroughputModel:
                 lineage_ids, y - offset - fitted.predict(p["num_threads"])
             )
             fitted = _train_booster(
-                X, y - offset - lineage_effect, names, train_idx, calib, p, num_rounds, progress
+                X,
+                y - offset - lineage_effect,
+                names,
+                train_idx,
+                calib,
+                p,
+                num_rounds,
+                progress,
+                order=order,
+                data=fitted.data,
             )
         metadata = _metadata(fitted, frame, groups, levels, data_window, p)
         if "config" in groups and "specs" in groups:
@@ -337,17 +350,9 @@ class ThroughputModel:
         va = calib[rows] if calib is not None else np.zeros(len(rows), bool)
         cats = [i for i, c in enumerate(names) if _level_name(c) in self._levels]
         rp = {**RATIO_PARAMS, "num_threads": _threads(len(rows)), "seed": seed}
-        ratio, best = _train(
-            rp,
-            X,
-            target,
-            names,
-            cats,
-            tr,
-            va if va.sum() >= MIN_BUCKET_ROWS else None,
-            RATIO_ROUNDS,
-            RATIO_EARLY_STOP,
-        )
+        valid = (X[va], target[va]) if va.sum() >= MIN_BUCKET_ROWS else None
+        data = _TrainData.of((X[tr], target[tr]), valid, names, cats)
+        ratio, best = _train(rp, data, RATIO_ROUNDS, RATIO_EARLY_STOP)
         meta: ModelMetadata = {
             **self.metadata,
             "ratio_features": names,
@@ -541,11 +546,19 @@ class _Fitted:
     booster: lgb.Booster
     names: list[str]  # the booster's features ("const" when every group is ablated)
     best_iteration: int
-    X: np.ndarray
+    X: np.ndarray  # row i: row order[i] of the frame
+    order: np.ndarray
+    data: _TrainData | None = None  # its binned datasets (None for the constant model)
 
-    def predict(self, num_threads: int) -> np.ndarray:
-        """The booster's output on every row it was fitted from (train and calibration)."""
-        return np.asarray(self.booster.predict(self.X, num_threads=num_threads))
+    def predict(self, num_threads: int, rows: np.ndarray | None = None) -> np.ndarray:
+        """The booster's output on these rows of the frame (all when None)."""
+        if rows is None:
+            out = np.empty(len(self.order))
+            out[self.order] = self.booster.predict(self.X, num_threads=num_threads)
+            return out
+        at = np.empty(len(self.order), np.int64)
+        at[self.order] = np.arange(len(self.order))
+        return np.asarray(self.booster.predict(self.X[at[rows]], num_threads=num_threads))
 
 
 def _levels(frame: pd.DataFrame, names: Sequence[str]) -> dict[str, list[str]]:
@@ -571,13 +584,18 @@ def _train_booster(
     p: dict[str, Any],
     num_rounds: int,
     progress: Callable[[int, int], None] | None,
+    order: np.ndarray,
+    data: _TrainData | None = None,
 ) -> _Fitted:
     """LightGBM on `target` (log per-device rate minus the physics offset) of the training
-    rows of `X` (early stopping on the calibration rows when there are)."""
+    rows (early stopping on the calibration rows when there are). Row i of `X` is row
+    ``order[i]`` of the frame: the training rows, then the calibration rows. ``data``: the
+    binned datasets of an earlier fit on the same `X`, given the new target (binning a
+    year's matrix once is enough)."""
     if X is None:  # every booster group ablated: a constant (the mean), still a valid text model
         X = np.zeros((len(target), 1))
         booster = lgb.train({**p, "min_data_in_leaf": 1}, lgb.Dataset(X, target), num_boost_round=1)
-        return _Fitted(booster, ["const"], 1, X)
+        return _Fitted(booster, ["const"], 1, X, np.arange(len(target)))
     callbacks: list[Callable[..., None]] = []
     if progress is not None:
 
@@ -585,36 +603,62 @@ def _train_booster(
             progress(env.iteration + 1, env.end_iteration)
 
         callbacks.append(_cb)
-    cats = [i for i, c in enumerate(names) if c in F.CATEGORIES or c in F.OPEN_CATEGORIES]
-    booster, best = _train(
-        p, X, target, names, cats, train_idx, calib, num_rounds, EARLY_STOP, callbacks
-    )
-    return _Fitted(booster, names, best, X)
+    n_train = int(train_idx.sum())
+    ordered = target[order]
+    if data is None:
+        cats = [i for i, c in enumerate(names) if c in F.CATEGORIES or c in F.OPEN_CATEGORIES]
+        valid = None if calib is None else (X[n_train:], ordered[n_train:])
+        data = _TrainData.of((X[:n_train], ordered[:n_train]), valid, names, cats)
+    else:
+        data.relabel(ordered[:n_train], ordered[n_train:])
+    booster, best = _train(p, data, num_rounds, EARLY_STOP, callbacks)
+    return _Fitted(booster, names, best, X, order, data)
+
+
+@dataclass
+class _TrainData:
+    """LightGBM datasets of the training and the early-stopping rows of one matrix, binned
+    once; `relabel` sets another target on the same rows."""
+
+    train: lgb.Dataset
+    valid: lgb.Dataset | None
+
+    @classmethod
+    def of(
+        cls,
+        train: tuple[np.ndarray, np.ndarray],
+        valid: tuple[np.ndarray, np.ndarray] | None,
+        names: list[str],
+        cats: list[int],
+    ) -> _TrainData:
+        """From (matrix, target) of the training and the validation rows."""
+        dtrain = lgb.Dataset(
+            *train, feature_name=names, categorical_feature=cats, free_raw_data=True
+        )
+        dvalid = None if valid is None else lgb.Dataset(*valid, reference=dtrain)
+        return cls(dtrain, dvalid)
+
+    def relabel(self, train: np.ndarray, valid: np.ndarray) -> None:
+        self.train.set_label(train)
+        if self.valid is not None:
+            self.valid.set_label(valid)
 
 
 def _train(
     p: dict[str, Any],
-    X: np.ndarray,
-    target: np.ndarray,
-    names: list[str],
-    cats: list[int],
-    train: np.ndarray,
-    valid: np.ndarray | None,
+    data: _TrainData,
     rounds: int,
     early_stop: int,
     callbacks: list[Callable[..., None]] | None = None,
 ) -> tuple[lgb.Booster, int]:
-    """LightGBM on the `train` rows, early stopping on the `valid` rows when given; the
+    """LightGBM on the training rows, early stopping on the valid rows when there are; the
     booster cut at its best iteration (what serving and the text artefact keep)."""
     cbs = list(callbacks or [])
-    dtrain = lgb.Dataset(
-        X[train], target[train], feature_name=names, categorical_feature=cats, free_raw_data=True
-    )
     valid_sets = []
-    if valid is not None:
-        valid_sets = [lgb.Dataset(X[valid], target[valid], reference=dtrain)]
+    if data.valid is not None:
+        valid_sets = [data.valid]
         cbs.append(lgb.early_stopping(early_stop, verbose=False))
-    booster = lgb.train(p, dtrain, num_boost_round=rounds, valid_sets=valid_sets, callbacks=cbs)
+    booster = lgb.train(p, data.train, num_boost_round=rounds, valid_sets=valid_sets, callbacks=cbs)
     best = int(booster.best_iteration or booster.current_iteration())
     return lgb.Booster(model_str=booster.model_to_string(num_iteration=best)), best
 
@@ -739,7 +783,7 @@ def _pair_effects(
     tr_rows = np.flatnonzero(train_idx)
     if len(tr_rows) > PAIR_SAMPLE:  # in-sample residuals: a sample is plenty
         tr_rows = np.random.default_rng(seed).choice(tr_rows, PAIR_SAMPLE, replace=False)
-    pred_tr = np.asarray(fitted.booster.predict(fitted.X[tr_rows], num_threads=num_threads))
+    pred_tr = fitted.predict(num_threads, tr_rows)
     return _pair_table(
         frame["model_type"].to_numpy(object)[tr_rows],
         frame["hardware_type"].to_numpy(object)[tr_rows],

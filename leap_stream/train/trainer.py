@@ -84,12 +84,20 @@ class TrainingRows:
         dataset cut there gives, without a second replay. A row's history holds only what
         ended before its submission, and a verdict only what ended before it, so for a row
         submitted before the cutoff neither depends on anything the cut removes."""
-        ended = pd.to_datetime(self.rows["ended_at"], utc=True)
-        submitted = pd.to_datetime(self.rows["submitted_at"], utc=True)
-        keep = ((ended < cutoff) & (submitted < cutoff)).to_numpy()
+        keep = _known_before(self.rows, cutoff)
+        m = int(keep.sum())
+        if keep[:m].all():  # they come first (`train_and_publish` orders them): no copies
+            return TrainingRows(self.rows.iloc[:m], self.frame.iloc[:m], self.y[:m])
         frame = self.frame.loc[keep].reset_index(drop=True)
         frame["job"] = np.arange(len(frame))  # one row per job: its row in `rows`
         return TrainingRows(self.rows.loc[keep].reset_index(drop=True), frame, self.y[keep])
+
+
+def _known_before(rows: pd.DataFrame, cutoff: pd.Timestamp) -> np.ndarray:
+    """Rows submitted and measured before ``cutoff``."""
+    ended = pd.to_datetime(rows["ended_at"], utc=True)
+    submitted = pd.to_datetime(rows["submitted_at"], utc=True)
+    return np.asarray(((ended < cutoff) & (submitted < cutoff)).to_numpy(), bool)
 
 
 def training_rows(
@@ -319,13 +327,18 @@ def train_and_publish(
     sub = pd.to_datetime(dataset["submitted_at"], utc=True)
     now = now or sub.max()  # the last submission: "the held-out last nights" are submission days
     lookup = LookupTable.fit(dataset)
-    everything = training_rows(pit.measured(dataset), rules=rules)
+    cutoff = now - pd.Timedelta(days=holdout_days)
+    measured = pit.measured(dataset)
     del dataset, sub  # a year of it: the training rows hold what is still needed
+    # the gate's candidate rows first, so that its fit takes them as views of the whole
+    first = np.argsort(~_known_before(measured, cutoff), kind="stable")
+    measured = measured.iloc[first].reset_index(drop=True)
+    everything = training_rows(measured, rules=rules)
+    del measured  # what training still needs of it is in `everything`
     report["rows"] = len(everything.rows)
     if len(everything.rows) == 0:
         report.update(promoted=False, reason="no measured rows")
         return report
-    cutoff = now - pd.Timedelta(days=holdout_days)
     current: ThroughputModel | None = None
     try:
         loaded = registry.load_current(read_model)

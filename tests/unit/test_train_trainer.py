@@ -56,6 +56,13 @@ def test_rows_known_before_a_cutoff_need_no_second_replay() -> None:
     pd.testing.assert_frame_equal(cut_out.rows, replayed.rows)
     pd.testing.assert_frame_equal(cut_out.frame, replayed.frame)
     assert (cut_out.y == replayed.y).all()
+    # rows ordered known-first (as train_and_publish orders them): the same rows, as views
+    first = np.argsort(~trainer._known_before(d, cut), kind="stable")
+    whole = trainer.training_rows(d.iloc[first].reset_index(drop=True))
+    prefix = whole.known_before(cut)
+    pd.testing.assert_frame_equal(prefix.rows, replayed.rows)
+    pd.testing.assert_frame_equal(prefix.frame, replayed.frame)
+    assert (prefix.y == replayed.y).all() and np.shares_memory(prefix.y, whole.y)
 
 
 def test_training_rows_in_pieces_equal_one_whole_replay() -> None:
