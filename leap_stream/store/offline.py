@@ -280,6 +280,18 @@ def _encoded(table: pa.Table) -> pa.Table:
     return table
 
 
+def _narrowed(table: pa.Table) -> pa.Table:
+    """Integer columns as int32 where every value fits (layer counts, batch sizes, devices)."""
+    for i, field in enumerate(table.schema):
+        col = table.column(i)
+        if field.type != pa.int64() or col.null_count or len(col) == 0:
+            continue
+        bounds = pc.min_max(col)
+        if bounds["min"].as_py() >= -(2**31) and bounds["max"].as_py() < 2**31:
+            table = table.set_column(i, field.name, col.cast(pa.int32()))
+    return table
+
+
 def _dedup(table: pa.Table) -> pa.Table:
     """Keep the first row of every event_id (tables are concatenated earliest file first)."""
     if table.num_rows == 0:
@@ -317,8 +329,9 @@ def read_dataset(
 
     ``root`` is a dataset folder (``day=`` partitions) or a single Parquet file (the simulator's).
     ``columns``: only these dataset columns (all when None); ``categorical``: string columns
-    as pandas categoricals. Both keep a year of history small in memory: the string columns
-    are most of a row and have a few hundred distinct values each (training reads so).
+    as pandas categoricals and integer columns as int32 where they fit. Both keep a year of
+    history small in memory: the string columns are most of a row and have a few hundred
+    distinct values each (training reads so).
     """
     root = Path(root)
     wanted = SCHEMA if columns is None else _schema_of([*columns, "event_id", "submitted_at"])
@@ -342,7 +355,7 @@ def read_dataset(
         table = table.filter(mask)
     if columns is not None:
         table = table.select(list(dict.fromkeys(columns)))
-    frame = to_frame(table)
+    frame = to_frame(_narrowed(table) if categorical else table)
     del table
     pa.default_memory_pool().release_unused()  # the Arrow copy of a year, back to the system
     return frame

@@ -89,7 +89,6 @@ def replay_chunks(
     upcoming = next(stream, None)
     q_now = epoch_seconds(queries["submitted_at"])
     q_order = np.argsort(q_now, kind="stable")
-    q_time = q_now.tolist()
     q_lin = queries["lineage_id"].to_numpy(object)
     q_mt = queries["model_type"].to_numpy(object)
     lin_cache: dict[str, LineageHistory] = {}
@@ -131,8 +130,7 @@ def replay_chunks(
         marks = np.zeros(len(rows), np.int64)
         lin_cache.clear()  # shared within a piece; across pieces it would hold every lineage
         agg_cache.clear()
-        for j, i in enumerate(rows.tolist()):
-            t = q_time[i]
+        for j, (i, t) in enumerate(zip(rows.tolist(), q_now[rows].tolist(), strict=True)):
             if upcoming is not None and upcoming[0] < t:
                 apply_until(t)
             lin = q_lin[i]

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 import pyarrow.parquet as pq
+import pytest
 
 from leap_stream.store.offline import (
     DATASET_COLUMNS,
@@ -83,6 +84,28 @@ def test_duplicate_keeps_the_earliest_file(tmp_path: Path) -> None:
     assert len(_files(tmp_path)) == 2
     frame = read_dataset(tmp_path).set_index("event_id")
     assert frame.loc[row["event_id"], "steps"] == row["steps"]
+
+
+def test_a_compact_read_of_some_columns_holds_the_same_values(tmp_path: Path) -> None:
+    """What training reads (trainer.TRAINING_COLUMNS, categorical): the same rows and values,
+    strings as categoricals, integers as int32, still one row per event id."""
+    rows = _rows(300, seed=7)
+    sink = DatasetSink(tmp_path)
+    sink.append(rows[:200])
+    sink.append(rows[150:])  # a redelivered stretch: 50 rows twice, in other files
+    full = read_dataset(tmp_path).set_index("event_id").sort_index()
+    columns = ["lineage_id", "model_type", "status", "num_devices", "samples_per_s", "ended_at"]
+    small = read_dataset(tmp_path, columns=[*columns, "event_id"], categorical=True)
+    assert list(small.columns) == [*columns, "event_id"] and len(small) == 300
+    assert isinstance(small["model_type"].dtype, pd.CategoricalDtype)
+    assert str(small["num_devices"].dtype) == "int32"
+    small = small.set_index("event_id").sort_index()
+    for c in columns:
+        assert small[c].astype(full[c].dtype).equals(full[c]), c
+    without_id = read_dataset(tmp_path, columns=columns, categorical=True)
+    assert list(without_id.columns) == columns and len(without_id) == 300
+    with pytest.raises(ValueError, match="not dataset columns"):
+        read_dataset(tmp_path, columns=["lineage_id", "colour"])
 
 
 def test_time_window(tmp_path: Path) -> None:
