@@ -115,6 +115,20 @@ def codes_of(values: np.ndarray, lut: Mapping[Any, int]) -> np.ndarray:
     return np.fromiter(map(lut.get, values.tolist(), repeat(-1)), np.int64, count=n)
 
 
+def category_codes(frame: Frame, col: str, lut: Mapping[Any, int]) -> np.ndarray | None:
+    """``codes_of`` a DataFrame's categorical column through its categories (a year of
+    training rows has a few hundred distinct values: no object array of every row); None for
+    any other column."""
+    if isinstance(frame, Columns):
+        return None
+    values = frame[col]
+    if not isinstance(values.dtype, pd.CategoricalDtype):
+        return None
+    per_category = codes_of(np.asarray(values.cat.categories, dtype=object), lut)
+    codes = values.cat.codes.to_numpy()
+    return np.where(codes >= 0, np.append(per_category, -1)[codes], -1)
+
+
 def map_values(values: np.ndarray, table: Mapping[Any, float], default: float) -> np.ndarray:
     """``table[v]`` per value as float64, ``default`` when absent (``Series.map().fillna()``)."""
     n = len(values)
@@ -125,4 +139,4 @@ def map_values(values: np.ndarray, table: Mapping[Any, float], default: float) -
     return np.fromiter(map(table.get, values.tolist(), repeat(default)), np.float64, count=n)
 
 
-__all__ = ["Columns", "Frame", "codes_of", "f64", "map_values"]
+__all__ = ["Columns", "Frame", "category_codes", "codes_of", "f64", "map_values"]

@@ -35,6 +35,24 @@ def _keys(level: str, model_type: Any, family: Any, hw: Any, bucket: np.ndarray)
     return pd.Index(fam + SEP + hws)
 
 
+_BY = {
+    "model_hw_bucket": ["model_type", "hw", "bucket"],
+    "model_hw": ["model_type", "hw"],
+    "family_hw": ["family", "hw"],
+}
+
+
+def _labels(values: pd.Series) -> pd.Categorical:
+    """A column as a categorical of its labels as `_keys` spells them (``str``; a missing
+    value is "nan")."""
+    cat = pd.Categorical(values)
+    cat = cat.rename_categories(str)
+    if cat.isna().any():
+        cat = cat.add_categories(["nan"]) if "nan" not in cat.categories else cat
+        cat = cat.fillna("nan")
+    return cat
+
+
 class LookupTable:
     def __init__(self, tables: dict[str, dict[str, float]], min_count: int = 1) -> None:
         self.tables = tables
@@ -55,13 +73,24 @@ class LookupTable:
         )
         d = dataset.loc[ok]
         per_dev = d["samples_per_s"].to_numpy(np.float64) / d["num_devices"].to_numpy(np.float64)
-        bucket = device_bucket(d["num_devices"].to_numpy())
+        parts = pd.DataFrame(
+            {
+                "model_type": _labels(d["model_type"]),
+                "family": _labels(d["family"]),
+                "hw": _labels(d["hardware_type"]),
+                "bucket": device_bucket(d["num_devices"].to_numpy()),
+                "per_dev": per_dev,
+            }
+        )
         tables: dict[str, dict[str, float]] = {}
         for lv in LEVELS:
-            keys = _keys(lv, d["model_type"], d["family"], d["hardware_type"], bucket)
-            s = pd.Series(per_dev).groupby(keys.to_numpy()).agg(["median", "count"])
+            # grouped by the columns and keyed per group: a year of rows, a few thousand keys
+            s = parts.groupby(_BY[lv], observed=True, sort=False)["per_dev"].agg(
+                ["median", "count"]
+            )
             s = s[s["count"] >= min_count]
-            tables[lv] = {str(k): float(v) for k, v in s["median"].items()}
+            keys = [SEP.join(str(v) for v in k) for k in s.index]
+            tables[lv] = dict(zip(keys, s["median"].astype(float).tolist(), strict=True))
         return cls(tables, min_count)
 
     def predict(

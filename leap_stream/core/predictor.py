@@ -44,7 +44,7 @@ import numpy as np
 import pandas as pd
 
 from leap_stream.core import features as F
-from leap_stream.core.columns import Frame, codes_of, f64
+from leap_stream.core.columns import Frame, category_codes, codes_of, f64
 
 Scorer = Callable[[np.ndarray], np.ndarray]
 
@@ -74,6 +74,7 @@ DEFAULT_PARAMS: dict[str, Any] = {
 NUM_ROUNDS = 150
 EARLY_STOP = 40
 BAG_ROWS = 2_000_000  # rows a tree sees at most (`_bagging_fraction`)
+FIT_ROWS = 4_000_000  # training rows the boosters fit at most (`_fit_sample`)
 # Lineage effects taken out before the second fit: a lineage's mean residual shrunk by this
 # many pseudo-rows at zero (a lineage seen once moves a third of the way).
 LINEAGE_SHRINK = 2.0
@@ -289,13 +290,15 @@ class ThroughputModel:
             calib = None
         p = {**DEFAULT_PARAMS, **(params or {}), "num_threads": _threads(len(frame)), "seed": seed}
         train_idx = ~calib if calib is not None else np.ones(len(frame), bool)
-        p["bagging_fraction"] = _bagging_fraction(p["bagging_fraction"], int(train_idx.sum()))
+        fit_idx = _fit_sample(train_idx, seed)  # the boosters' rows (all but for a year)
+        p["bagging_fraction"] = _bagging_fraction(p["bagging_fraction"], int(fit_idx.sum()))
         # float32: what LightGBM bins from anyway, at half the memory of a year's matrix; the
-        # training rows first, so that they and the calibration rows are views, not copies
-        order = np.concatenate([np.flatnonzero(train_idx), np.flatnonzero(~train_idx)])
+        # fitted rows first, so that they and the calibration rows are views, not copies
+        held_out = np.flatnonzero(calib) if calib is not None else np.zeros(0, np.int64)
+        order = np.concatenate([np.flatnonzero(fit_idx), held_out])
         X = _matrix(frame, names, levels, base=order, dtype=np.float32) if names else None
         fitted = _train_booster(
-            X, y - offset, names, train_idx, calib, p, num_rounds, progress, order=order
+            X, y - offset, names, fit_idx, calib, p, num_rounds, progress, order=order
         )
         lineage_effect = np.zeros(len(frame))
         if names and len(frame) >= 400:
@@ -307,7 +310,7 @@ class ThroughputModel:
                 X,
                 y - offset - lineage_effect,
                 names,
-                train_idx,
+                fit_idx,
                 calib,
                 p,
                 num_rounds,
@@ -318,7 +321,7 @@ class ThroughputModel:
         metadata = _metadata(fitted, frame, groups, levels, data_window, p)
         if "config" in groups and "specs" in groups:
             metadata["pair_effects"] = _pair_effects(
-                fitted, frame, y - offset - lineage_effect, train_idx, p["num_threads"], seed
+                fitted, frame, y - offset - lineage_effect, fit_idx, p["num_threads"], seed
             )
         model = cls(fitted.booster, metadata)
         if {"prior", "config", "specs"} <= set(groups):
@@ -546,17 +549,19 @@ class _Fitted:
     booster: lgb.Booster
     names: list[str]  # the booster's features ("const" when every group is ablated)
     best_iteration: int
-    X: np.ndarray  # row i: row order[i] of the frame
+    X: np.ndarray  # row i: row order[i] of the frame (the fitted and the held-out rows)
     order: np.ndarray
+    frame_rows: int
     data: _TrainData | None = None  # its binned datasets (None for the constant model)
 
     def predict(self, num_threads: int, rows: np.ndarray | None = None) -> np.ndarray:
-        """The booster's output on these rows of the frame (all when None)."""
+        """The booster's output on these rows of the frame (NaN on rows not in `X` when
+        None); ``rows`` must be rows of `X`."""
         if rows is None:
-            out = np.empty(len(self.order))
+            out = np.full(self.frame_rows, np.nan)
             out[self.order] = self.booster.predict(self.X, num_threads=num_threads)
             return out
-        at = np.empty(len(self.order), np.int64)
+        at = np.full(self.frame_rows, -1, np.int64)
         at[self.order] = np.arange(len(self.order))
         return np.asarray(self.booster.predict(self.X[at[rows]], num_threads=num_threads))
 
@@ -595,7 +600,7 @@ def _train_booster(
     if X is None:  # every booster group ablated: a constant (the mean), still a valid text model
         X = np.zeros((len(target), 1))
         booster = lgb.train({**p, "min_data_in_leaf": 1}, lgb.Dataset(X, target), num_boost_round=1)
-        return _Fitted(booster, ["const"], 1, X, np.arange(len(target)))
+        return _Fitted(booster, ["const"], 1, X, np.arange(len(target)), len(target))
     callbacks: list[Callable[..., None]] = []
     if progress is not None:
 
@@ -612,7 +617,7 @@ def _train_booster(
     else:
         data.relabel(ordered[:n_train], ordered[n_train:])
     booster, best = _train(p, data, num_rounds, EARLY_STOP, callbacks)
-    return _Fitted(booster, names, best, X, order, data)
+    return _Fitted(booster, names, best, X, order, len(target), data)
 
 
 @dataclass
@@ -663,6 +668,19 @@ def _train(
     return lgb.Booster(model_str=booster.model_to_string(num_iteration=best)), best
 
 
+def _fit_sample(train: np.ndarray, seed: int) -> np.ndarray:
+    """The training rows the boosters fit: all of them, or a seeded uniform `FIT_ROWS` of a
+    larger set. On a year of history the trees learn the same splits from a third of it at a
+    third of the cost (docs/benchmarks.md); lineage effects, pair effects and the ratio model's
+    pairs come from the same rows, calibration from every held-out lineage."""
+    rows = np.flatnonzero(train)
+    if len(rows) <= FIT_ROWS:
+        return train
+    keep = np.zeros(len(train), bool)
+    keep[np.random.default_rng(seed).choice(rows, FIT_ROWS, replace=False)] = True
+    return keep
+
+
 def _bagging_fraction(fraction: float, rows: int) -> float:
     """The share of rows each tree sees: ``fraction``, but no more than `BAG_ROWS` rows. A tree's
     cost grows with its rows and its split estimates stop improving long before a year of
@@ -674,9 +692,9 @@ def _lineage_effects(lineage_ids: np.ndarray | pd.Series, resid: np.ndarray) -> 
     """Per row, its lineage's mean residual shrunk toward zero (`LINEAGE_SHRINK` pseudo-rows):
     the hidden per-lineage factor, which the second fit should not spend trees on."""
     _u, inv = np.unique(np.asarray(lineage_ids, dtype=object).astype(str), return_inverse=True)
-    r = np.where(np.isfinite(resid), resid, 0.0)
-    total = np.bincount(inv, r)
-    count = np.bincount(inv)
+    known = np.isfinite(resid)  # rows the booster did not score (a year's sample) count not
+    total = np.bincount(inv, np.where(known, resid, 0.0))
+    count = np.bincount(inv, known.astype(np.float64))
     return np.asarray((total / (count + LINEAGE_SHRINK))[inv])
 
 
@@ -721,7 +739,13 @@ def _ratio_matrix(
         elif c.startswith("d_"):  # both sides are earlier columns (`ratio_features` order)
             X[:, i] = X[:, col[c[2:]]] - X[:, col["o_" + c[2:]]]
         elif _level_name(c) in levels:
-            codes = codes_of(np.asarray(frame[c], object)[idx], luts[_level_name(c)])
+            lut = luts[_level_name(c)]
+            whole = category_codes(frame, c, lut)
+            codes = (
+                whole[idx]
+                if whole is not None
+                else codes_of(np.asarray(frame[c], object)[idx], lut)
+            )
             X[:, i] = np.where(codes >= 0, codes, np.nan)
         else:
             X[:, i] = f64(frame, c)[idx]
@@ -847,8 +871,11 @@ def _matrix(
         hw_col = c in F.HW_COLUMNS
         if c in levels:
             lut = luts[c] if luts is not None else {v: j for j, v in enumerate(levels[c])}
-            vals = np.asarray(frame[c], object)
-            if hw_col:
+            categorical = category_codes(frame, c, lut)
+            vals = np.empty(0, object) if categorical is not None else np.asarray(frame[c], object)
+            if categorical is not None:  # a training frame: one look-up per category
+                codes = categorical
+            elif hw_col:
                 codes = codes_of(vals, lut)
             else:  # job-level: one look-up per job
                 if job_first is None:
@@ -867,7 +894,10 @@ def _matrix(
             if ne:
                 assert extra is not None
                 if hw_col:
-                    oc = codes_of(np.asarray(frame["o_" + c], object)[extra], lut)
+                    prior = category_codes(frame, "o_" + c, lut)
+                    if prior is None:
+                        prior = codes_of(np.asarray(frame["o_" + c], object), lut)
+                    oc = prior[extra]
                     X[n:, i] = np.where(oc >= 0, oc, np.nan)
                 else:
                     X[n:, i] = col[extra]

@@ -67,6 +67,23 @@ TRAINING_COLUMNS = (
 )
 # What `TrainingRows.rows` keeps of a dataset row once its features are built.
 ROW_KEYS = ("lineage_id", "model_type", "hardware_type", "submitted_at", "ended_at")
+# Feature columns the model never reads (the ranker's checks, extras of the prior group): a
+# year of rows does not keep them. A test fits and predicts on a frame without them.
+UNREAD_COLUMNS = frozenset(
+    {
+        "known",
+        "fits",
+        "self_log_dev_ratio",
+        "self_count",
+        "self_age_days",
+        "other_log_flops_ratio",
+        "other_log_bw_ratio",
+        "hist_types",
+        "est_transfer",
+        "agg_prior",
+        "agg_ratio",
+    }
+)
 # Submissions replayed and turned into features at a time (bounds the snapshots held).
 CHUNK_ROWS = 200_000
 
@@ -144,7 +161,7 @@ def training_rows(
 class _FeatureColumns:
     """Feature columns of ``n`` rows filled a piece at a time: floats as float32 (half the
     memory; the booster bins them far coarser), strings as categoricals (a few hundred values
-    in millions of rows), in the column order of the first piece."""
+    in millions of rows), in the column order of the first piece, `UNREAD_COLUMNS` left out."""
 
     def __init__(self, n: int) -> None:
         self.n = n
@@ -154,6 +171,8 @@ class _FeatureColumns:
 
     def put(self, pos: np.ndarray, cols: Columns) -> None:
         for name in cols:
+            if name in UNREAD_COLUMNS:
+                continue
             v = cols[name]
             if name not in self.order:
                 self.order.append(name)

@@ -85,6 +85,7 @@ def test_training_rows_in_pieces_equal_one_whole_replay() -> None:
         .loc[kept]
         .reset_index(drop=True)
     )
+    whole = whole.drop(columns=list(trainer.UNREAD_COLUMNS))
     assert list(pieces.frame.columns) == list(whole.columns)
     assert len(pieces.frame) == len(whole) > 2500
     assert np.isfinite(whole["agg_cand"]).sum() > 1000  # the aggregates are exercised
@@ -102,6 +103,34 @@ def test_training_rows_in_pieces_equal_one_whole_replay() -> None:
                 got.astype(np.float64), want.astype(np.float64), rtol=1e-6, err_msg=c
             )
     assert (pieces.y == rows["samples_per_s"].to_numpy()[kept]).all()
+
+
+def test_the_model_reads_no_column_training_leaves_out() -> None:
+    """Fit and predict on a training frame without `UNREAD_COLUMNS`: a model that starts to
+    read one fails here, before a year of training drops it."""
+    tr = trainer.training_rows(_dataset(2000, seed=9))
+    assert not set(trainer.UNREAD_COLUMNS) & set(tr.frame.columns)
+    model = trainer.fit(tr, num_rounds=10)
+    p50, lo, hi = model.predict(tr.frame)
+    assert np.isfinite(p50).all() and (lo <= p50).all() and (p50 <= hi).all()
+
+
+def test_a_year_fits_its_boosters_on_a_sample(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Above FIT_ROWS training rows the boosters fit a seeded sample of them; the lineage and
+    pair effects come from the sampled rows only; the model still predicts every row."""
+    from leap_stream.core import predictor as P
+
+    tr = trainer.training_rows(_dataset(3000, seed=10))
+    train = ~P.holdout_mask(tr.rows["lineage_id"].to_numpy(object), 0.15, 0)
+    monkeypatch.setattr(P, "FIT_ROWS", 900)
+    sample = P._fit_sample(train, 0)
+    assert sample.sum() == 900 and not (sample & ~train).any()
+    assert (P._fit_sample(train, 0) == sample).all()  # seeded
+    model = trainer.fit(tr, num_rounds=10)
+    p50, _lo, _hi = model.predict(tr.frame)
+    assert np.isfinite(p50).all()
+    monkeypatch.setattr(P, "FIT_ROWS", 10**9)
+    assert (P._fit_sample(train, 0) == train).all()
 
 
 def test_train_publish_promote_then_gate(tmp_path: Path) -> None:
