@@ -434,7 +434,8 @@ class ThroughputModel:
             pick = rows[first]
         # candidate rows, then the prior-hardware rows stacked under them (job columns copied,
         # hardware columns from their "o_" twins): one matrix, one booster call
-        X = _matrix(frame, self.feature_names, self._levels, extra=pick, base=base, luts=self._luts)
+        dtype = _input_dtype(frame)
+        X = _matrix(frame, self.feature_names, self._levels, pick, base, self._luts, dtype=dtype)
         # the one call (none when every row is anchored on its own prior)
         out = self.score(X) if len(X) else np.empty(0)
         nb = n if base is None else len(base)
@@ -456,7 +457,13 @@ class ThroughputModel:
             if self.ratio is not None:
                 booster_ratio = moved[rows] - other_lpd[rows]
                 Xr = _ratio_matrix(
-                    frame, self.ratio_features, booster_ratio, self._levels, self._luts, rows
+                    frame,
+                    self.ratio_features,
+                    booster_ratio,
+                    self._levels,
+                    self._luts,
+                    rows,
+                    dtype=dtype,
                 )
                 moved[rows] = other_lpd[rows] + self.ratio_score(Xr)
         return blind, moved
@@ -666,6 +673,17 @@ def _train(
     booster = lgb.train(p, data.train, num_boost_round=rounds, valid_sets=valid_sets, callbacks=cbs)
     best = int(booster.best_iteration or booster.current_iteration())
     return lgb.Booster(model_str=booster.model_to_string(num_iteration=best)), best
+
+
+def _input_dtype(frame: Frame) -> type[np.floating[Any]]:
+    """float32 for a training frame, whose columns are float32 already (the same numbers at
+    half the memory of a year's matrices), float64 otherwise (serving)."""
+    if (
+        isinstance(frame, pd.DataFrame)
+        and frame.get("log_phys_rate", pd.Series()).dtype == np.float32
+    ):
+        return np.float32
+    return np.float64
 
 
 def _fit_sample(train: np.ndarray, seed: int) -> np.ndarray:
