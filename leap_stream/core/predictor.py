@@ -323,11 +323,13 @@ class ThroughputModel:
             metadata["pair_effects"] = _pair_effects(
                 fitted, frame, y - offset - lineage_effect, fit_idx, p["num_threads"], seed
             )
-        model = cls(fitted.booster, metadata)
+        booster = fitted.booster
+        del fitted, X  # the matrix and its binned datasets: the ratio model needs the memory
+        model = cls(booster, metadata)
         if {"prior", "config", "specs"} <= set(groups):
             model = model._with_ratio_model(frame, y, train_idx, calib, seed)
         model._calibrate(frame, y, calib if calib is not None else train_idx)
-        return cls(fitted.booster, model.metadata, ratio=model.ratio)
+        return cls(booster, model.metadata, ratio=model.ratio)
 
     def _with_ratio_model(
         self,
