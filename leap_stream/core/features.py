@@ -30,6 +30,26 @@ CATEGORIES: dict[str, tuple[str, ...]] = {
     "optimizer": OPTIMIZERS,
     "vendor": VENDORS,
 }
+# The job frame's columns `build_columns` reads (the dataset's names).
+JOB_COLUMNS: tuple[str, ...] = (
+    "family",
+    "model_type",
+    "parameters",
+    "active_parameters",
+    "layers",
+    "hidden_size",
+    "sequence_length",
+    "precision",
+    "optimizer",
+    "framework",
+    "global_batch_size",
+    "micro_batch_size",
+    "num_devices",
+    "data_parallel",
+    "tensor_parallel",
+    "pipeline_parallel",
+    "activation_checkpointing",
+)
 # Categoricals whose levels come from the training data (stored in the model's metadata).
 OPEN_CATEGORIES = ("model_type", "hardware_type")
 

@@ -105,6 +105,24 @@ def test_training_rows_in_pieces_equal_one_whole_replay() -> None:
     assert (pieces.y == rows["samples_per_s"].to_numpy()[kept]).all()
 
 
+def test_job_columns_are_what_the_feature_build_reads() -> None:
+    """Training reads the dataset's `features.JOB_COLUMNS` (through TRAINING_COLUMNS): the
+    feature build needs each of them and no other job column."""
+    d = _dataset(200, seed=11)
+    jobs = d[list(F.JOB_COLUMNS)]
+    n = len(jobs)
+
+    def build(frame: pd.DataFrame) -> pd.DataFrame:
+        cands = [[h] for h in d["hardware_type"]]
+        return F.build(frame, cands, [{}] * n, [{}] * n, CATALOG, np.zeros(n))
+
+    assert len(build(jobs)) == n
+    for c in F.JOB_COLUMNS:
+        with pytest.raises(KeyError):
+            build(jobs.drop(columns=c))
+    assert set(F.JOB_COLUMNS) <= set(trainer.TRAINING_COLUMNS)
+
+
 def test_the_model_reads_no_column_training_leaves_out() -> None:
     """Fit and predict on a training frame without `UNREAD_COLUMNS`: a model that starts to
     read one fails here, before a year of training drops it."""
