@@ -386,8 +386,9 @@ class AggregateLog:
         span = int(max(hardware_codes.values(), default=0)) + 3  # codes -1 … max + 1
         size = len(self._mt) + 1
         key = np.asarray(self._mt, np.int64) * span + to_code[np.asarray(self._hw, np.int64)] + 1
-        order = np.argsort(key * size + np.arange(len(key)), kind="stable")
-        sorted_full = (key * size + np.arange(len(key)))[order]
+        full = key * size + np.arange(len(key))  # unique: the key, then the log's position
+        order = np.argsort(full, kind="stable")
+        sorted_full = full[order]
         want = np.asarray(model_type, np.int64) * span + np.asarray(hardware, np.int64) + 1
         valid = (np.asarray(model_type) >= 0) & (np.asarray(hardware) >= 0)
         pos = np.searchsorted(sorted_full, want * size + np.asarray(marks, np.int64)) - 1

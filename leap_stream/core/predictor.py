@@ -891,13 +891,11 @@ def _matrix(
         hw_col = c in F.HW_COLUMNS
         if c in levels:
             lut = luts[c] if luts is not None else {v: j for j, v in enumerate(levels[c])}
-            categorical = category_codes(frame, c, lut)
-            vals = np.empty(0, object) if categorical is not None else np.asarray(frame[c], object)
-            if categorical is not None:  # a training frame: one look-up per category
-                codes = categorical
-            elif hw_col:
-                codes = codes_of(vals, lut)
-            else:  # job-level: one look-up per job
+            codes = category_codes(frame, c, lut)  # a training frame: one look-up per category
+            if codes is None and hw_col:
+                codes = codes_of(np.asarray(frame[c], object), lut)
+            elif codes is None:  # job-level: one look-up per job
+                vals = np.asarray(frame[c], object)
                 if job_first is None:
                     job = np.asarray(frame["job"], np.int64)
                     _u, job_first, job_inv = np.unique(job, return_index=True, return_inverse=True)
