@@ -202,15 +202,25 @@ def run(args: argparse.Namespace, cfg: Settings) -> int:
         cfg.metrics_addr,
         ready=deps.ready,
     )
-    if cfg.gc_freeze:
-        gc.collect()
-        gc.freeze()
+    tune_gc(cfg)
     if not cfg.runs("completions"):  # nothing for Faust to consume: the loop alone
         return run_submissions_only(deps, stop_on_signals())
     app = build_app(deps)
     worker = faust.Worker(app, loglevel=level, redirect_stdouts=False)
     worker.execute_from_commandline()  # raises SystemExit with Faust's exit status
     return 0
+
+
+def tune_gc(cfg: Settings) -> None:
+    """The worker's garbage-collector policy, applied once it has started: what start-up
+    allocated (libraries, model, catalog) frozen out of the collector's reach
+    (`LEAP_GC_FREEZE`), and young collections every `LEAP_GC_THRESHOLD` allocations. The bench
+    applies it too, so that its pipeline stage costs what the worker's batches cost."""
+    if cfg.gc_freeze:
+        gc.collect()
+        gc.freeze()
+    _gen0, gen1, gen2 = gc.get_threshold()
+    gc.set_threshold(cfg.gc_threshold, gen1, gen2)
 
 
 def stop_on_signals() -> threading.Event:
@@ -229,4 +239,5 @@ __all__ = [
     "ranking_core",
     "register",
     "run",
+    "tune_gc",
 ]

@@ -90,3 +90,24 @@ def test_mixed_summary_is_the_run_nine_in_ten_stay_under() -> None:
     assert m["p99_ms"] == 44.0 and m["runs_under_50ms"] == 9 and m["runs"] == 10
     assert mixed_summary([{"p99_ms": 12.5}])["p99_ms"] == 12.5
     assert math.isnan(mixed_summary([])["p99_ms"])
+
+
+def test_the_pipeline_stage_runs_under_the_workers_collector_policy() -> None:
+    """`worker_gc` applies the worker's `tune_gc` (freeze, young-generation threshold) for the
+    stage and puts the bench's own policy back afterwards."""
+    import gc
+
+    from leap_stream.settings import Settings
+    from leap_stream.tools.bench.harness import worker_gc
+
+    before = gc.get_threshold()
+    cfg = Settings.from_env({"LEAP_GC_THRESHOLD": "12345", "LEAP_GC_FREEZE": "1"})
+    kept = [{"a": [1]} for _ in range(100)]  # container objects alive before the stage
+    with worker_gc(cfg):
+        assert gc.get_threshold()[0] == 12345
+        assert gc.get_freeze_count() >= len(kept)
+    assert gc.get_threshold() == before
+    assert gc.get_freeze_count() == 0
+    with worker_gc(Settings.from_env({"LEAP_GC_FREEZE": "0"})):
+        assert gc.get_threshold()[0] == 50_000
+        assert gc.get_freeze_count() == 0

@@ -112,7 +112,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
                 profiler = Profiler(interval=0.002)
                 profiler.start()
-            d = H.batch_loop(world.bootstrap, src, dst, dlq, n, work, args.batch)
+            with H.worker_gc(world.settings):  # the worker's collector policy
+                d = H.batch_loop(world.bootstrap, src, dst, dlq, n, work, args.batch)
             if profiler is not None:
                 profiler.stop()
                 text = (

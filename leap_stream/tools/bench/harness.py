@@ -13,6 +13,7 @@ its own input topic and writes to its own output topic, so no stage's work leaks
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 import shutil
@@ -23,6 +24,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -328,6 +330,22 @@ def pipeline_work(world: BenchWorld) -> tuple[Work, Any]:
         return rankings, dead
 
     return work, stats
+
+
+@contextmanager
+def worker_gc(settings: Settings) -> Iterator[None]:
+    """The worker's garbage-collector policy (`tune_gc`) while the pipeline stage runs, undone
+    after it: what the bench built before (the world, the model) is frozen as the worker's
+    start-up is, so a full collection does not scan the bench's own data."""
+    from leap_stream.stream.worker import tune_gc
+
+    before = gc.get_threshold()
+    tune_gc(settings)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
+        gc.unfreeze()
 
 
 def time_the_trees(model: Any, stats: dict[str, Any]) -> None:
@@ -951,4 +969,5 @@ __all__ = [
     "pipeline_work",
     "time_the_trees",
     "worker_backlog",
+    "worker_gc",
 ]
