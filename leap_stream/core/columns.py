@@ -10,19 +10,31 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import repeat
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
 
 
-class Columns:
-    """Equal-length 1-d numpy arrays by name; ``len()`` is the number of rows."""
+class Coded(NamedTuple):
+    """An object column given as ``levels[codes]``. A serving batch's strings (hardware type,
+    vendor, the job's model type …) take a few dozen values over thousands of rows: kept this
+    way, a model's level codes for them are one look-up per level, not one per row
+    (`column_codes`), and the strings themselves are built only when read."""
 
-    __slots__ = ("_data", "_n")
+    codes: np.ndarray  # int, one per row
+    levels: np.ndarray  # object
+
+
+class Columns:
+    """Equal-length 1-d numpy arrays by name; ``len()`` is the number of rows. A column set as
+    `Coded` keeps its codes and is turned into values when first read."""
+
+    __slots__ = ("_coded", "_data", "_n")
 
     def __init__(self, data: Mapping[str, Any] | None = None, n: int | None = None) -> None:
-        self._data: dict[str, np.ndarray] = {}
+        self._data: dict[str, np.ndarray | None] = {}  # None: coded, values not built yet
+        self._coded: dict[str, Coded] = {}
         self._n = n
         for name, values in (data or {}).items():
             self[name] = values
@@ -54,17 +66,31 @@ class Columns:
         return self._n or 0
 
     def __getitem__(self, name: str) -> np.ndarray:
-        return self._data[name]
+        values = self._data[name]
+        if values is None:
+            coded = self._coded[name]
+            values = self._data[name] = coded.levels[coded.codes]
+        return values
 
     def __setitem__(self, name: str, values: Any) -> None:
-        arr = np.asarray(values)
+        coded = values if isinstance(values, Coded) else None
+        arr = np.asarray(values if coded is None else coded.codes)
         if arr.ndim != 1:
             raise ValueError(f"column {name!r} is not one-dimensional")
         if self._n is None:
             self._n = len(arr)
         elif len(arr) != self._n:
             raise ValueError(f"column {name!r} has {len(arr)} rows, the frame {self._n}")
-        self._data[name] = arr
+        if coded is None:
+            self._data[name] = arr
+            self._coded.pop(name, None)
+        else:
+            self._data[name] = None
+            self._coded[name] = Coded(arr, np.asarray(coded.levels, dtype=object))
+
+    def coded(self, name: str) -> Coded | None:
+        """The column's codes and levels when it was set as `Coded`."""
+        return self._coded.get(name)
 
     def __contains__(self, name: object) -> bool:
         return name in self._data
@@ -80,7 +106,11 @@ class Columns:
         """The rows at these positions (or where a boolean mask is true)."""
         rows = np.asarray(rows)
         n = int(rows.sum()) if rows.dtype == bool else len(rows)
-        return Columns({k: v[rows] for k, v in self._data.items()}, n)
+        out = Columns(n=n)
+        for name in self._data:
+            coded = self._coded.get(name)
+            out[name] = Coded(coded.codes[rows], coded.levels) if coded else self[name][rows]
+        return out
 
     def to_pandas(self) -> pd.DataFrame:
         """String columns stay numpy object arrays: pandas 3 would otherwise convert each to an
@@ -88,7 +118,7 @@ class Columns:
         index = pd.RangeIndex(len(self))
         cols = {
             c: pd.Series(v, index=index, dtype=object, copy=False) if v.dtype == object else v
-            for c, v in self._data.items()
+            for c, v in ((c, self[c]) for c in self._data)
         }
         return pd.DataFrame(cols, index=index, copy=False)
 
@@ -116,17 +146,35 @@ def codes_of(values: np.ndarray, lut: Mapping[Any, int]) -> np.ndarray:
 
 
 def category_codes(frame: Frame, col: str, lut: Mapping[Any, int]) -> np.ndarray | None:
-    """``codes_of`` a DataFrame's categorical column through its categories (a year of
-    training rows has a few hundred distinct values: no object array of every row); None for
-    any other column."""
+    """``codes_of`` a column through the frame's own encoding of it: a DataFrame's categorical
+    (a year of training rows has a few hundred distinct values: no object array of every row)
+    or a `Coded` column of `Columns` (a serving batch); None for any other column."""
     if isinstance(frame, Columns):
-        return None
+        coded = frame.coded(col)
+        if coded is None:
+            return None
+        return codes_of(coded.levels, lut)[coded.codes]
     values = frame[col]
     if not isinstance(values.dtype, pd.CategoricalDtype):
         return None
     per_category = codes_of(np.asarray(values.cat.categories, dtype=object), lut)
     codes = values.cat.codes.to_numpy()
     return np.where(codes >= 0, np.append(per_category, -1)[codes], -1)
+
+
+def column_codes(frame: Frame, col: str, lut: Mapping[Any, int]) -> np.ndarray:
+    """``codes_of`` one column, through the frame's encoding of it where it has one."""
+    codes = category_codes(frame, col, lut)
+    return codes if codes is not None else codes_of(np.asarray(frame[col], object), lut)
+
+
+def value_ids(frame: Frame, col: str, rows: np.ndarray) -> np.ndarray:
+    """Per row of ``rows``, a non-negative integer that is equal where the column's values are."""
+    coded = frame.coded(col) if isinstance(frame, Columns) else None
+    if coded is not None:
+        return np.asarray(coded.codes[rows], np.int64)
+    values = np.asarray(frame[col], object)[rows]
+    return codes_of(values, {v: i for i, v in enumerate(dict.fromkeys(values.tolist()))})
 
 
 def map_values(values: np.ndarray, table: Mapping[Any, float], default: float) -> np.ndarray:
@@ -139,4 +187,14 @@ def map_values(values: np.ndarray, table: Mapping[Any, float], default: float) -
     return np.fromiter(map(table.get, values.tolist(), repeat(default)), np.float64, count=n)
 
 
-__all__ = ["Columns", "Frame", "category_codes", "codes_of", "f64", "map_values"]
+__all__ = [
+    "Coded",
+    "Columns",
+    "Frame",
+    "category_codes",
+    "codes_of",
+    "column_codes",
+    "f64",
+    "map_values",
+    "value_ids",
+]

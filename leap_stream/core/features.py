@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from leap_stream.contracts.vocab import FAMILIES, FRAMEWORKS, OPTIMIZERS, PRECISIONS, VENDORS
-from leap_stream.core.columns import Columns, f64, map_values
+from leap_stream.core.columns import Coded, Columns, f64, map_values
 from leap_stream.core.columns import Frame as Jobs
 from leap_stream.core.history import AggregatesAsOf, LineageHistory, TypeAggregates
 
@@ -199,12 +199,6 @@ def flops_per_sample(jobs: Jobs) -> np.ndarray:
     attn = ATTENTION_FLOPS * f64(jobs, "layers") * f64(jobs, "hidden_size") * seq * seq
     ckpt = np.asarray(jobs["activation_checkpointing"], bool)
     return np.asarray(np.where(ckpt, 4.0 / 3.0, 1.0) * (6.0 * active * seq + attn))
-
-
-def _categorical(values: np.ndarray, levels: Sequence[str]) -> np.ndarray:
-    """Kept as strings (object): the predictor encodes every categorical the same way."""
-    del levels
-    return np.asarray(values, dtype=object)
 
 
 def _unique_objects(items: Sequence[object]) -> tuple[np.ndarray, list[int]]:
@@ -450,7 +444,11 @@ def build_columns(
     hw = np.fromiter((sa.code.get(t, k - 1) for t in hw_names), np.int64, count=len(job))
     elem = _elem_bytes(jobs)
     phys = _JobPhysics.of(jobs, elem)
-    f: dict[str, object] = {"job": job, "hardware_type": hw_names, "known": hw < k - 1}
+    known = hw < k - 1
+    # strings as codes into the catalog's (or the jobs') values: the predictor turns them into
+    # its level codes per level, not per row (`Coded`); an unknown type keeps its own name
+    names: object = Coded(hw, sa.names) if known.all() else hw_names
+    f: dict[str, object] = {"job": job, "hardware_type": names, "known": known}
     _config_columns(f, jobs, job, elem, phys)
     # unknown specs: not excluded here (the ranker reports unknown_hardware)
     f["fits"] = ~(min_memory_per_device_gib(jobs, elem)[job] > sa.mem[hw] * FIT_HEADROOM)
@@ -459,7 +457,7 @@ def build_columns(
     other_hw, other_lpd = _history_columns(f, jobs, job, hw, histories, sa, np.asarray(now))
     o_agg, o_agg_count = _aggregate_columns(f, job, hw, other_hw, other_lpd, aggregates, sa)
     # the prior hardware's side of the booster inputs (NaN / unknown without a prior)
-    f["o_hardware_type"] = sa.names[other_hw]
+    f["o_hardware_type"] = Coded(other_hw, sa.names)
     _hw_columns(f, "o_", sa, other_hw, job, phys)
     f["o_agg_cand"], f["o_agg_cand_count"] = o_agg, o_agg_count
     return Columns(f, len(job))
@@ -499,8 +497,8 @@ def _config_columns(
 
 def _categorical_columns(f: dict[str, object], jobs: Jobs, job: np.ndarray) -> None:
     for col in ("precision", "family", "framework", "optimizer"):
-        f[col] = _categorical(np.asarray(jobs[col], object)[job], CATEGORIES[col])
-    f["model_type"] = np.asarray(jobs["model_type"], object)[job]  # levels set by the model
+        f[col] = Coded(job, np.asarray(jobs[col], object))
+    f["model_type"] = Coded(job, np.asarray(jobs["model_type"], object))  # levels: the model's
 
 
 def _hw_columns(
@@ -512,7 +510,7 @@ def _hw_columns(
     phys: _JobPhysics,
 ) -> None:
     """The hardware ``codes`` of each row: its specs and the physics estimate on it."""
-    f[prefix + "vendor"] = _categorical(sa.vendor[codes], CATEGORIES["vendor"])
+    f[prefix + "vendor"] = Coded(codes, sa.vendor)
     f[prefix + "log_peak_tflops"] = sa.log_flops[codes]
     f[prefix + "log_mem_bw"] = sa.log_bw[codes]
     f[prefix + "log_device_mem"] = sa.log_mem[codes]

@@ -44,7 +44,14 @@ import numpy as np
 import pandas as pd
 
 from leap_stream.core import features as F
-from leap_stream.core.columns import Frame, category_codes, codes_of, f64
+from leap_stream.core.columns import (
+    Frame,
+    category_codes,
+    codes_of,
+    column_codes,
+    f64,
+    value_ids,
+)
 
 Scorer = Callable[[np.ndarray], np.ndarray]
 
@@ -427,10 +434,8 @@ class ThroughputModel:
         rows = np.flatnonzero(other)
         inverse = np.zeros(0, np.int64)
         pick = rows
-        o_hw = np.asarray(frame["o_hardware_type"], object)
         if len(rows):
-            seen = o_hw[rows]
-            hw_code = codes_of(seen, {t: i for i, t in enumerate(dict.fromkeys(seen.tolist()))})
+            hw_code = value_ids(frame, "o_hardware_type", rows)
             key = np.asarray(frame["job"], np.int64)[rows] * (int(hw_code.max()) + 2) + hw_code
             _u, first, inverse = np.unique(key, return_index=True, return_inverse=True)
             pick = rows[first]
@@ -441,19 +446,17 @@ class ThroughputModel:
         # the one call (none when every row is anchored on its own prior)
         out = self.score(X) if len(X) else np.empty(0)
         nb = n if base is None else len(base)
-        mt = np.asarray(frame["model_type"], object)
-        mt_code = codes_of(mt, self._pair_mt) if self._pair_mt else None
+        mt_code = column_codes(frame, "model_type", self._pair_mt) if self._pair_mt else None
         blind_all = out[:nb] if base is None else np.full(n, np.nan)
         if base is not None:
             blind_all[base] = out[:nb]
-        hw = np.asarray(frame["hardware_type"], object)
-        blind = blind_all + _offset(frame, self.groups) + self._pair(mt_code, hw)
+        blind = blind_all + _offset(frame, self.groups) + self._pair(mt_code, frame)
         moved = np.full(n, np.nan)
         if len(rows):
             prior_f = (
                 out[nb:]
                 + _offset(frame, self.groups, prefix="o_")[pick]
-                + self._pair(None if mt_code is None else mt_code[pick], o_hw[pick])
+                + self._pair(mt_code, frame, "o_hardware_type")[pick]
             )
             moved[rows] = other_lpd[rows] + blind[rows] - prior_f[inverse]
             if self.ratio is not None:
@@ -470,10 +473,13 @@ class ThroughputModel:
                 moved[rows] = other_lpd[rows] + self.ratio_score(Xr)
         return blind, moved
 
-    def _pair(self, mt_code: np.ndarray | None, hw: np.ndarray) -> np.ndarray:
+    def _pair(
+        self, mt_code: np.ndarray | None, frame: Frame, hw_col: str = "hardware_type"
+    ) -> np.ndarray:
+        """Per row, the (model type × hardware type) effect; 0 for an unseen pair."""
         if mt_code is None:
-            return np.zeros(len(hw))
-        hc = codes_of(hw, self._pair_hw)
+            return np.zeros(len(frame))
+        hc = column_codes(frame, hw_col, self._pair_hw)
         return np.asarray(self._pair_table[mt_code, hc])  # -1 → the zero padding row / column
 
     def support_excess(self, frame: Frame) -> np.ndarray:
@@ -509,14 +515,14 @@ class ThroughputModel:
         factor where the training rows never had its (model type × hardware) and the row is
         not anchored on its own prior there (``kind``; every row when not given); 1 for a model
         calibrated before types had scales."""
-        hw = np.asarray(frame["hardware_type"], object)
         if not self._type_code:
-            out = np.full(len(hw), self._sparse_scale)
+            out = np.full(len(frame), self._sparse_scale)
         else:
-            out = np.asarray(self._scales[codes_of(hw, self._type_code)])
+            out = np.asarray(self._scales[column_codes(frame, "hardware_type", self._type_code)])
         if self._unseen_pair_scale != 1.0:
-            mt = codes_of(np.asarray(frame["model_type"], object), self._pair_mt)
-            seen = self._pair_seen[mt, codes_of(hw, self._pair_hw)]  # -1: the padding, unseen
+            mt = column_codes(frame, "model_type", self._pair_mt)
+            hc = column_codes(frame, "hardware_type", self._pair_hw)
+            seen = self._pair_seen[mt, hc]  # -1: the padding, unseen
             if kind is not None:
                 seen = seen | (kind == KIND_SELF)
             out = np.where(seen, out, out * self._unseen_pair_scale)
@@ -525,10 +531,9 @@ class ThroughputModel:
     def few_measurements(self, frame: Frame) -> np.ndarray:
         """Per row: its hardware type had too few held-out measurements for a scale of its own
         (its interval is the widest known type's); False for a model without type scales."""
-        hw = np.asarray(frame["hardware_type"], object)
         if not self._type_code:
-            return np.zeros(len(hw), bool)
-        return np.asarray(codes_of(hw, self._type_code) < 0)
+            return np.zeros(len(frame), bool)
+        return np.asarray(column_codes(frame, "hardware_type", self._type_code) < 0)
 
     # --- artefact (files: store/artefact.py)
     def model_text(self) -> str:

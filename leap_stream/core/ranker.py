@@ -25,7 +25,7 @@ from leap_stream.contracts.events import (
 )
 from leap_stream.contracts.timestamps import format_ts, parse_ts
 from leap_stream.core import features as F
-from leap_stream.core.columns import Columns, codes_of
+from leap_stream.core.columns import Columns, column_codes
 from leap_stream.core.history import LineageHistory, TypeAggregates
 from leap_stream.core.lookup import LookupTable
 from leap_stream.core.predictor import INTERVAL_LEVEL, OOD_MARGIN, ThroughputModel
@@ -195,7 +195,8 @@ class Ranker:
             pred[rows_lk] = lk
             source[rows_lk] = np.where(np.isfinite(lk) & (lk > 0), SRC_LOOKUP, SRC_NONE)
         nd = np.asarray(jobs["num_devices"], np.float64)[job]
-        cost = self._spec_arrays.cost[codes_of(hw_names, self._spec_arrays.code)]  # -1: NaN
+        hw_codes = column_codes(frame, "hardware_type", self._spec_arrays.code)
+        cost = self._spec_arrays.cost[hw_codes]  # -1: NaN
         frame["pred"] = pred
         frame["low"] = low
         frame["high"] = high

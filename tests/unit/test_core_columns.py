@@ -6,7 +6,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from leap_stream.core.columns import Columns, codes_of, map_values
+from leap_stream.core.columns import (
+    Coded,
+    Columns,
+    category_codes,
+    codes_of,
+    column_codes,
+    map_values,
+    value_ids,
+)
 
 
 def test_columns_rows_take_and_pandas_round_trip() -> None:
@@ -66,3 +74,26 @@ def test_of_rows_makes_numbers_float_and_keeps_the_rest() -> None:
     assert cols["precision"].dtype == object and cols["flag"].tolist() == [True, False]
     assert np.isnan(cols["gone"]).all() and len(cols) == 2
     assert len(Columns.of_rows([], ["parameters"])) == 0
+
+
+def test_a_coded_column_reads_as_its_values_and_codes_through_its_levels() -> None:
+    levels = np.asarray(["h100", "a100", None], object)
+    c = Columns({"hw": Coded(np.asarray([1, 0, 1, 2]), levels), "x": [1.0, 2.0, 3.0, 4.0]})
+    assert c.columns == ["hw", "x"] and "hw" in c
+    lut = {"a100": 7, "h100": 3}
+    codes = category_codes(c, "hw", lut)
+    assert codes is not None and codes.tolist() == [7, 3, 7, -1]
+    assert column_codes(c, "hw", lut).tolist() == [7, 3, 7, -1]
+    assert c["hw"].tolist() == ["a100", "h100", "a100", None]
+    sub = c.take(np.asarray([3, 1]))
+    assert sub.coded("hw") is not None and sub["hw"].tolist() == [None, "h100"]
+    assert c.to_pandas()["hw"].tolist() == ["a100", "h100", "a100", None]
+    ids = value_ids(c, "hw", np.asarray([0, 1, 2]))
+    assert ids[0] == ids[2] != ids[1]
+    c["hw"] = np.asarray(["t4"] * 4, object)  # plain values replace the codes
+    assert c.coded("hw") is None and category_codes(c, "hw", lut) is None
+    assert column_codes(c, "hw", {"t4": 1}).tolist() == [1, 1, 1, 1]
+    plain = value_ids(c, "hw", np.arange(4))
+    assert len(set(plain.tolist())) == 1
+    with pytest.raises(ValueError, match="2 rows"):
+        c["y"] = Coded(np.asarray([0, 1]), levels)
