@@ -26,7 +26,12 @@ from leap_stream.contracts.events import (
 from leap_stream.contracts.timestamps import format_ts, parse_ts
 from leap_stream.core import features as F
 from leap_stream.core.columns import Columns, column_codes
-from leap_stream.core.history import LineageHistory, TypeAggregates
+from leap_stream.core.history import (
+    AggregatesAsOf,
+    AggregateTable,
+    LineageHistory,
+    TypeAggregates,
+)
 from leap_stream.core.lookup import LookupTable
 from leap_stream.core.predictor import INTERVAL_LEVEL, OOD_MARGIN, ThroughputModel
 from leap_stream.core.ranking import (
@@ -123,7 +128,7 @@ class Ranker:
         jobs: pd.DataFrame | Columns,
         candidates: Sequence[Sequence[str]],
         histories: Sequence[LineageHistory | None],
-        aggregates: Sequence[TypeAggregates | None],
+        aggregates: Sequence[TypeAggregates | None] | AggregatesAsOf,
         now: np.ndarray,
     ) -> tuple[pd.DataFrame, np.ndarray]:
         """Scored (job × known candidate) rows and a per-job reason code for the model stage.
@@ -139,7 +144,7 @@ class Ranker:
         jobs: pd.DataFrame | Columns,
         candidates: Sequence[Sequence[str]],
         histories: Sequence[LineageHistory | None],
-        aggregates: Sequence[TypeAggregates | None],
+        aggregates: Sequence[TypeAggregates | None] | AggregatesAsOf,
         now: np.ndarray,
     ) -> tuple[Columns, np.ndarray]:
         """`score_batch` without pandas (the serving path)."""
@@ -218,7 +223,12 @@ class Ranker:
         if not submissions:
             return []
         jobs = job_columns(submissions)
-        aggs = [aggregates.get(m) for m in jobs["model_type"].tolist()]
+        model_types = jobs["model_type"].tolist()
+        aggs: Sequence[TypeAggregates | None] | AggregatesAsOf = (
+            aggregates.as_of(model_types)  # the online store's flat table: no dict per job
+            if isinstance(aggregates, AggregateTable)
+            else [aggregates.get(m) for m in model_types]
+        )
         frame, model_reason = self.score_columns(
             jobs,
             [s["candidate_hardware"] for s in submissions],

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import numpy as np
 import orjson
 import redis
 from redis.backoff import ExponentialBackoff
@@ -33,11 +34,10 @@ from leap_stream.core.history import (
     DEFAULT_RULES,
     HISTORY_EWMA_ALPHA,
     QUARANTINE_RULES,
+    AggregateTable,
     HistoryRules,
     LineageHistory,
     Measurement,
-    TypeAggregate,
-    TypeAggregates,
     is_measurement,
     log_per_device,
     measurement,
@@ -305,6 +305,31 @@ Hash = tuple[Sequence[Any], Sequence[Any]]  # (fields, values) of one HGETALL
 
 def _from_flat(flat: Sequence[Any]) -> Hash:
     return flat[0::2], flat[1::2]
+
+
+def _aggregate_table(
+    hashes: Sequence[Hash], decoded: list[Any], model_types: Sequence[str], names: dict[Any, str]
+) -> AggregateTable:
+    """The model types' aggregate hashes (in ``model_types`` order) as one flat table."""
+    hardware: dict[str, int] = {}
+    owner: list[int] = []
+    codes: list[int] = []
+    for i, (fields, _vs) in enumerate(hashes):
+        for f in fields:
+            name = names.get(f)
+            if name is None:
+                name = names[f] = _text(f)
+            code = hardware.get(name)
+            if code is None:
+                code = hardware[name] = len(hardware)
+            codes.append(code)
+        owner.extend([i] * len(fields))
+    if len(decoded) != len(codes):
+        raise ValueError(f"{len(decoded)} aggregate values for {len(codes)} fields")
+    values = np.asarray(decoded, np.float64).reshape(len(codes), -1) if codes else np.empty((0, 3))
+    if values.shape[1] != 3:  # [EWMA, count, last_at] (core.history.apply_aggregate)
+        raise ValueError(f"aggregate values of {values.shape[1]} numbers, expected 3")
+    return AggregateTable(model_types, list(hardware), np.asarray(owner), np.asarray(codes), values)
 
 
 def _unique(values: Iterable[str]) -> list[str]:
@@ -646,42 +671,49 @@ class OnlineStore:
     # --- reads
     def _decode_reads(
         self, hashes: Sequence[Hash], lineage_ids: Sequence[str], model_types: Sequence[str]
-    ) -> tuple[list[LineageHistory], dict[str, TypeAggregates]]:
-        """All values of the batch go through one orjson call; field names are decoded once."""
+    ) -> tuple[list[LineageHistory], AggregateTable]:
+        """All values of the batch go through one orjson call; field names are decoded once;
+        the aggregates stay flat arrays (`AggregateTable`)."""
         values = [v if isinstance(v, bytes) else v.encode() for _f, vs in hashes for v in vs]
         try:
             decoded = orjson.loads(b"[" + b",".join(values) + b"]")
         except orjson.JSONDecodeError as exc:  # a foreign or corrupt value: degrade, don't crash
             raise OnlineStoreUnavailable("decode", exc) from exc
+        n = len(lineage_ids)
         names: dict[Any, str] = {}
-        it = iter(decoded)
-        out: list[dict[str, Any]] = []
         try:
-            for i, (fields, _vs) in enumerate(hashes):
-                one: dict[str, Any] = {}
-                for f in fields:
-                    name = names.get(f)
-                    if name is None:
-                        name = names[f] = _text(f)
-                    v = next(it)
-                    if i < len(lineage_ids):
-                        m = decode_measurement(v)
-                        if m.recent:  # an entry with only a quarantined value is no prior
-                            one[name] = m
-                    else:
-                        one[name] = TypeAggregate(float(v[0]), int(v[1]), float(v[2]))
-                out.append(one)
+            histories, used = self._decode_lineages(hashes[:n], decoded, names)
+            aggregates = _aggregate_table(hashes[n:], decoded[used:], model_types, names)
         except (TypeError, ValueError, IndexError) as exc:
             raise OnlineStoreUnavailable("decode", exc) from exc
-        n = len(lineage_ids)
-        return out[:n], dict(zip(model_types, out[n:], strict=True))
+        return histories, aggregates
+
+    @staticmethod
+    def _decode_lineages(
+        hashes: Sequence[Hash], decoded: list[Any], names: dict[Any, str]
+    ) -> tuple[list[LineageHistory], int]:
+        """The lineages' histories, and how many of ``decoded`` they took."""
+        out: list[LineageHistory] = []
+        pos = 0
+        for fields, _vs in hashes:
+            one: LineageHistory = {}
+            for f in fields:
+                name = names.get(f)
+                if name is None:
+                    name = names[f] = _text(f)
+                m = decode_measurement(decoded[pos])
+                pos += 1
+                if m.recent:  # an entry with only a quarantined value is no prior
+                    one[name] = m
+            out.append(one)
+        return out, pos
 
     def read_batch(
         self,
         lineage_ids: Sequence[str],
         model_types: Iterable[str],
         lineage_types: Sequence[str] | None = None,
-    ) -> tuple[list[LineageHistory], dict[str, TypeAggregates]]:
+    ) -> tuple[list[LineageHistory], AggregateTable]:
         """History of every lineage (in order) and aggregates of every model type, one round
         trip. ``lineage_types``: each lineage's model type, which a cluster's keys need."""
         if lineage_types is None:
@@ -697,7 +729,7 @@ class OnlineStore:
         types: Sequence[str],
         remember: Sequence[dict[str, Any]],
         predictions: Sequence[Prediction] = (),
-    ) -> tuple[list[LineageHistory], dict[str, TypeAggregates]]:
+    ) -> tuple[list[LineageHistory], AggregateTable]:
         """One EVALSHA per key group (one on a single Redis; one per model type on a
         cluster): every HGETALL and every SET of the batch (it beat a pipeline of HGETALLs,
         docs/stores.md)."""
@@ -744,7 +776,7 @@ class OnlineStore:
 
     def read_and_remember(
         self, submissions: Sequence[JobSubmitted], predictions: Sequence[Prediction] = ()
-    ) -> tuple[list[LineageHistory], dict[str, TypeAggregates]]:
+    ) -> tuple[list[LineageHistory], AggregateTable]:
         """The submissions hot path: history reads and submission SETs in one round trip, and
         the ``predictions`` of an earlier batch riding along (`encode_predictions`)."""
         fields = [submission_fields(s) for s in submissions]

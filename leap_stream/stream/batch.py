@@ -69,7 +69,7 @@ def store_failed(exc: BaseException) -> bool:
 class SubmissionStore(Protocol):
     def read_and_remember(
         self, submissions: Sequence[JobSubmitted], predictions: Sequence[Prediction] = ()
-    ) -> tuple[list[LineageHistory], dict[str, TypeAggregates]]: ...
+    ) -> tuple[list[LineageHistory], Mapping[str, TypeAggregates]]: ...
 
     def remember_submissions(self, submissions: Sequence[JobSubmitted]) -> None: ...
 
@@ -241,7 +241,7 @@ class SubmissionProcessor:
             return out
         subs = [ev for _rec, ev in good]
         histories: list[LineageHistory | None]
-        aggregates: dict[str, TypeAggregates]
+        aggregates: Mapping[str, TypeAggregates]
         histories, aggregates = [None] * len(subs), {}
         if self.backoff.ready():
             try:

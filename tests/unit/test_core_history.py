@@ -5,10 +5,17 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from leap_stream.contracts.timestamps import epoch_s
-from leap_stream.core.history import HistoryBook, HistoryRules, median
+from leap_stream.core.history import (
+    AggregateTable,
+    HistoryBook,
+    HistoryRules,
+    TypeAggregate,
+    median,
+)
 from leap_stream.tools import synthetic_events as synthetic
 
 
@@ -172,3 +179,22 @@ def test_physics_judges_only_what_nothing_measured_yet() -> None:
     assert run(8 * 500.0 * 1000, "third") == "accepted"  # x17 from the aggregate
     with pytest.raises(ValueError):
         HistoryRules(physics_factor=1.0)
+
+
+def test_the_aggregate_table_reads_as_the_dicts_it_holds() -> None:
+    dicts = {
+        "llama-7b": {"h100": TypeAggregate(1.5, 3, 100.0), "a100": TypeAggregate(0.5, 1, 50.0)},
+        "bert": {},
+        "gpt-2": {"a100": TypeAggregate(-2.0, 7, 70.0)},
+    }
+    table = AggregateTable.of(dicts)
+    assert table == dicts and list(table) == ["llama-7b", "bert", "gpt-2"] and len(table) == 3
+    assert table["gpt-2"] == {"a100": TypeAggregate(-2.0, 7, 70.0)}
+    assert table.get("unknown") is None and table["bert"] == {}
+    as_of = table.as_of(["gpt-2", "unknown", "llama-7b"])
+    codes = {"h100": 0, "a100": 1}
+    hw = np.asarray([1, 1, 0])
+    ewma, count = as_of.log.at(as_of.model_type, hw, as_of.marks, codes)
+    assert ewma[0] == -2.0 and count[0] == 7
+    assert np.isnan(ewma[1]) and np.isnan(count[1])  # a model type without aggregates
+    assert ewma[2] == 1.5 and count[2] == 3
