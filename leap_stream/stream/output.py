@@ -72,6 +72,9 @@ class OutputProducer:
                 # give up on a record after this long; flush() then reports it and the batch
                 # is redone on a fresh producer (message.timeout.ms is the same setting)
                 "delivery.timeout.ms": max(1000, int(self.timeout_s * 1000)),
+                # a report (a Python call and a Message object) only for a record that
+                # failed: flush() counts what is still undelivered, the reports say why
+                "delivery.report.only.error": True,
             }
         )
         conf.update(extra or {})
@@ -82,14 +85,13 @@ class OutputProducer:
         self._producer, self._reports = self._build()
 
     def _build(self) -> tuple[Any, _Reports]:
-        return self._kafka.producer(self._conf), _Reports()
+        reports = _Reports()  # one per producer: a replaced one's late reports stay its own
+        return self._kafka.producer({**self._conf, "on_delivery": reports.on_delivery}), reports
 
     def send(self, topic: str, key: bytes | None, value: bytes) -> None:
         while True:
             try:
-                self._producer.produce(
-                    topic, value=value, key=key, on_delivery=self._reports.on_delivery
-                )
+                self._producer.produce(topic, value=value, key=key)
                 self._pending += 1
                 return
             except BufferError:
