@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -372,18 +372,37 @@ Client = redis.Redis | RedisCluster
 ANCHORS = ("self", "transfer", "model")
 
 
-def encode_predictions(entries: Iterable[tuple[str, float, str]]) -> bytes:
-    """A ranking's per-device predictions by hardware type and anchor kind, for the online
-    accuracy when the completion comes: ``[[hw, per-device samples/s, anchor], ...]``."""
-    return orjson.dumps([[hw, v, a] for hw, v, a in entries])
+def encode_predictions(
+    hardware: Sequence[str],
+    predicted: Sequence[float],
+    num_devices: int,
+    history: Collection[str],
+) -> bytes:
+    """A ranking's predictions, for the online accuracy when the completion comes: the
+    candidates' types and whole-job samples/s (one list each, no object per candidate: this
+    runs for every ranked job), the job's device count, and the anchor kind, from the types the
+    lineage has a prior on (``history``): `self` there, else `transfer` when it has any prior,
+    else `model`."""
+    own = sorted(set(history).intersection(hardware))
+    other = "transfer" if history else "model"
+    return orjson.dumps(
+        {"hw": hardware, "p": predicted, "nd": num_devices, "self": own, "else": other}
+    )
 
 
 def decode_predictions(raw: bytes | str) -> dict[str, tuple[float, str]]:
-    """hw -> (per-device prediction, anchor); empty when unreadable (the metric skips it)."""
+    """hw -> (per-device prediction, anchor); empty when unreadable (the metric skips it).
+    Reads the list of ``[hw, per-device samples/s, anchor]`` that 0.x stored too."""
     try:
         value = orjson.loads(raw)
-        return {str(hw): (float(v), str(a)) for hw, v, a in value}
-    except (orjson.JSONDecodeError, TypeError, ValueError):
+        if isinstance(value, list):
+            return {str(hw): (float(v), str(a)) for hw, v, a in value}
+        nd, own, other = float(value["nd"]), set(value["self"]), str(value["else"])
+        return {
+            str(hw): (float(p) / nd, "self" if hw in own else other)
+            for hw, p in zip(value["hw"], value["p"], strict=True)
+        }
+    except (orjson.JSONDecodeError, TypeError, ValueError, KeyError, ZeroDivisionError):
         return {}
 
 

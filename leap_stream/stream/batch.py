@@ -22,6 +22,7 @@ from collections import Counter
 from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from operator import itemgetter
 from typing import Any, Protocol
 
 from leap_stream.contracts import (
@@ -184,6 +185,10 @@ class Backoff:
         self._next_try = 0.0
 
 
+_HARDWARE = itemgetter("hardware_type")
+_PREDICTED = itemgetter("predicted_throughput")
+
+
 class SubmissionProcessor:
     """Submissions → rankings. Holds the Redis backoff and the submissions not yet remembered."""
 
@@ -295,20 +300,17 @@ class SubmissionProcessor:
         """What the model predicted per candidate and from which anchor (self: the lineage ran
         on it; transfer: on another type; model: never ran), for the completion to compare."""
         for r in rankings:
-            if r["source"] != "model" or not r["candidates"]:
+            cands = r["candidates"]
+            if r["source"] != "model" or not cands:
                 continue
             model_type, hist = by_job[(r["job_id"], r["attempt"])]
-            entries = [
-                (
-                    c["hardware_type"],
-                    c["predicted_throughput"] / c["num_devices"],
-                    "self" if c["hardware_type"] in hist else "transfer" if hist else "model",
-                )
-                for c in r["candidates"]
-            ]
-            self.pending_predictions.append(
-                (r["job_id"], int(r["attempt"]), model_type, encode_predictions(entries))
+            value = encode_predictions(
+                list(map(_HARDWARE, cands)),
+                list(map(_PREDICTED, cands)),
+                cands[0]["num_devices"],
+                hist,
             )
+            self.pending_predictions.append((r["job_id"], int(r["attempt"]), model_type, value))
         overflow = len(self.pending_predictions) - self.MAX_PENDING_REMEMBER
         if overflow > 0:
             del self.pending_predictions[:overflow]

@@ -107,3 +107,24 @@ def test_a_cluster_prefix_with_braces_is_refused() -> None:
     with pytest.raises(ValueError, match="braces"):
         KeyLayout("leap:{x}:", tagged=True)
     KeyLayout("leap:{x}:")  # a single Redis does not care
+
+
+def test_predictions_round_trip_with_their_anchor_kinds() -> None:
+    from leap_stream.store.online import decode_predictions, encode_predictions
+
+    raw = encode_predictions(["h100", "a100", "t4"], [800.0, 400.0, 80.0], 8, {"a100": "x"})
+    assert decode_predictions(raw) == {
+        "h100": (100.0, "transfer"),
+        "a100": (50.0, "self"),
+        "t4": (10.0, "transfer"),
+    }
+    never_ran = decode_predictions(encode_predictions(["h100"], [8.0], 4, {}))
+    assert never_ran == {"h100": (2.0, "model")}
+    # the list of triples stored before: still read
+    assert decode_predictions(b'[["h100", 100.0, "self"]]') == {"h100": (100.0, "self")}
+    for bad in (
+        b"not json",
+        b'{"hw": ["h100"]}',
+        b'{"hw":["a"],"p":[1],"nd":0,"self":[],"else":"model"}',
+    ):
+        assert decode_predictions(bad) == {}
