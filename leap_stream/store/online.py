@@ -19,6 +19,7 @@ import hashlib
 import math
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any, TypeVar
 
 import numpy as np
@@ -344,9 +345,12 @@ _SUB_DEVICES = SUBMISSION_COLUMNS.index("num_devices") + 2
 _SUB_CANDIDATES = SUBMISSION_COLUMNS.index("candidate_hardware") + 2  # '|'-joined
 
 
+_SUBMISSION_VALUES = itemgetter(*SUBMISSION_COLUMNS)  # one C call for the 25 values
+
+
 def encode_submission(fields: Mapping[str, Any]) -> bytes:
     """Values only, in `SUBMISSION_COLUMNS` order: half the memory of a JSON object."""
-    return orjson.dumps([_SUB_FORMAT, *(fields[c] for c in SUBMISSION_COLUMNS)])
+    return orjson.dumps([_SUB_FORMAT, *_SUBMISSION_VALUES(fields)])
 
 
 def decode_submission(raw: bytes | str | None) -> dict[str, Any] | None:
@@ -753,9 +757,18 @@ class OnlineStore:
         cluster): every HGETALL and every SET of the batch (it beat a pipeline of HGETALLs,
         docs/stores.md)."""
         groups: dict[str, _ReadCall] = {}
+        by_type: dict[str, _ReadCall] = {}
 
         def call(model_type: str) -> _ReadCall:
-            return groups.setdefault(self.keys.group(model_type), _ReadCall())
+            # by model type first: a batch has thousands of keys and a few hundred types
+            got = by_type.get(model_type)
+            if got is None:
+                group = self.keys.group(model_type)
+                got = groups.get(group)
+                if got is None:
+                    got = groups[group] = _ReadCall()
+                by_type[model_type] = got
+            return got
 
         for i, (lin, mt) in enumerate(zip(lineage_ids, lineage_types, strict=True)):
             call(mt).read(self.keys.lin(lin, mt), i)
