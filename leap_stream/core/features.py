@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 
 import numpy as np
 import pandas as pd
@@ -441,7 +442,7 @@ def build_columns(
     hw_names = np.asarray([t for c in candidates for t in c], dtype=object).reshape(-1)
     sa = SpecArrays.of(specs)
     k = len(sa.types) + 1  # last code: unknown
-    hw = np.fromiter((sa.code.get(t, k - 1) for t in hw_names), np.int64, count=len(job))
+    hw = np.fromiter(map(sa.code.get, hw_names.tolist(), repeat(k - 1)), np.int64, len(job))
     elem = _elem_bytes(jobs)
     phys = _JobPhysics.of(jobs, elem)
     known = hw < k - 1

@@ -343,6 +343,9 @@ class AggregateLog:
         self._hw: list[int] = []
         self._ewma: list[float] = []
         self._count: list[int] = []
+        self._sorted_cache: (
+            tuple[int, Mapping[str, int], tuple[np.ndarray, np.ndarray, np.ndarray, int]] | None
+        ) = None
 
     @classmethod
     def starting_from(cls, book: HistoryBook) -> AggregateLog:
@@ -401,14 +404,8 @@ class AggregateLog:
         ewma, count = np.full(n, np.nan), np.full(n, np.nan)
         if not self._mt or n == 0:
             return ewma, count
-        names = list(self._hardware)
-        to_code = np.asarray([hardware_codes.get(h, -1) for h in names], np.int64)
-        span = int(max(hardware_codes.values(), default=0)) + 3  # codes -1 … max + 1
+        key, order, sorted_full, span = self._sorted(hardware_codes)
         size = len(self._mt) + 1
-        key = np.asarray(self._mt, np.int64) * span + to_code[np.asarray(self._hw, np.int64)] + 1
-        full = key * size + np.arange(len(key))  # unique: the key, then the log's position
-        order = np.argsort(full, kind="stable")
-        sorted_full = full[order]
         want = np.asarray(model_type, np.int64) * span + np.asarray(hardware, np.int64) + 1
         valid = (np.asarray(model_type) >= 0) & (np.asarray(hardware) >= 0)
         pos = np.searchsorted(sorted_full, want * size + np.asarray(marks, np.int64)) - 1
@@ -418,6 +415,26 @@ class AggregateLog:
         ewma[hit] = np.asarray(self._ewma, np.float64)[src]
         count[hit] = np.asarray(self._count, np.float64)[src]
         return ewma, count
+
+    def _sorted(
+        self, hardware_codes: Mapping[str, int]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+        """(key per change, the changes' order by key then position, the sorted keys with
+        positions, the key's hardware span), kept while the log and the codes stay the same:
+        the feature build asks twice per piece (the candidate's type and the prior's)."""
+        cached = self._sorted_cache
+        if cached is not None and cached[0] == len(self._mt) and cached[1] is hardware_codes:
+            return cached[2]
+        names = list(self._hardware)
+        to_code = np.asarray([hardware_codes.get(h, -1) for h in names], np.int64)
+        span = int(max(hardware_codes.values(), default=0)) + 3  # codes -1 … max + 1
+        size = len(self._mt) + 1
+        key = np.asarray(self._mt, np.int64) * span + to_code[np.asarray(self._hw, np.int64)] + 1
+        full = key * size + np.arange(len(key))  # unique: the key, then the log's position
+        order = np.argsort(full, kind="stable")
+        got = (key, order, full[order], span)
+        self._sorted_cache = (len(self._mt), hardware_codes, got)
+        return got
 
 
 @dataclass(frozen=True)

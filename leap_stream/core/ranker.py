@@ -305,10 +305,9 @@ class _RankedRows:
         fits = np.asarray(frame["fits"], bool)
         usable = source != SRC_NONE
         score = np.where(usable, np.asarray(frame["tpc"], np.float64), -np.inf)
-        order = rank_order(job, score)
-        # usable rows first within each job, both parts keeping the ranked order
-        ok_sorted = usable[order]
-        order = order[np.lexsort((~ok_sorted, job[order]))]
+        # usable rows first within each job (a usable row's score may be NaN, which sorts
+        # after -inf), both parts in `rank_order`
+        order = rank_order(job, score, first=usable)
         ok_o = usable[order]
         job_o = job[order]
         starts = np.searchsorted(job_o, np.arange(n_sub + 1))

@@ -31,6 +31,10 @@ def throughput_per_cost(
     )
 
 
-def rank_order(job: np.ndarray, score: np.ndarray) -> np.ndarray:
-    """Row order grouping by job, best score first within a job (ties: input order)."""
-    return np.lexsort((np.arange(len(job)), -np.asarray(score, np.float64), job))
+def rank_order(job: np.ndarray, score: np.ndarray, first: np.ndarray | None = None) -> np.ndarray:
+    """Row order grouping by job, best score first within a job (ties: input order); with
+    ``first``, those rows of a job before its others."""
+    keys = [np.arange(len(job)), -np.asarray(score, np.float64), job]
+    if first is not None:
+        keys.insert(2, ~np.asarray(first, bool))
+    return np.lexsort(keys)

@@ -295,3 +295,14 @@ def test_the_unseen_pair_factor_comes_from_moved_and_blind_residuals() -> None:
     # a type already twice as wide explains it: no further factor
     wide = {"by_type": {"a": 2.0}, "sparse": 2.0}
     assert _unseen_pair_scale(wide, hw, unseen, [(transfer, -q, q), (blind, -q, q)]) == 1.0
+
+
+def test_rank_order_puts_a_jobs_first_rows_first_then_the_best_score() -> None:
+    from leap_stream.core.ranking import rank_order
+
+    job = np.asarray([1, 0, 0, 0, 0, 1])
+    score = np.asarray([2.0, np.nan, 5.0, -np.inf, 7.0, 2.0])
+    usable = np.asarray([True, True, True, False, True, True])
+    assert rank_order(job, score, first=usable).tolist() == [4, 2, 1, 3, 0, 5]
+    # without it a NaN score sorts after -inf: the unusable row comes before it
+    assert rank_order(job, score).tolist() == [4, 2, 3, 1, 0, 5]
