@@ -20,6 +20,7 @@ import os
 import ssl
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -286,14 +287,16 @@ def observe_submissions(
         if res.redis_error != "backoff":
             m.redis_errors.labels(op="read_and_remember").inc()
         m.history_unavailable.inc(len(res.rankings))
-    covered = 0
+    # one counter update per label value, not per ranking (a label look-up takes a lock)
+    sources = Counter(r["source"] for r in res.rankings)
+    for source, n in sources.items():
+        m.rankings_out.labels(source=source).inc(n)
+    fallbacks = Counter(r["reason"] for r in res.rankings if r["source"] != "model")
+    for reason, n in fallbacks.items():
+        m.fallback.labels(reason=reason).inc(n)
     for r in res.rankings:
-        m.rankings_out.labels(source=r["source"]).inc()
-        if r["source"] != "model":
-            m.fallback.labels(reason=r["reason"]).inc()
-        covered += r["source"] != "none"
         m.ranking_latency.observe(max(0.0, float(r["latency_ms"])) / 1000.0)
-    m.observe_coverage(len(res.rankings), covered)
+    m.observe_coverage(len(res.rankings), len(res.rankings) - sources["none"])
     m.batch_size.labels(agent="submissions").observe(len(records))
     m.batch_seconds.labels(agent="submissions").observe(took)
     stats["submissions_in"] = stats.get("submissions_in", 0) + len(records)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import orjson
 import pytest
@@ -352,3 +352,37 @@ def test_held_acks_wait_for_redis_in_offset_order() -> None:
     acks.batch_done([("p", 7)], remembered=False, flushed_pending=False)
     assert acks.forget() == [("p", 7)] and acks.held == []
     assert acked[-1] == ("p", 6)
+
+
+def test_a_submission_batch_counts_its_rankings_by_source_and_fallback() -> None:
+    from types import SimpleNamespace
+
+    from leap_stream.stream.app import observe_submissions
+    from leap_stream.stream.batch import SubmissionBatchResult
+
+    m = Metrics()
+    deps: Any = SimpleNamespace(metrics=m, cfg=SimpleNamespace(topic_submissions="subs"), stats={})
+    kinds = [("model", "ok")] * 3 + [("lookup", "no_model")] * 2 + [("none", "no_candidate_fits")]
+    res = SubmissionBatchResult(
+        rankings=[
+            cast(Any, {"source": s, "reason": r, "latency_ms": 5.0 * (i + 1)})
+            for i, (s, r) in enumerate(kinds)
+        ],
+        valid=6,
+    )
+    observe_submissions(deps, [cast(Any, None)] * 7, res, 0.01)
+
+    def value(name: str, **labels: str) -> float:
+        got = m.registry.get_sample_value(name, labels)
+        return 0.0 if got is None else got
+
+    assert value("leap_rankings_out_total", source="model") == 3
+    assert value("leap_rankings_out_total", source="lookup") == 2
+    assert value("leap_rankings_out_total", source="none") == 1
+    assert value("leap_fallback_total", reason="no_model") == 2
+    assert value("leap_fallback_total", reason="no_candidate_fits") == 1
+    assert value("leap_fallback_total", reason="ok") == 0
+    assert value("leap_coverage_ratio") == 5 / 6
+    assert value("leap_ranking_latency_seconds_count") == 6
+    assert value("leap_events_in_total", topic="subs", outcome="invalid") == 1
+    assert deps.stats == {"submissions_in": 7, "rankings_out": 6}
