@@ -288,12 +288,12 @@ def passthrough_work(msgs: list[Any]) -> tuple[list[tuple[bytes | None, bytes]],
     return [(m.key(), m.value()) for m in msgs], []
 
 
-def pipeline_work(world: BenchWorld) -> tuple[Work, Any]:
-    """The worker's batch function (`SubmissionProcessor.process`), same store and ranker."""
+def pipeline_processor(world: BenchWorld) -> tuple[Any, dict[str, Any]]:
+    """The worker's batch function (`SubmissionProcessor`) on the world's store and model, and
+    the stats its trees' CPU is added to (`time_the_trees`)."""
     from leap_stream.catalog import load_catalog
     from leap_stream.store.registry import Registry
-    from leap_stream.stream.app import dead_letter_key
-    from leap_stream.stream.batch import Record, SubmissionProcessor
+    from leap_stream.stream.batch import SubmissionProcessor
     from leap_stream.stream.compiled import wanted
     from leap_stream.stream.metrics import Metrics
     from leap_stream.stream.models import RankerHolder
@@ -306,9 +306,8 @@ def pipeline_work(world: BenchWorld) -> tuple[Work, Any]:
         raise RuntimeError("the bench model did not load")
     if compiled and not holder.wait_compiled(300):
         raise RuntimeError("compiled trees asked for but they did not compile (see the log)")
-    store = world.store()
     proc = SubmissionProcessor(
-        store,
+        world.store(),
         holder.get,
         max_bytes=world.settings.max_message_bytes,
         known_hardware=set(catalog.types),
@@ -316,6 +315,15 @@ def pipeline_work(world: BenchWorld) -> tuple[Work, Any]:
     )
     stats: dict[str, Any] = {"valid": 0, "dead": 0, "model": 0, "trees_cpu_s": 0.0}
     time_the_trees(holder.get().model, stats)
+    return proc, stats
+
+
+def pipeline_work(world: BenchWorld) -> tuple[Work, Any]:
+    """The worker's batch function (`SubmissionProcessor.process`), same store and ranker."""
+    from leap_stream.stream.app import dead_letter_key
+    from leap_stream.stream.batch import Record
+
+    proc, stats = pipeline_processor(world)
 
     def work(msgs: list[Any]) -> tuple[list[tuple[bytes | None, bytes]], list[tuple[bytes, bytes]]]:
         records = [Record(m.topic(), m.partition(), m.offset(), m.key(), m.value()) for m in msgs]
@@ -966,6 +974,7 @@ __all__ = [
     "naive_loop",
     "offered_load",
     "passthrough_work",
+    "pipeline_processor",
     "pipeline_work",
     "time_the_trees",
     "worker_backlog",
