@@ -169,11 +169,16 @@ def column_codes(frame: Frame, col: str, lut: Mapping[Any, int]) -> np.ndarray:
 
 
 def value_ids(frame: Frame, col: str, rows: np.ndarray) -> np.ndarray:
-    """Per row of ``rows``, a non-negative integer that is equal where the column's values are."""
+    """Per row of ``rows``, a non-negative integer, equal exactly where the column's values are
+    (through a `Coded` column's levels when it is one)."""
     coded = frame.coded(col) if isinstance(frame, Columns) else None
     if coded is not None:
-        return np.asarray(coded.codes[rows], np.int64)
-    values = np.asarray(frame[col], object)[rows]
+        return _first_ids(coded.levels)[coded.codes[rows]]
+    return _first_ids(np.asarray(frame[col], object)[rows])
+
+
+def _first_ids(values: np.ndarray) -> np.ndarray:
+    """Per value, the rank of its first occurrence among the distinct values."""
     return codes_of(values, {v: i for i, v in enumerate(dict.fromkeys(values.tolist()))})
 
 

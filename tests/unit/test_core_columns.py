@@ -90,6 +90,9 @@ def test_a_coded_column_reads_as_its_values_and_codes_through_its_levels() -> No
     assert c.to_pandas()["hw"].tolist() == ["a100", "h100", "a100", None]
     ids = value_ids(c, "hw", np.asarray([0, 1, 2]))
     assert ids[0] == ids[2] != ids[1]
+    twice = Columns({"t": Coded(np.asarray([0, 1, 2]), np.asarray(["a", "b", "a"], object))})
+    dup = value_ids(twice, "t", np.arange(3))  # equal values under two codes: one id
+    assert dup[0] == dup[2] != dup[1]
     c["hw"] = np.asarray(["t4"] * 4, object)  # plain values replace the codes
     assert c.coded("hw") is None and category_codes(c, "hw", lut) is None
     assert column_codes(c, "hw", {"t4": 1}).tolist() == [1, 1, 1, 1]
