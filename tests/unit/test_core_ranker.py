@@ -277,6 +277,45 @@ def test_an_unseen_model_type_and_hardware_pair_widens_only_moved_and_blind_inte
     assert width(wide[gone]) == pytest.approx(2.0 * width(base[gone]), rel=1e-6)
 
 
+def test_a_pair_with_few_training_rows_gets_the_unseen_pair_factor(
+    trained: tuple[Any, ThroughputModel, LookupTable],
+) -> None:
+    """With ``rare_pair_rows``, a pair the training rows had fewer times than that is widened
+    like an unseen one; a model without it (older artefacts) widens unseen pairs only."""
+    from leap_stream.core.predictor import RARE_PAIR_ROWS
+
+    d, model, lookup = trained
+    sub = _subs(d, 1)[0]
+    mt = sub["model"]["model_type"]
+    pairs = model.metadata["pair_effects"]
+    assert "pair_rows" in model.metadata and set(model.metadata["pair_rows"]) == set(pairs)
+    seen = sorted(h for h in sub["candidate_hardware"] if f"{mt}|{h}" in pairs)
+    assert seen, "the fixture's first job has no pair the training rows had"
+    rare = seen[0]
+    rows = {k: RARE_PAIR_ROWS for k in pairs} | {f"{mt}|{rare}": RARE_PAIR_ROWS - 1}
+    every = dict.fromkeys(sub["candidate_hardware"], 1.0)
+
+    def widths(unseen: float, least: int | None) -> dict[str, float]:
+        scale: dict[str, Any] = {"by_type": every, "sparse": 1.0, "unseen_pair": unseen}
+        if least is not None:
+            scale["rare_pair_rows"] = least
+        meta = {**model.metadata, "interval_scale": scale, "pair_rows": rows}
+        m = ThroughputModel(model.booster, meta, ratio=model.ratio)  # type: ignore[arg-type]
+        (r,) = Ranker(load_catalog(), m, lookup).rank_batch([sub], [None], {}, NOW)
+        _valid(r)
+        return {
+            c["hardware_type"]: float(np.log(c["interval"]["high"] / c["interval"]["low"]))
+            for c in r["candidates"]
+        }
+
+    base, wide = widths(1.0, RARE_PAIR_ROWS), widths(2.0, RARE_PAIR_ROWS)
+    for hw in base:
+        factor = 2.0 if hw == rare or f"{mt}|{hw}" not in pairs else 1.0
+        assert wide[hw] == pytest.approx(factor * base[hw], rel=1e-6), hw
+    old = widths(2.0, None)  # no threshold stored: the rare pair counts as seen
+    assert old[rare] == pytest.approx(base[rare], rel=1e-6)
+
+
 def test_the_unseen_pair_factor_comes_from_moved_and_blind_residuals() -> None:
     from leap_stream.core.predictor import MIN_TYPE_ROWS, _unseen_pair_scale
 
