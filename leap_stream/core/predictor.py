@@ -245,12 +245,12 @@ class ThroughputModel:
         self._unseen_pair_scale = float(scale.get("unseen_pair", 1.0)) if scale else 1.0
         # which (model type × hardware) pairs the training rows had enough of for the type's
         # own interval: at least `rare_pair_rows` (1, their effects' keys, for older models)
-        self._pair_seen = np.zeros(self._pair_table.shape, bool)
+        self._pair_common = np.zeros(self._pair_table.shape, bool)
         if split:
             rows = metadata.get("pair_rows") or {}
             least = int(scale.get("rare_pair_rows", 1)) if scale else 1
-            seen = [rows.get(k, least) >= least for k in pairs]
-            self._pair_seen[mi, hi] = np.asarray(seen, bool)
+            common = [rows.get(k, least) >= least for k in pairs]
+            self._pair_common[mi, hi] = np.asarray(common, bool)
 
     @property
     def version(self) -> str:
@@ -521,9 +521,10 @@ class ThroughputModel:
 
     def interval_scale(self, frame: Frame, kind: np.ndarray | None = None) -> np.ndarray:
         """Per row, its hardware type's interval scale (`IntervalScale`), times the unseen-pair
-        factor where the training rows never had its (model type × hardware) and the row is
-        not anchored on its own prior there (``kind``; every row when not given); 1 for a model
-        calibrated before types had scales."""
+        factor where the training rows had its (model type × hardware) fewer than
+        ``rare_pair_rows`` times (never, for an older model) and the row is not anchored on its
+        own prior there (``kind``; every row when not given); 1 for a model calibrated before
+        types had scales."""
         if not self._type_code:
             out = np.full(len(frame), self._sparse_scale)
         else:
@@ -531,10 +532,10 @@ class ThroughputModel:
         if self._unseen_pair_scale != 1.0:
             mt = column_codes(frame, "model_type", self._pair_mt)
             hc = column_codes(frame, "hardware_type", self._pair_hw)
-            seen = self._pair_seen[mt, hc]  # -1: the padding, unseen
+            common = self._pair_common[mt, hc]  # -1: the padding, unseen
             if kind is not None:
-                seen = seen | (kind == KIND_SELF)
-            out = np.where(seen, out, out * self._unseen_pair_scale)
+                common = common | (kind == KIND_SELF)
+            out = np.where(common, out, out * self._unseen_pair_scale)
         return out
 
     def few_measurements(self, frame: Frame) -> np.ndarray:
