@@ -14,10 +14,8 @@ as the bench's `overhead_ratio`, but with no consume, produce or flush). Asserts
 from __future__ import annotations
 
 import argparse
-import functools
 import time
 from collections import defaultdict
-from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -41,8 +39,10 @@ PHASES: tuple[tuple[str, str, str], ...] = (
 
 
 def timed_phases() -> dict[str, float]:
-    """Wrap every phase's function to add its CPU seconds to the returned counter."""
+    """Wrap every phase's function to add its CPU seconds to the returned totals."""
     import importlib
+
+    from leap_stream.tools.bench.harness import cpu_timed
 
     spent: dict[str, float] = defaultdict(float)
     for label, module, path in PHASES:
@@ -52,19 +52,7 @@ def timed_phases() -> dict[str, float]:
             owner = getattr(owner, p)
         raw = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
         fn = raw.__func__ if isinstance(raw, classmethod | staticmethod) else raw
-
-        def wrapper(fn: Callable[..., Any], label: str) -> Callable[..., Any]:
-            @functools.wraps(fn)
-            def call(*args: Any, **kwargs: Any) -> Any:
-                t = time.process_time()
-                try:
-                    return fn(*args, **kwargs)
-                finally:
-                    spent[label] += time.process_time() - t
-
-            return call
-
-        wrapped: Any = wrapper(fn, label)
+        wrapped: Any = cpu_timed(fn, spent, label)
         if isinstance(raw, classmethod):
             wrapped = classmethod(wrapped)
         elif isinstance(raw, staticmethod):

@@ -13,6 +13,7 @@ its own input topic and writes to its own output topic, so no stage's work leaks
 
 from __future__ import annotations
 
+import functools
 import gc
 import math
 import os
@@ -28,7 +29,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import orjson
@@ -49,6 +50,9 @@ from leap_stream.tools.harness import (
 )
 
 SUBMISSION_SCHEMA = "job-submitted"
+
+
+T = TypeVar("T")
 
 
 def log(msg: str) -> None:
@@ -356,26 +360,29 @@ def worker_gc(settings: Settings) -> Iterator[None]:
         gc.unfreeze()
 
 
+def cpu_timed(fn: Callable[..., T], totals: dict[str, Any], key: str) -> Callable[..., T]:
+    """``fn``, adding the process CPU seconds of each call to ``totals[key]`` (process, not
+    thread: the compiled trees may run on more than one thread)."""
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> T:
+        t = time.process_time()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            totals[key] += time.process_time() - t
+
+    return call
+
+
 def time_the_trees(model: Any, stats: dict[str, Any]) -> None:
     """Add the CPU seconds the model's trees take (its scorers: LightGBM's or the compiled
     ones, the booster and the ratio model) to ``stats["trees_cpu_s"]``: the one piece of the
-    pipeline's work that cannot be avoided, against which the overhead ratio is measured.
-    Process CPU, because the compiled trees may run on more than one thread."""
+    pipeline's work that cannot be avoided, against which the overhead ratio is measured."""
     if model is None:
         raise RuntimeError("the bench model did not load")
-
-    def timed(score: Callable[[np.ndarray], np.ndarray]) -> Callable[[np.ndarray], np.ndarray]:
-        def call(X: np.ndarray) -> np.ndarray:
-            t = time.process_time()
-            try:
-                return score(X)
-            finally:
-                stats["trees_cpu_s"] += time.process_time() - t
-
-        return call
-
-    model.score = timed(model.score)
-    model.ratio_score = timed(model.ratio_score)
+    model.score = cpu_timed(model.score, stats, "trees_cpu_s")
+    model.ratio_score = cpu_timed(model.ratio_score, stats, "trees_cpu_s")
 
 
 class PerRowModel:
@@ -969,6 +976,7 @@ __all__ = [
     "batch_loop",
     "build_world",
     "burst",
+    "cpu_timed",
     "http_latency",
     "load_topic",
     "naive_loop",
