@@ -326,6 +326,9 @@ class HistoryBook:
         return list(self._aggregates)
 
 
+_SortedLog = tuple[np.ndarray, np.ndarray, np.ndarray, int, tuple[np.ndarray, np.ndarray]]
+
+
 class AggregateLog:
     """The aggregates as a log of changes in replay order, for point-in-time look-ups.
 
@@ -343,9 +346,7 @@ class AggregateLog:
         self._hw: list[int] = []
         self._ewma: list[float] = []
         self._count: list[int] = []
-        self._sorted_cache: (
-            tuple[int, Mapping[str, int], tuple[np.ndarray, np.ndarray, np.ndarray, int]] | None
-        ) = None
+        self._sorted_cache: tuple[int, Mapping[str, int], _SortedLog] | None = None
 
     @classmethod
     def starting_from(cls, book: HistoryBook) -> AggregateLog:
@@ -404,7 +405,7 @@ class AggregateLog:
         ewma, count = np.full(n, np.nan), np.full(n, np.nan)
         if not self._mt or n == 0:
             return ewma, count
-        key, order, sorted_full, span = self._sorted(hardware_codes)
+        key, order, sorted_full, span, values = self._sorted(hardware_codes)
         size = len(self._mt) + 1
         want = np.asarray(model_type, np.int64) * span + np.asarray(hardware, np.int64) + 1
         valid = (np.asarray(model_type) >= 0) & (np.asarray(hardware) >= 0)
@@ -412,16 +413,15 @@ class AggregateLog:
         posc = np.clip(pos, 0, len(order) - 1)
         hit = valid & (pos >= 0) & (key[order[posc]] == want)
         src = order[posc[hit]]
-        ewma[hit] = np.asarray(self._ewma, np.float64)[src]
-        count[hit] = np.asarray(self._count, np.float64)[src]
+        ewma[hit] = values[0][src]
+        count[hit] = values[1][src]
         return ewma, count
 
-    def _sorted(
-        self, hardware_codes: Mapping[str, int]
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    def _sorted(self, hardware_codes: Mapping[str, int]) -> _SortedLog:
         """(key per change, the changes' order by key then position, the sorted keys with
-        positions, the key's hardware span), kept while the log and the codes stay the same:
-        the feature build asks twice per piece (the candidate's type and the prior's)."""
+        positions, the key's hardware span, the changes' EWMA and count as arrays), kept while
+        the log and the codes stay the same: the feature build asks twice per piece (the
+        candidate's type and the prior's)."""
         cached = self._sorted_cache
         if cached is not None and cached[0] == len(self._mt) and cached[1] is hardware_codes:
             return cached[2]
@@ -432,7 +432,8 @@ class AggregateLog:
         key = np.asarray(self._mt, np.int64) * span + to_code[np.asarray(self._hw, np.int64)] + 1
         full = key * size + np.arange(len(key))  # unique: the key, then the log's position
         order = np.argsort(full, kind="stable")
-        got = (key, order, full[order], span)
+        values = (np.asarray(self._ewma, np.float64), np.asarray(self._count, np.float64))
+        got = (key, order, full[order], span, values)
         self._sorted_cache = (len(self._mt), hardware_codes, got)
         return got
 
