@@ -508,6 +508,12 @@ def _check_ranking(ev: dict[str, Any], known: Container[str] | None) -> _Problem
                 f"interval low {interval['low']} > high {interval['high']}",
                 f"data.candidates[{i}].interval",
             )
+        if c.get("within_noise_of_best") and (not i or interval is None):
+            return (
+                "semantic",
+                "within_noise_of_best needs an interval and is for candidates after the first",
+                f"data.candidates[{i}].within_noise_of_best",
+            )
     if (ev["source"] == "none") != (not candidates):
         return (
             "semantic",

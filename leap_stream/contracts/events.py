@@ -124,6 +124,7 @@ class RankedCandidate(TypedDict):
     throughput_per_cost: float
     rank: int
     few_measurements: NotRequired[bool]
+    within_noise_of_best: NotRequired[bool]
 
 
 class Excluded(TypedDict):

@@ -39,6 +39,7 @@ from leap_stream.core.ranking import (
     rank_order,
     ranking_event_id,
     throughput_per_cost,
+    within_noise_of_best,
 )
 
 log = logging.getLogger(__name__)
@@ -312,11 +313,18 @@ class _RankedRows:
         job_o = job[order]
         starts = np.searchsorted(job_o, np.arange(n_sub + 1))
         n_ok = np.bincount(job_o[ok_o], minlength=n_sub)
-        rank = (np.arange(len(order)) - starts[job_o] + 1)[ok_o].tolist()
+        rank_arr = (np.arange(len(order)) - starts[job_o] + 1)[ok_o]
+        rank = rank_arr.tolist()
         o_ok = order[ok_o]
+        tpc = np.asarray(frame["tpc"], np.float64)
+        high_all = np.asarray(frame["high"], np.float64)
+        cost_all = np.asarray(frame["cost"], np.float64)
+        near = within_noise_of_best(
+            job, tpc, throughput_per_cost(high_all, cost_all, num_devices[job]), usable, n_sub
+        )
         # intervals clipped at 0: a throughput is never negative
         low = np.fmax(np.asarray(frame["low"], np.float64)[o_ok], 0.0).tolist()
-        high = np.fmax(np.asarray(frame["high"], np.float64)[o_ok], 0.0).tolist()
+        high = np.fmax(high_all[o_ok], 0.0).tolist()
         is_model = (source[o_ok] == SRC_MODEL).tolist()
         hw_all = np.asarray(frame["hardware_type"], object)
         # one candidate entry of the schema, built inline (the hot loop)
@@ -336,9 +344,9 @@ class _RankedRows:
                 low,
                 high,
                 is_model,
-                np.asarray(frame["cost"], np.float64)[o_ok].tolist(),
+                cost_all[o_ok].tolist(),
                 num_devices[job][o_ok].tolist(),
-                np.asarray(frame["tpc"], np.float64)[o_ok].tolist(),
+                tpc[o_ok].tolist(),
                 rank,
                 strict=True,
             )
@@ -346,6 +354,9 @@ class _RankedRows:
         # rare: a candidate on a type the model has little evidence for says so
         for i in np.flatnonzero(np.asarray(frame["few"], bool)[o_ok]).tolist():
             entries[i]["few_measurements"] = True
+        # a candidate after the first that could still be the best (its interval reaches it)
+        for i in np.flatnonzero(near[o_ok] & (rank_arr > 1)).tolist():
+            entries[i]["within_noise_of_best"] = True
         o_bad = order[~ok_o]
         excl: list[Excluded] = [
             {"hardware_type": t, "reason": "no_prediction" if f else "does_not_fit"}

@@ -30,7 +30,7 @@ from leap_stream.core import features as F
 from leap_stream.core.lookup import LookupTable
 from leap_stream.core.predictor import ThroughputModel
 from leap_stream.core.ranker import SRC_LOOKUP, SRC_NONE, Ranker
-from leap_stream.core.ranking import throughput_per_cost
+from leap_stream.core.ranking import throughput_per_cost, within_noise_of_best
 from leap_stream.settings import Settings
 from leap_stream.train import pit
 from leap_stream.train.trainer import metrics
@@ -148,6 +148,29 @@ def _top_choice(tr: _NightTruth, p: np.ndarray, usable: np.ndarray) -> np.ndarra
     return _argmax_per_job(tr.job, score, tr.n_jobs)
 
 
+def _noise_set(
+    tr: _NightTruth, p: np.ndarray, hi: np.ndarray, usable: np.ndarray, e: np.ndarray
+) -> dict[str, float]:
+    """The ranking's first candidate and those `within_noise_of_best`: how many, and how often
+    they hold the measured best (over the jobs `e` that top-1 is scored on)."""
+    rows = usable & tr.in_truth
+    in_set = within_noise_of_best(
+        tr.job,
+        throughput_per_cost(p, tr.cost, tr.nd),
+        throughput_per_cost(hi, tr.cost, tr.nd),
+        rows,
+        tr.n_jobs,
+    )
+    size = np.bincount(tr.job[in_set], minlength=tr.n_jobs)
+    holds_best = (tr.best_row >= 0) & in_set[np.maximum(tr.best_row, 0)]
+    if not e.any():
+        return {"noise_set_size": float("nan"), "best_in_noise_set": float("nan")}
+    return {
+        "noise_set_size": float(np.mean(size[e])),
+        "best_in_noise_set": float(np.mean(holds_best[e])),
+    }
+
+
 def _predictor_metrics(
     tr: _NightTruth,
     p: np.ndarray,
@@ -177,6 +200,8 @@ def _predictor_metrics(
     best_cost = np.where(tr.best_row >= 0, tr.row_cost[np.maximum(tr.best_row, 0)], np.nan)
     e = tr.eligible & np.isfinite(chosen_cost) & np.isfinite(best_cost)
     m["top1"] = float(np.mean((top == tr.best_row)[e])) if e.any() else float("nan")
+    if hi is not None:
+        m.update(_noise_set(tr, p, hi, usable, e))
     m["regret"] = float(chosen_cost[e].sum() / best_cost[e].sum() - 1.0) if e.any() else 0.0
     m["savings"] = float(1.0 - chosen_cost[e].sum() / tr.cost_default[e].sum()) if e.any() else 0.0
     has = tr.has_cand
@@ -564,6 +589,8 @@ def _summarise(per_night: list[dict[str, Any]], variants: list[str]) -> dict[str
     for k, src in (
         ("interval_coverage_80", "interval_coverage"),
         ("interval_coverage_80_ran", "interval_coverage_ran"),
+        ("noise_set_size", "noise_set_size"),
+        ("best_in_noise_set", "best_in_noise_set"),
     ):
         out["model"][k] = round(float(np.nanmean([n["model"][src] for n in per_night])), 4)
     ablation: dict[str, Any] = {}
@@ -821,5 +848,11 @@ def run(args: argparse.Namespace, _settings: Settings) -> int:
             f"savings {m['savings']:.3f} coverage {m['coverage']:.3f}",
             file=sys.stderr,
         )
+    m = summary["model"]
+    print(
+        f"model   first + within the noise of it: {m['noise_set_size']:.2f} candidates, "
+        f"holding the measured best {m['best_in_noise_set']:.3f}",
+        file=sys.stderr,
+    )
     print(orjson.dumps(summary, option=orjson.OPT_SERIALIZE_NUMPY).decode())
     return 0

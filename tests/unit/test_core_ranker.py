@@ -76,8 +76,38 @@ def test_model_rankings_are_valid_and_sorted(
             assert np.isclose(c["throughput_per_cost"], expect)
             assert c["interval"]["low"] <= c["predicted_throughput"] <= c["interval"]["high"]
     assert out[0]["history_used"] is True and out[1]["history_used"] is False
+    flagged = [_within_noise_as_ruled(r) for r in out]
+    assert any(any(f) for f in flagged) and not all(all(f) for f in flagged)
     again = ranker.rank_batch(subs[:1], [hist], {}, NOW)
     assert again[0]["event_id"] == out[0]["event_id"]
+
+
+def _within_noise_as_ruled(r: dict[str, Any]) -> list[bool]:
+    """Each candidate after the first is flagged exactly when its interval's high end, as
+    throughput per cost, reaches the first candidate's; returns the flags."""
+    first, *rest = r["candidates"]
+    assert "within_noise_of_best" not in first
+    flags = []
+    for c in rest:
+        high_tpc = c["interval"]["high"] * 3600 / (c["cost_per_device_hour"] * c["num_devices"])
+        reaches = bool(high_tpc >= first["throughput_per_cost"])
+        assert c.get("within_noise_of_best", False) is reaches, (c, first)
+        flags.append(reaches)
+    return flags
+
+
+def test_within_noise_of_best_is_usable_rows_reaching_their_jobs_best_point() -> None:
+    from leap_stream.core.ranking import within_noise_of_best
+
+    job = np.asarray([0, 0, 0, 0, 0, 1, 1, 3, 3])
+    tpc = np.asarray([10.0, 8.0, 8.0, 3.0, 50.0, 1.0, np.nan, 5.0, 4.0])
+    high = np.asarray([12.0, 10.0, 9.99, np.nan, 99.0, 1.5, 9.0, np.nan, np.nan])
+    usable = np.asarray([True, True, True, True, False, True, True, True, True])
+    got = within_noise_of_best(job, tpc, high, usable, 4)
+    # row 4 is not usable (its tpc is not the job's best either); job 1's NaN row is out and
+    # does not make its best NaN; job 2 has no rows; job 3 has no intervals (a lookup): its
+    # best alone
+    assert got.tolist() == [True, True, False, False, False, True, False, True, False]
 
 
 def test_fallback_chain_and_exclusions(trained: tuple[Any, ThroughputModel, LookupTable]) -> None:

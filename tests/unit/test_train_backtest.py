@@ -30,6 +30,10 @@ def test_tiny_backtest_reports_every_predictor() -> None:
     assert summary["oracle"]["regret"] < 0.05
     assert summary["oracle"]["top1"] >= summary["model"]["top1"]
     assert summary["model"]["coverage"] > 0.95
+    # the first candidate and those within the noise of it: at least the first, and holding the
+    # measured best at least as often as the first alone
+    assert summary["model"]["noise_set_size"] >= 1.0
+    assert summary["model"]["best_in_noise_set"] >= summary["model"]["top1"]
     assert "prior" in summary["ablation_delta"]
     assert len(summary["per_night"]) == 1 and len(scored) == 1
 
