@@ -62,6 +62,12 @@ MIN_BUCKET_ROWS = 30
 # new one, a rare one) gets the widest scale of the types that have one, and its candidates
 # say so (`few_measurements`).
 MIN_TYPE_ROWS = 100
+# A type the trees never saw (a new part) is predicted from its specs alone. How far off that
+# is, measured at fit: the booster refitted without a known type, scoring that type's held-out
+# rows, for the fastest `UNSEEN_TYPE_FITS` types with `MIN_TYPE_ROWS` held-out rows (a part a
+# fleet adds is most often faster than what it has), each fit on at most `UNSEEN_TYPE_ROWS`.
+UNSEEN_TYPE_FITS = 3
+UNSEEN_TYPE_ROWS = 200_000
 
 DEFAULT_PARAMS: dict[str, Any] = {
     "objective": "huber",
@@ -170,6 +176,8 @@ class IntervalScale(TypedDict):
     sparse: float
     unseen_pair: NotRequired[float]
     rare_pair_rows: NotRequired[int]
+    unseen_type: NotRequired[float]  # the least scale of a type with too few held-out rows
+    unseen_type_from: NotRequired[list[str]]  # the types left out to measure it
 
 
 class ModelMetadata(TypedDict):
@@ -243,6 +251,7 @@ class ThroughputModel:
         self._sparse_scale = float(scale["sparse"]) if scale else 1.0
         self._scales = np.asarray([*by_type.values(), self._sparse_scale], np.float64)
         self._unseen_pair_scale = float(scale.get("unseen_pair", 1.0)) if scale else 1.0
+        self._unseen_type_scale = float(scale.get("unseen_type", 0.0)) if scale else 0.0
         # which (model type × hardware) pairs the training rows had enough of for the type's
         # own interval: at least `rare_pair_rows` (1, their effects' keys, for older models)
         self._pair_common = np.zeros(self._pair_table.shape, bool)
@@ -338,11 +347,15 @@ class ThroughputModel:
                 fitted, frame, y - offset - lineage_effect, fit_idx, p["num_threads"], seed
             )
         booster = fitted.booster
+        left_out: _LeftOut | None = None
+        if X is not None and calib is not None and {"config", "specs"} <= set(groups):
+            target = y - offset - lineage_effect
+            left_out = _LeftOut.fit(frame, X, target, order, fit_idx, calib, metadata, p, seed)
         del fitted, X  # the matrix and its binned datasets: the ratio model needs the memory
         model = cls(booster, metadata)
         if {"prior", "config", "specs"} <= set(groups):
             model = model._with_ratio_model(frame, y, train_idx, calib, seed)
-        model._calibrate(frame, y, calib if calib is not None else train_idx)
+        model._calibrate(frame, y, calib if calib is not None else train_idx, left_out)
         return cls(booster, model.metadata, ratio=model.ratio)
 
     def _with_ratio_model(
@@ -379,9 +392,15 @@ class ThroughputModel:
         }
         return type(self)(self.booster, meta, ratio=ratio)
 
-    def _calibrate(self, frame: pd.DataFrame, y: np.ndarray, cal: np.ndarray) -> None:
+    def _calibrate(
+        self,
+        frame: pd.DataFrame,
+        y: np.ndarray,
+        cal: np.ndarray,
+        left_out: _LeftOut | None = None,
+    ) -> None:
         """Conformal quantiles and calibration figures on held-out lineages, every applicable
-        anchor per row (into the metadata)."""
+        anchor per row (into the metadata); with `left_out`, the unseen-type scale."""
         cf = frame.loc[cal]
         yc = y[cal]
         blind, moved = self._log_pd_parts(cf)
@@ -415,6 +434,11 @@ class ThroughputModel:
         if unseen is not None:
             self.metadata["interval_scale"]["unseen_pair"] = unseen
             self.metadata["interval_scale"]["rare_pair_rows"] = RARE_PAIR_ROWS
+        if left_out is not None:
+            unseen_type = left_out.scale(y, quantiles)
+            if unseen_type is not None:
+                self.metadata["interval_scale"]["unseen_type"] = unseen_type
+                self.metadata["interval_scale"]["unseen_type_from"] = left_out.types
         self.metadata["metrics"] = {
             "calib_rows": int(cal.sum()),
             "calib_accuracy_10pct": float(np.mean(ape <= 0.10)),
@@ -524,18 +548,25 @@ class ThroughputModel:
         factor where the training rows had its (model type × hardware) fewer than
         ``rare_pair_rows`` times (never, for an older model) and the row is not anchored on its
         own prior there (``kind``; every row when not given); 1 for a model calibrated before
-        types had scales."""
+        types had scales. A type with too few held-out rows for a scale of its own gets at
+        least the unseen-type scale (a model fitted with one), except where anchored on its
+        own prior."""
+        few: np.ndarray | None = None
         if not self._type_code:
             out = np.full(len(frame), self._sparse_scale)
         else:
-            out = np.asarray(self._scales[column_codes(frame, "hardware_type", self._type_code)])
+            code = column_codes(frame, "hardware_type", self._type_code)
+            out = np.asarray(self._scales[code])
+            few = code < 0
+        not_self = np.ones(len(frame), bool) if kind is None else kind != KIND_SELF
         if self._unseen_pair_scale != 1.0:
             mt = column_codes(frame, "model_type", self._pair_mt)
             hc = column_codes(frame, "hardware_type", self._pair_hw)
             common = self._pair_common[mt, hc]  # -1: the padding, unseen
-            if kind is not None:
-                common = common | (kind == KIND_SELF)
-            out = np.where(common, out, out * self._unseen_pair_scale)
+            out = np.where(common | ~not_self, out, out * self._unseen_pair_scale)
+        if few is not None and self._unseen_type_scale > 0.0:
+            widen = few & not_self
+            out = np.where(widen, np.fmax(out, self._unseen_type_scale), out)
         return out
 
     def few_measurements(self, frame: Frame) -> np.ndarray:
@@ -602,6 +633,89 @@ def _levels(frame: pd.DataFrame, names: Sequence[str]) -> dict[str, list[str]]:
         }
     )
     return levels
+
+
+@dataclass
+class _LeftOut:
+    """Held-out rows on types a booster was refitted without (`UNSEEN_TYPE_FITS`): their
+    log per-device estimates as a ranking makes them for a type no training row had — blind,
+    and moved from the lineage's prior on another type by the booster difference (NaN
+    elsewhere)."""
+
+    types: list[str]
+    blind: np.ndarray
+    moved: np.ndarray
+
+    @classmethod
+    def fit(
+        cls,
+        frame: pd.DataFrame,
+        X: np.ndarray,
+        target: np.ndarray,
+        order: np.ndarray,
+        fit_idx: np.ndarray,
+        calib: np.ndarray,
+        metadata: ModelMetadata,
+        p: dict[str, Any],
+        seed: int,
+    ) -> _LeftOut | None:
+        """None when no type has enough held-out rows."""
+        hw = frame["hardware_type"].to_numpy(object).astype(str)
+        types = _types_to_leave_out(frame, hw, calib)
+        if not types:
+            return None
+        at = np.empty(len(frame), np.int64)  # frame row → its row of X
+        at[order] = np.arange(len(order))
+        names = list(metadata["features"])
+        cats = [i for i, c in enumerate(names) if c in F.CATEGORIES or c in F.OPEN_CATEGORIES]
+        rng = np.random.default_rng(seed)
+        blind = np.full(len(frame), np.nan)
+        moved = np.full(len(frame), np.nan)
+        for t in types:
+            others = hw != t
+            rows = np.flatnonzero(fit_idx & others)
+            if len(rows) > UNSEEN_TYPE_ROWS:
+                rows = np.sort(rng.choice(rows, UNSEEN_TYPE_ROWS, replace=False))
+            stop = np.flatnonzero(calib & others)
+            data = _TrainData.of(
+                (X[at[rows]], target[rows]), (X[at[stop]], target[stop]), names, cats
+            )
+            booster, _best = _train(p, data, NUM_ROUNDS, EARLY_STOP)
+            del data
+            suffix = "|" + t
+            pairs = {k: v for k, v in (metadata.get("pair_effects") or {}).items()}
+            meta: ModelMetadata = {
+                **metadata,
+                "pair_effects": {k: v for k, v in pairs.items() if not k.endswith(suffix)},
+            }
+            scored = np.flatnonzero(calib & ~others)
+            b, m = ThroughputModel(booster, meta)._log_pd_parts(frame.iloc[scored])
+            blind[scored], moved[scored] = b, m
+        return cls(types, blind, moved)
+
+    def scale(self, y: np.ndarray, quantiles: dict[str, list[float]]) -> float | None:
+        """The conformal `INTERVAL_LEVEL` quantile (at least 1) of these estimates' residuals,
+        each over its kind's quantile on its side; None with fewer than `MIN_TYPE_ROWS`."""
+        z = np.concatenate(
+            [
+                _normalised(y - self.blind, *quantiles["model"]),
+                _normalised(y - self.moved, *quantiles["transfer"]),
+            ]
+        )
+        z = z[np.isfinite(z)]
+        if len(z) < MIN_TYPE_ROWS:
+            return None
+        return round(max(1.0, _conformal(z)), 4)
+
+
+def _types_to_leave_out(frame: pd.DataFrame, hw: np.ndarray, calib: np.ndarray) -> list[str]:
+    """The `UNSEEN_TYPE_FITS` types of highest peak FLOP/s among those with `MIN_TYPE_ROWS`
+    held-out rows."""
+    held = pd.Series(hw[calib]).value_counts()
+    enough = set(held.index[held >= MIN_TYPE_ROWS])
+    peak = pd.Series(f64(frame, "log_peak_tflops"), index=hw).groupby(level=0).max()
+    peak = peak[[t in enough for t in peak.index]].sort_values(ascending=False, kind="stable")
+    return [str(t) for t in peak.index[:UNSEEN_TYPE_FITS]]
 
 
 def _train_booster(

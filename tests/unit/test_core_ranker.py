@@ -242,6 +242,66 @@ def test_a_type_with_few_measurements_gets_the_widest_interval_and_says_so(
     assert by_hw[rare]["predicted_throughput"] == base[rare]["predicted_throughput"]
 
 
+def test_a_type_with_few_measurements_gets_at_least_the_unseen_type_scale(
+    trained: tuple[Any, ThroughputModel, LookupTable],
+) -> None:
+    """The unseen-type scale (measured by refitting without known types) is the least scale
+    of a type without one of its own; it does not touch known types or `self` rows."""
+    d, model, lookup = trained
+    sub = _subs(d, 1)[0]
+    known, rare = sub["candidate_hardware"][:2]
+
+    def ranked(unseen_type: float | None, hist: Any = None) -> dict[str, Any]:
+        scale: dict[str, Any] = {"by_type": {known: 1.0}, "sparse": 1.5}
+        if unseen_type is not None:
+            scale["unseen_type"] = unseen_type
+        meta = {**model.metadata, "interval_scale": scale}
+        m = ThroughputModel(model.booster, meta, ratio=model.ratio)  # type: ignore[arg-type]
+        (r,) = Ranker(load_catalog(), m, lookup).rank_batch([sub], [hist], {}, NOW)
+        _valid(r)
+        return {c["hardware_type"]: c for c in r["candidates"]}
+
+    def width(c: dict[str, Any]) -> float:
+        return float(np.log(c["interval"]["high"] / c["interval"]["low"]))
+
+    before, wider, narrower = ranked(None), ranked(3.0), ranked(1.2)
+    assert width(wider[rare]) == pytest.approx(2.0 * width(before[rare]), rel=1e-6)
+    assert width(narrower[rare]) == pytest.approx(width(before[rare]), rel=1e-6)  # 1.5 wins
+    assert width(wider[known]) == pytest.approx(width(before[known]), rel=1e-6)
+    # a lineage that ran on the rare type is anchored on its own prior there: not widened
+    hist = {rare: Measurement(100.0, sub["training"]["num_devices"], 1.7e9, 1)}
+    own_before, own_wider = ranked(None, hist), ranked(3.0, hist)
+    assert width(own_wider[rare]) == pytest.approx(width(own_before[rare]), rel=1e-6)
+
+
+def test_the_types_left_out_are_the_fastest_with_enough_held_out_rows() -> None:
+    import pandas as pd
+
+    from leap_stream.core.predictor import MIN_TYPE_ROWS, _types_to_leave_out
+
+    n = MIN_TYPE_ROWS
+    peaks = {"slow": 1.0, "fast": 3.0, "fastest_but_rare": 9.0, "mid": 2.0, "faster": 4.0}
+    rows = {"slow": n, "fast": n, "fastest_but_rare": n - 1, "mid": n, "faster": n}
+    hw = np.asarray([t for t, k in rows.items() for _ in range(k)], object)
+    frame = pd.DataFrame({"log_peak_tflops": [peaks[t] for t in hw]})
+    got = _types_to_leave_out(frame, hw.astype(str), np.ones(len(hw), bool))
+    assert got == ["faster", "fast", "mid"]
+
+
+def test_a_fitted_model_measures_the_unseen_type_scale() -> None:
+    d = S.dataset(6000, seed=21)  # enough held-out rows per type to leave types out
+    m = pit.measured(d)
+    snap = pit.replay(d, m)
+    fr = F.build(
+        m, [[h] for h in m["hardware_type"]], snap.histories, snap.aggregates, S.SPECS, snap.now
+    )
+    model = ThroughputModel.fit(fr, m["samples_per_s"].to_numpy(), m["lineage_id"], num_rounds=40)
+    scale = model.metadata["interval_scale"]
+    assert scale["unseen_type"] >= 1.0
+    assert 1 <= len(scale["unseen_type_from"]) <= 3
+    assert set(scale["unseen_type_from"]) <= set(scale["by_type"])
+
+
 def test_type_scales_follow_each_types_residuals() -> None:
     from leap_stream.core.predictor import MIN_TYPE_ROWS, _type_scales
 
