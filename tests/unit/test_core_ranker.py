@@ -30,15 +30,21 @@ VALIDATOR = jsonschema.Draft202012Validator(
 NOW = datetime(2026, 12, 1, tzinfo=UTC)
 
 
-@pytest.fixture(scope="module")
-def trained() -> tuple[Any, ThroughputModel, LookupTable]:
-    d = S.dataset(3000, seed=21)
+def _fitted(rows: int) -> tuple[Any, ThroughputModel]:
+    """A synthetic dataset of `rows` and a small model fitted on its measured rows."""
+    d = S.dataset(rows, seed=21)
     m = pit.measured(d)
     snap = pit.replay(d, m)
     fr = F.build(
         m, [[h] for h in m["hardware_type"]], snap.histories, snap.aggregates, S.SPECS, snap.now
     )
     model = ThroughputModel.fit(fr, m["samples_per_s"].to_numpy(), m["lineage_id"], num_rounds=40)
+    return d, model
+
+
+@pytest.fixture(scope="module")
+def trained() -> tuple[Any, ThroughputModel, LookupTable]:
+    d, model = _fitted(3000)
     return d, model, LookupTable.fit(d)
 
 
@@ -289,13 +295,7 @@ def test_the_types_left_out_are_the_fastest_with_enough_held_out_rows() -> None:
 
 
 def test_a_fitted_model_measures_the_unseen_type_scale() -> None:
-    d = S.dataset(6000, seed=21)  # enough held-out rows per type to leave types out
-    m = pit.measured(d)
-    snap = pit.replay(d, m)
-    fr = F.build(
-        m, [[h] for h in m["hardware_type"]], snap.histories, snap.aggregates, S.SPECS, snap.now
-    )
-    model = ThroughputModel.fit(fr, m["samples_per_s"].to_numpy(), m["lineage_id"], num_rounds=40)
+    _d, model = _fitted(6000)  # enough held-out rows per type to leave types out
     scale = model.metadata["interval_scale"]
     assert scale["unseen_type"] >= 1.0
     assert 1 <= len(scale["unseen_type_from"]) <= 3
