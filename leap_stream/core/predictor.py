@@ -63,10 +63,11 @@ MIN_BUCKET_ROWS = 30
 # say so (`few_measurements`).
 MIN_TYPE_ROWS = 100
 # A type the trees never saw (a new part) is predicted from its specs alone. How far off that
-# is, measured at fit: the booster refitted without a known type, scoring that type's held-out
-# rows, for the fastest `UNSEEN_TYPE_FITS` types with `MIN_TYPE_ROWS` held-out rows (a part a
-# fleet adds is most often faster than what it has), each fit on at most `UNSEEN_TYPE_ROWS`.
-UNSEEN_TYPE_FITS = 3
+# is, measured at fit: the booster refitted without the fastest `UNSEEN_TYPES` types with
+# `MIN_TYPE_ROWS` held-out rows (a part a fleet adds is most often faster than what it has),
+# on at most `UNSEEN_TYPE_ROWS` rows, scoring those types' held-out rows. One fit for all of
+# them: one per type cost 70 % more training time for the same coverage (docs/model.md).
+UNSEEN_TYPES = 3
 UNSEEN_TYPE_ROWS = 200_000
 
 DEFAULT_PARAMS: dict[str, Any] = {
@@ -637,7 +638,7 @@ def _levels(frame: pd.DataFrame, names: Sequence[str]) -> dict[str, list[str]]:
 
 @dataclass
 class _LeftOut:
-    """Held-out rows on types a booster was refitted without (`UNSEEN_TYPE_FITS`): their
+    """Held-out rows on types a booster was refitted without (`UNSEEN_TYPES`): their
     log per-device estimates as a ranking makes them for a type no training row had — blind,
     and moved from the lineage's prior on another type by the booster difference (NaN
     elsewhere)."""
@@ -668,29 +669,26 @@ class _LeftOut:
         at[order] = np.arange(len(order))
         names = list(metadata["features"])
         cats = [i for i, c in enumerate(names) if c in F.CATEGORIES or c in F.OPEN_CATEGORIES]
-        rng = np.random.default_rng(seed)
+        left = np.isin(hw, types)
+        rows = np.flatnonzero(fit_idx & ~left)
+        if len(rows) > UNSEEN_TYPE_ROWS:
+            rng = np.random.default_rng(seed)
+            rows = np.sort(rng.choice(rows, UNSEEN_TYPE_ROWS, replace=False))
+        stop = np.flatnonzero(calib & ~left)
+        data = _TrainData.of((X[at[rows]], target[rows]), (X[at[stop]], target[stop]), names, cats)
+        booster, _best = _train(p, data, NUM_ROUNDS, EARLY_STOP)
+        del data
+        pairs = metadata.get("pair_effects") or {}
+        meta: ModelMetadata = {  # no pair effects on a type no training row had
+            **metadata,
+            "pair_effects": {k: v for k, v in pairs.items() if k.split("|", 1)[1] not in types},
+        }
+        scored = np.flatnonzero(calib & left)
         blind = np.full(len(frame), np.nan)
         moved = np.full(len(frame), np.nan)
-        for t in types:
-            others = hw != t
-            rows = np.flatnonzero(fit_idx & others)
-            if len(rows) > UNSEEN_TYPE_ROWS:
-                rows = np.sort(rng.choice(rows, UNSEEN_TYPE_ROWS, replace=False))
-            stop = np.flatnonzero(calib & others)
-            data = _TrainData.of(
-                (X[at[rows]], target[rows]), (X[at[stop]], target[stop]), names, cats
-            )
-            booster, _best = _train(p, data, NUM_ROUNDS, EARLY_STOP)
-            del data
-            suffix = "|" + t
-            pairs = {k: v for k, v in (metadata.get("pair_effects") or {}).items()}
-            meta: ModelMetadata = {
-                **metadata,
-                "pair_effects": {k: v for k, v in pairs.items() if not k.endswith(suffix)},
-            }
-            scored = np.flatnonzero(calib & ~others)
-            b, m = ThroughputModel(booster, meta)._log_pd_parts(frame.iloc[scored])
-            blind[scored], moved[scored] = b, m
+        blind[scored], moved[scored] = ThroughputModel(booster, meta)._log_pd_parts(
+            frame.iloc[scored]
+        )
         return cls(types, blind, moved)
 
     def scale(self, y: np.ndarray, quantiles: dict[str, list[float]]) -> float | None:
@@ -709,13 +707,13 @@ class _LeftOut:
 
 
 def _types_to_leave_out(frame: pd.DataFrame, hw: np.ndarray, calib: np.ndarray) -> list[str]:
-    """The `UNSEEN_TYPE_FITS` types of highest peak FLOP/s among those with `MIN_TYPE_ROWS`
+    """The `UNSEEN_TYPES` types of highest peak FLOP/s among those with `MIN_TYPE_ROWS`
     held-out rows."""
     held = pd.Series(hw[calib]).value_counts()
     enough = set(held.index[held >= MIN_TYPE_ROWS])
     peak = pd.Series(f64(frame, "log_peak_tflops"), index=hw).groupby(level=0).max()
     peak = peak[[t in enough for t in peak.index]].sort_values(ascending=False, kind="stable")
-    return [str(t) for t in peak.index[:UNSEEN_TYPE_FITS]]
+    return [str(t) for t in peak.index[:UNSEEN_TYPES]]
 
 
 def _train_booster(
