@@ -88,6 +88,11 @@ def test_model_rankings_are_valid_and_sorted(
     assert again[0]["event_id"] == out[0]["event_id"]
 
 
+def _width(c: dict[str, Any]) -> float:
+    """A ranked candidate's interval width in log units."""
+    return float(np.log(c["interval"]["high"] / c["interval"]["low"]))
+
+
 def _within_noise_as_ruled(r: dict[str, Any]) -> list[bool]:
     """Each candidate after the first is flagged exactly when its interval's high end, as
     throughput per cost, reaches the first candidate's; returns the flags."""
@@ -240,11 +245,8 @@ def test_a_type_with_few_measurements_gets_the_widest_interval_and_says_so(
     assert "few_measurements" not in by_hw[known]
     assert not any(c.get("few_measurements") for c in plain["candidates"])
 
-    def width(c: dict[str, Any]) -> float:
-        return float(np.log(c["interval"]["high"] / c["interval"]["low"]))
-
-    assert width(by_hw[rare]) == pytest.approx(2.5 * width(base[rare]), rel=1e-6)
-    assert width(by_hw[known]) == pytest.approx(width(base[known]), rel=1e-6)
+    assert _width(by_hw[rare]) == pytest.approx(2.5 * _width(base[rare]), rel=1e-6)
+    assert _width(by_hw[known]) == pytest.approx(_width(base[known]), rel=1e-6)
     assert by_hw[rare]["predicted_throughput"] == base[rare]["predicted_throughput"]
 
 
@@ -267,17 +269,14 @@ def test_a_type_with_few_measurements_gets_at_least_the_unseen_type_scale(
         _valid(r)
         return {c["hardware_type"]: c for c in r["candidates"]}
 
-    def width(c: dict[str, Any]) -> float:
-        return float(np.log(c["interval"]["high"] / c["interval"]["low"]))
-
     before, wider, narrower = ranked(None), ranked(3.0), ranked(1.2)
-    assert width(wider[rare]) == pytest.approx(2.0 * width(before[rare]), rel=1e-6)
-    assert width(narrower[rare]) == pytest.approx(width(before[rare]), rel=1e-6)  # 1.5 wins
-    assert width(wider[known]) == pytest.approx(width(before[known]), rel=1e-6)
+    assert _width(wider[rare]) == pytest.approx(2.0 * _width(before[rare]), rel=1e-6)
+    assert _width(narrower[rare]) == pytest.approx(_width(before[rare]), rel=1e-6)  # 1.5 wins
+    assert _width(wider[known]) == pytest.approx(_width(before[known]), rel=1e-6)
     # a lineage that ran on the rare type is anchored on its own prior there: not widened
     hist = {rare: Measurement(100.0, sub["training"]["num_devices"], 1.7e9, 1)}
     own_before, own_wider = ranked(None, hist), ranked(3.0, hist)
-    assert width(own_wider[rare]) == pytest.approx(width(own_before[rare]), rel=1e-6)
+    assert _width(own_wider[rare]) == pytest.approx(_width(own_before[rare]), rel=1e-6)
 
 
 def test_the_types_left_out_are_the_fastest_with_enough_held_out_rows() -> None:
@@ -354,17 +353,14 @@ def test_an_unseen_model_type_and_hardware_pair_widens_only_moved_and_blind_inte
         _valid(r)
         return {c["hardware_type"]: c for c in r["candidates"]}
 
-    def width(c: dict[str, Any]) -> float:
-        return float(np.log(c["interval"]["high"] / c["interval"]["low"]))
-
     # drop one seen pair from the table: that candidate is now on an unseen pair
     gone = sorted(seen)[0]
     fewer = {k: v for k, v in kept.items() if k != f"{mt}|{gone}"}
     base, wide = ranked(1.0, fewer), ranked(2.0, fewer)
     for hw in base:
         factor = 1.0 if f"{mt}|{hw}" in fewer else 2.0
-        assert width(wide[hw]) == pytest.approx(factor * width(base[hw]), rel=1e-6), hw
-    assert width(wide[gone]) == pytest.approx(2.0 * width(base[gone]), rel=1e-6)
+        assert _width(wide[hw]) == pytest.approx(factor * _width(base[hw]), rel=1e-6), hw
+    assert _width(wide[gone]) == pytest.approx(2.0 * _width(base[gone]), rel=1e-6)
 
 
 def test_a_pair_with_few_training_rows_gets_the_unseen_pair_factor(
