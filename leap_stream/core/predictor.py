@@ -324,15 +324,15 @@ class ThroughputModel:
         fitted = _train_booster(
             X, y - offset, names, fit_idx, calib, p, num_rounds, progress, order=order
         )
-        lineage_effect = np.zeros(len(frame))
+        target = y - offset  # less each lineage's own shrunk mean residual, below
         if names and len(frame) >= 400:
             # the second fit, on targets without each lineage's own shrunk mean residual
-            lineage_effect = _lineage_effects(
-                lineage_ids, y - offset - fitted.predict(p["num_threads"])
+            target = target - _lineage_effects(
+                lineage_ids, target - fitted.predict(p["num_threads"])
             )
             fitted = _train_booster(
                 X,
-                y - offset - lineage_effect,
+                target,
                 names,
                 fit_idx,
                 calib,
@@ -345,12 +345,11 @@ class ThroughputModel:
         metadata = _metadata(fitted, frame, groups, levels, data_window, p)
         if "config" in groups and "specs" in groups:
             metadata["pair_effects"], metadata["pair_rows"] = _pair_effects(
-                fitted, frame, y - offset - lineage_effect, fit_idx, p["num_threads"], seed
+                fitted, frame, target, fit_idx, p["num_threads"], seed
             )
         booster = fitted.booster
         left_out: _LeftOut | None = None
         if X is not None and calib is not None and {"config", "specs"} <= set(groups):
-            target = y - offset - lineage_effect
             left_out = _LeftOut.fit(frame, X, target, order, fit_idx, calib, metadata, p, seed)
         del fitted, X  # the matrix and its binned datasets: the ratio model needs the memory
         model = cls(booster, metadata)
@@ -668,7 +667,7 @@ class _LeftOut:
         at = np.empty(len(frame), np.int64)  # frame row → its row of X
         at[order] = np.arange(len(order))
         names = list(metadata["features"])
-        cats = [i for i, c in enumerate(names) if c in F.CATEGORIES or c in F.OPEN_CATEGORIES]
+        cats = _categorical_positions(names)
         left = np.isin(hw, types)
         rows = np.flatnonzero(fit_idx & ~left)
         if len(rows) > UNSEEN_TYPE_ROWS:
@@ -716,6 +715,11 @@ def _types_to_leave_out(frame: pd.DataFrame, hw: np.ndarray, calib: np.ndarray) 
     return [str(t) for t in peak.index[:UNSEEN_TYPES]]
 
 
+def _categorical_positions(names: Sequence[str]) -> list[int]:
+    """The positions of the booster's categorical features among ``names``."""
+    return [i for i, c in enumerate(names) if c in F.CATEGORIES or c in F.OPEN_CATEGORIES]
+
+
 def _train_booster(
     X: np.ndarray | None,
     target: np.ndarray,
@@ -747,7 +751,7 @@ def _train_booster(
     n_train = int(train_idx.sum())
     ordered = target[order]
     if data is None:
-        cats = [i for i, c in enumerate(names) if c in F.CATEGORIES or c in F.OPEN_CATEGORIES]
+        cats = _categorical_positions(names)
         valid = None if calib is None else (X[n_train:], ordered[n_train:])
         data = _TrainData.of((X[:n_train], ordered[:n_train]), valid, names, cats)
     else:
