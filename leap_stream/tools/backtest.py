@@ -153,6 +153,8 @@ def _noise_set(
 ) -> dict[str, float]:
     """The ranking's first candidate and those `within_noise_of_best`: how many, and how often
     they hold the measured best (over the jobs `e` that top-1 is scored on)."""
+    if not e.any():
+        return {"noise_set_size": float("nan"), "best_in_noise_set": float("nan")}
     rows = usable & tr.in_truth
     in_set = within_noise_of_best(
         tr.job,
@@ -163,8 +165,6 @@ def _noise_set(
     )
     size = np.bincount(tr.job[in_set], minlength=tr.n_jobs)
     holds_best = (tr.best_row >= 0) & in_set[np.maximum(tr.best_row, 0)]
-    if not e.any():
-        return {"noise_set_size": float("nan"), "best_in_noise_set": float("nan")}
     return {
         "noise_set_size": float(np.mean(size[e])),
         "best_in_noise_set": float(np.mean(holds_best[e])),
