@@ -253,8 +253,19 @@ def _night_eval(
     if model is not None:
         usable_m = (sources["model"] != SRC_NONE) & np.isfinite(preds["model"]) & fits
         inside = (tr.meas >= base["low"].to_numpy()) & (tr.meas <= base["high"].to_numpy())
+        with np.errstate(invalid="ignore", divide="ignore"):
+            width = np.log(base["high"].to_numpy() / base["low"].to_numpy())
         out["by_anchor"] = _anchor_counts(
-            base, subs, model, preds["model"], usable_m, tr.meas, tr.in_truth, tr.is_ran, inside
+            base,
+            subs,
+            model,
+            preds["model"],
+            usable_m,
+            tr.meas,
+            tr.in_truth,
+            tr.is_ran,
+            inside,
+            width,
         )
     if watch is not None:
         usable_m = (sources["model"] != SRC_NONE) & np.isfinite(preds["model"]) & fits
@@ -362,10 +373,12 @@ def _anchor_counts(
     in_truth: np.ndarray,
     is_ran: np.ndarray,
     inside: np.ndarray,
-) -> dict[str, dict[str, list[int]]]:
-    """[rows, hits, inside the 80 % interval] of the model per breakdown key, for all
-    candidates and the ran-on ones: where accuracy is lost (anchor kind, device count changed
-    since the prior, family) and whether the intervals are honest there."""
+    width: np.ndarray,
+) -> dict[str, dict[str, list[float]]]:
+    """[rows, hits, inside the 80 % interval, rows with an interval, the sum of their log
+    widths] of the model per breakdown key, for all candidates and the ran-on ones: where
+    accuracy is lost (anchor kind, device count changed since the prior, family) and whether
+    the intervals are honest there, and how wide they are for it."""
     from leap_stream.core.predictor import KINDS, anchor_kind
 
     kind = np.asarray(KINDS, dtype=object)[anchor_kind(base, model.groups)]
@@ -381,18 +394,27 @@ def _anchor_counts(
     fv = "fv=" + family + "|" + base["vendor"].to_numpy(object).astype(str)
     with np.errstate(invalid="ignore", divide="ignore"):
         hit = usable & (np.abs(pred / meas - 1.0) <= 0.10)
-    out: dict[str, dict[str, list[int]]] = {}
+    has_width = usable & np.isfinite(width)
+    out: dict[str, dict[str, list[float]]] = {}
     for scope, sel in (("all", in_truth), ("ran", in_truth & is_ran)):
-        d: dict[str, list[int]] = {}
+        d: dict[str, list[float]] = {}
         for labels in (kind, dev, fam, fv):
             lab = labels[sel]
             h = hit[sel]
             ins = (usable & inside)[sel]
+            wm = has_width[sel]
+            w = np.where(wm, width[sel], 0.0)
             for name in np.unique(lab):
                 if not name:
                     continue
                 m = lab == name
-                d[str(name)] = [int(m.sum()), int(h[m].sum()), int(ins[m].sum())]
+                d[str(name)] = [
+                    int(m.sum()),
+                    int(h[m].sum()),
+                    int(ins[m].sum()),
+                    int(wm[m].sum()),
+                    round(float(w[m].sum()), 3),
+                ]
         out[scope] = d
     return out
 
@@ -599,27 +621,28 @@ def _summarise(per_night: list[dict[str, Any]], variants: list[str]) -> dict[str
             k: round(float(np.nanmean([n[v][k] for n in per_night])) - out["model"][k], 4)
             for k in ABLATION_KEYS
         }
-    by: dict[str, dict[str, list[int]]] = {}
+    by: dict[str, dict[str, list[float]]] = {}
     for n in per_night:
         for scope, d in n.get("by_anchor", {}).items():
             tgt = by.setdefault(scope, {})
             for k, counts in d.items():
-                acc = tgt.setdefault(k, [0, 0, 0])
+                acc = tgt.setdefault(k, [0, 0, 0, 0, 0.0])
                 for i, c in enumerate(counts):
                     acc[i] += c
     if by:
-        # pooled over nights: accuracy and share of rows per breakdown key
+        # pooled over nights: accuracy, interval coverage and width, share of rows per key
         out["by_anchor"] = {
             scope: {
                 k: {
-                    "accuracy": round(h / r, 4) if r else None,
-                    "interval_coverage_80": round(i / r, 4) if r else None,
-                    "rows": r,
+                    "accuracy": round(c[1] / c[0], 4) if c[0] else None,
+                    "interval_coverage_80": round(c[2] / c[0], 4) if c[0] else None,
+                    "interval_width_log": round(c[4] / c[3], 4) if c[3] else None,
+                    "rows": int(c[0]),
                     "share": round(
-                        r / max(1, sum(v[0] for kk, v in d.items() if kk in KIND_KEYS)), 4
+                        c[0] / max(1, sum(v[0] for kk, v in d.items() if kk in KIND_KEYS)), 4
                     ),
                 }
-                for k, (r, h, i) in sorted(d.items())
+                for k, c in sorted(d.items())
             }
             for scope, d in by.items()
         }

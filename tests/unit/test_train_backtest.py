@@ -59,6 +59,11 @@ def test_backtest_breaks_accuracy_down_by_anchor() -> None:
     assert abs(inside / usable - summary["model"]["interval_coverage_80"]) < 0.02
     for kind in ("self", "transfer", "model"):
         assert 0.0 <= by["all"][kind]["interval_coverage_80"] <= 1.0
+        rows_k, *_c, with_width, width_sum = n[kind]
+        assert 0 < with_width <= rows_k
+        assert by["all"][kind]["interval_width_log"] == pytest.approx(width_sum / with_width, 1e-3)
+    # an interval around the lineage's own measurement is far narrower than a blind one's
+    assert by["all"]["self"]["interval_width_log"] < 0.5 * by["all"]["model"]["interval_width_log"]
 
 
 def test_lookup_scores_match_a_lookup_only_ranker() -> None:
