@@ -50,6 +50,7 @@ from leap_stream.core.columns import (
     codes_of,
     column_codes,
     f64,
+    map_values,
     value_ids,
 )
 
@@ -155,6 +156,7 @@ SUPPORT_COLUMNS = (
 SUPPORT_QUANTILES = (0.005, 0.995)
 OOD_MARGIN = float(np.log(2.0))
 KIND_SELF, KIND_TRANSFER, KIND_MODEL = 0, 1, 2
+DEVICES_CHANGED = 1e-9  # |log(devices now / devices of the prior)| past which they differ
 
 
 def anchor_kind(frame: Frame, groups: Sequence[str]) -> np.ndarray:
@@ -179,6 +181,9 @@ class IntervalScale(TypedDict):
     rare_pair_rows: NotRequired[int]
     unseen_type: NotRequired[float]  # the least scale of a type with too few held-out rows
     unseen_type_from: NotRequired[list[str]]  # the types left out to measure it
+    # a further factor on the lineage's own prior when the job's device count changed since
+    # it was measured (the prior is per device; communication and batching move it)
+    devices_changed: NotRequired[float]
 
 
 class ModelMetadata(TypedDict):
@@ -253,6 +258,7 @@ class ThroughputModel:
         self._scales = np.asarray([*by_type.values(), self._sparse_scale], np.float64)
         self._unseen_pair_scale = float(scale.get("unseen_pair", 1.0)) if scale else 1.0
         self._unseen_type_scale = float(scale.get("unseen_type", 0.0)) if scale else 0.0
+        self._devices_changed = float(scale.get("devices_changed", 1.0)) if scale else 1.0
         # which (model type × hardware) pairs the training rows had enough of for the type's
         # own interval: at least `rare_pair_rows` (1, their effects' keys, for older models)
         self._pair_common = np.zeros(self._pair_table.shape, bool)
@@ -419,21 +425,25 @@ class ThroughputModel:
         own = np.choose(kind, [resid["self"], resid["transfer"], resid["model"]])
         lo = np.asarray([quantiles[k][0] for k in KINDS])[kind]
         hi = np.asarray([quantiles[k][1] for k in KINDS])[kind]
-        self.metadata["interval_scale"] = _type_scales(
-            cf["hardware_type"].to_numpy(object), own, lo, hi
-        )
+        hw = cf["hardware_type"].to_numpy(object)
+        self.metadata["interval_scale"] = _type_scales(hw, own, lo, hi)
+        type_scale = _row_scales(self.metadata["interval_scale"], hw)
         pair_rows = self.metadata.get("pair_rows") or {}
-        mt_hw = _pair_keys(cf["model_type"].to_numpy(object), cf["hardware_type"].to_numpy(object))
+        mt_hw = _pair_keys(cf["model_type"].to_numpy(object), hw)
         rows_of_pair = pd.Series(pair_rows, dtype=np.float64).reindex(mt_hw).fillna(0.0)
         unseen = _unseen_pair_scale(
-            self.metadata["interval_scale"],
-            cf["hardware_type"].to_numpy(object),
+            type_scale,
             rows_of_pair.to_numpy() < RARE_PAIR_ROWS,
             [(resid[k], *quantiles[k]) for k in ("transfer", "model")],
         )
         if unseen is not None:
             self.metadata["interval_scale"]["unseen_pair"] = unseen
             self.metadata["interval_scale"]["rare_pair_rows"] = RARE_PAIR_ROWS
+        changed = devices_changed(cf)
+        z_changed = _normalised(resid["self"], *quantiles["self"])[changed]
+        factor = _factor(z_changed, type_scale[changed])
+        if factor is not None:
+            self.metadata["interval_scale"]["devices_changed"] = factor
         if left_out is not None:
             unseen_type = left_out.scale(y, quantiles)
             if unseen_type is not None:
@@ -550,7 +560,8 @@ class ThroughputModel:
         own prior there (``kind``; every row when not given); 1 for a model calibrated before
         types had scales. A type with too few held-out rows for a scale of its own gets at
         least the unseen-type scale (a model fitted with one), except where anchored on its
-        own prior."""
+        own prior. A row anchored on the lineage's own prior measured on another device count
+        gets the devices-changed factor (a model fitted with one)."""
         few: np.ndarray | None = None
         if not self._type_code:
             out = np.full(len(frame), self._sparse_scale)
@@ -567,6 +578,9 @@ class ThroughputModel:
         if few is not None and self._unseen_type_scale > 0.0:
             widen = few & not_self
             out = np.where(widen, np.fmax(out, self._unseen_type_scale), out)
+        if self._devices_changed != 1.0:
+            moved = ~not_self & devices_changed(frame)
+            out = np.where(moved, out * self._devices_changed, out)
         return out
 
     def few_measurements(self, frame: Frame) -> np.ndarray:
@@ -1121,25 +1135,40 @@ def _type_scales(
     return {"by_type": by_type, "sparse": max([1.0, *by_type.values()])}
 
 
+def _row_scales(scales: IntervalScale, hw: np.ndarray) -> np.ndarray:
+    """Per row, its hardware type's scale (the sparse one for a type without)."""
+    return map_values(hw, scales["by_type"], scales["sparse"])
+
+
 def _unseen_pair_scale(
-    scales: IntervalScale,
-    hw: np.ndarray,
+    type_scale: np.ndarray,
     unseen: np.ndarray,
     kinds: Sequence[tuple[np.ndarray, float, float]],
 ) -> float | None:
     """The factor (at least 1) on the type scale for a (model type × hardware) pair no training
     row had: over the held-out rows on such pairs, their residuals as a candidate there would
     be anchored — moved from another type, or blind (``kinds``: residual, lo, hi of each) —
-    normalised and divided by their type's scale, the conformal quantile. None with fewer
-    than `MIN_TYPE_ROWS` such residuals. A held-out row's own prior does not count: a ranking
-    meets an unseen pair on the candidates a lineage never ran on."""
-    by_type, sparse = scales["by_type"], scales["sparse"]
-    type_scale = np.asarray([by_type.get(str(t), sparse) for t in hw])
-    z = np.concatenate([_normalised(r, lo, hi)[unseen] / type_scale[unseen] for r, lo, hi in kinds])
+    normalised and divided by their type's scale (``type_scale``, per row), the conformal
+    quantile. None with fewer than `MIN_TYPE_ROWS` such residuals. A held-out row's own prior
+    does not count: a ranking meets an unseen pair on the candidates a lineage never ran on."""
+    z = np.concatenate([_normalised(r, lo, hi)[unseen] for r, lo, hi in kinds])
+    return _factor(z, np.tile(type_scale[unseen], len(kinds)))
+
+
+def _factor(z: np.ndarray, row_scale: np.ndarray) -> float | None:
+    """A further factor (at least 1) on some rows' scales: the conformal `INTERVAL_LEVEL`
+    quantile of their normalised residuals ``z`` over the scale each row has already; None
+    with fewer than `MIN_TYPE_ROWS` of them."""
+    z = z / row_scale
     z = z[np.isfinite(z)]
     if len(z) < MIN_TYPE_ROWS:
         return None
     return round(max(1.0, _conformal(z)), 4)
+
+
+def devices_changed(frame: Frame) -> np.ndarray:
+    """Per row: the lineage's own prior there was measured on another device count."""
+    return np.asarray(np.abs(f64(frame, "self_log_dev_ratio")) > DEVICES_CHANGED)
 
 
 def _conformal(z: np.ndarray) -> float:

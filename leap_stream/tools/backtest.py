@@ -379,13 +379,12 @@ def _anchor_counts(
     widths] of the model per breakdown key, for all candidates and the ran-on ones: where
     accuracy is lost (anchor kind, device count changed since the prior, family) and whether
     the intervals are honest there, and how wide they are for it."""
-    from leap_stream.core.predictor import KINDS, anchor_kind
+    from leap_stream.core.predictor import KINDS, anchor_kind, devices_changed
 
     kind = np.asarray(KINDS, dtype=object)[anchor_kind(base, model.groups)]
-    ratio = base["self_log_dev_ratio"].to_numpy(np.float64)
     dev = np.where(
         kind == "self",
-        np.where(np.abs(ratio) > 1e-9, "self_devices_changed", "self_same_devices"),
+        np.where(devices_changed(base), "self_devices_changed", "self_same_devices"),
         "",
     )
     family = subs["family"].to_numpy(object)[base["job"].to_numpy(np.int64)].astype(str)

@@ -57,7 +57,6 @@ UNREAD_COLUMNS = frozenset(
     {
         "known",
         "fits",
-        "self_log_dev_ratio",
         "self_count",
         "self_age_days",
         "other_log_flops_ratio",

@@ -407,19 +407,69 @@ def test_the_unseen_pair_factor_comes_from_moved_and_blind_residuals() -> None:
 
     rng = np.random.default_rng(5)
     n = 4 * MIN_TYPE_ROWS
-    hw = np.asarray(["a"] * n, object)
     unseen = np.arange(n) < n // 2
     q = 1.2816
     # residuals twice as wide on the unseen pairs, as wide as the quantiles elsewhere
     transfer = rng.normal(0, 1.0, n) * np.where(unseen, 2.0, 1.0)
     blind = rng.normal(0, 1.0, n) * np.where(unseen, 2.0, 1.0)
-    scales = {"by_type": {"a": 1.0}, "sparse": 1.0}
-    f = _unseen_pair_scale(scales, hw, unseen, [(transfer, -q, q), (blind, -q, q)])
+    one = np.ones(n)
+    f = _unseen_pair_scale(one, unseen, [(transfer, -q, q), (blind, -q, q)])
     assert f == pytest.approx(2.0, rel=0.1)
-    assert _unseen_pair_scale(scales, hw, np.zeros(n, bool), [(transfer, -q, q)]) is None
+    assert _unseen_pair_scale(one, np.zeros(n, bool), [(transfer, -q, q)]) is None
     # a type already twice as wide explains it: no further factor
-    wide = {"by_type": {"a": 2.0}, "sparse": 2.0}
-    assert _unseen_pair_scale(wide, hw, unseen, [(transfer, -q, q), (blind, -q, q)]) == 1.0
+    assert _unseen_pair_scale(2 * one, unseen, [(transfer, -q, q), (blind, -q, q)]) == 1.0
+
+
+def test_the_devices_changed_factor_widens_only_an_own_prior_on_other_devices(
+    trained: tuple[Any, ThroughputModel, LookupTable],
+) -> None:
+    """A lineage's own prior measured on another device count gets the factor; the same prior
+    on the job's device count, and every other candidate, do not."""
+    d, model, lookup = trained
+    sub = _subs(d, 1)[0]
+    own = sub["candidate_hardware"][0]
+    n = sub["training"]["num_devices"]
+    every = dict.fromkeys(sub["candidate_hardware"], 1.0)
+
+    def widths(devices: int, factor: float | None) -> dict[str, float]:
+        scale: dict[str, Any] = {"by_type": every, "sparse": 1.0}
+        if factor is not None:
+            scale["devices_changed"] = factor
+        meta = {**model.metadata, "interval_scale": scale}
+        m = ThroughputModel(model.booster, meta, ratio=model.ratio)  # type: ignore[arg-type]
+        hist = {own: Measurement(100.0, devices, 1.7e9, 1)}
+        (r,) = Ranker(load_catalog(), m, lookup).rank_batch([sub], [hist], {}, NOW)
+        _valid(r)
+        return {c["hardware_type"]: _width(c) for c in r["candidates"]}
+
+    base, wide = widths(2 * n, None), widths(2 * n, 1.6)
+    for hw, w in base.items():
+        assert wide[hw] == pytest.approx((1.6 if hw == own else 1.0) * w, rel=1e-6), hw
+    assert widths(n, 1.6) == pytest.approx(widths(n, None), rel=1e-6)
+
+
+def test_a_fitted_model_measures_the_devices_changed_factor() -> None:
+    """A third of the rows anchored on their own prior are marked as measured on another
+    device count, and their throughput moved by ~30 % in log: the fitted factor says their
+    intervals must be wider. The synthetic lineages never change device counts: unmarked, the
+    model records no factor."""
+    d = S.dataset(6000, seed=21)
+    m = pit.measured(d)
+    snap = pit.replay(d, m)
+    fr = F.build(
+        m, [[h] for h in m["hardware_type"]], snap.histories, snap.aggregates, S.SPECS, snap.now
+    )
+    y = m["samples_per_s"].to_numpy().copy()
+    # half the lineages held out: enough marked rows among them for a factor
+    plain = ThroughputModel.fit(fr, y, m["lineage_id"], num_rounds=20, calib_fraction=0.5)
+    assert "devices_changed" not in plain.metadata["interval_scale"]
+    moved = np.flatnonzero(np.isfinite(fr["self_log_pd"].to_numpy()))[::3]
+    ratio = fr["self_log_dev_ratio"].to_numpy().copy()
+    ratio[moved] = np.log(2.0)
+    fr["self_log_dev_ratio"] = ratio
+    y[moved] *= np.exp(np.random.default_rng(2).normal(0, 0.3, len(moved)))
+    model = ThroughputModel.fit(fr, y, m["lineage_id"], num_rounds=20, calib_fraction=0.5)
+    assert model.metadata["interval_scale"]["devices_changed"] > 1.5
 
 
 def test_rank_order_puts_a_jobs_first_rows_first_then_the_best_score() -> None:
