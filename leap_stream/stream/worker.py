@@ -1,7 +1,8 @@
 """`leap-stream worker`: build the dependencies, check the topics, run the Faust worker.
 
 A thin wrapper over ``faust.Worker``: SIGTERM/SIGINT go to Faust's graceful shutdown (finish
-the batch in hand, flush, commit, exit 0).
+the batch in hand, flush, commit, exit 0); one that arrives while the worker still starts
+stops it before it consumes anything, exit 0.
 """
 
 from __future__ import annotations
@@ -183,6 +184,10 @@ def run(args: argparse.Namespace, cfg: Settings) -> int:
     logging.basicConfig(
         level=level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
+    # from here a SIGTERM stops the worker cleanly, also while it starts (loading the model,
+    # freezing the collector): an orchestrator sends it whenever it likes, and nothing is
+    # consumed before the loop (or Faust, which takes the signals over) runs
+    stop = stop_on_signals()
     kafka = KafkaClients.of(cfg, cfg.require_kafka())
     cfg.require_redis()
     missing = missing_topics(kafka, list(cfg.topics))
@@ -204,9 +209,12 @@ def run(args: argparse.Namespace, cfg: Settings) -> int:
     )
     tune_gc(cfg)
     if not cfg.runs("completions"):  # nothing for Faust to consume: the loop alone
-        return run_submissions_only(deps, stop_on_signals())
+        return run_submissions_only(deps, stop)
     app = build_app(deps)
     worker = faust.Worker(app, loglevel=level, redirect_stdouts=False)
+    if stop.is_set():
+        log.info("stopped while starting: nothing consumed")
+        return 0
     worker.execute_from_commandline()  # raises SystemExit with Faust's exit status
     return 0
 
@@ -224,7 +232,8 @@ def tune_gc(cfg: Settings) -> None:
 
 
 def stop_on_signals() -> threading.Event:
-    """An event SIGTERM and SIGINT set (the graceful stop of a worker without Faust)."""
+    """An event SIGTERM and SIGINT set: the graceful stop of a worker without Faust, and of
+    any worker still starting (Faust takes the signals over once it runs)."""
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda _signum, _frame: stop.set())
