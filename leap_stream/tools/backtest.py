@@ -250,11 +250,12 @@ def _night_eval(
         lo = base["low"].to_numpy() if name == "model" else None
         hi = base["high"].to_numpy() if name == "model" else None
         out[name] = _predictor_metrics(tr, p, usable, lo, hi)
+    usable_m = (sources["model"] != SRC_NONE) & np.isfinite(preds["model"]) & fits
+    lo, hi = base["low"].to_numpy(np.float64), base["high"].to_numpy(np.float64)
+    inside = (tr.meas >= lo) & (tr.meas <= hi)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        width = np.log(hi / lo)
     if model is not None:
-        usable_m = (sources["model"] != SRC_NONE) & np.isfinite(preds["model"]) & fits
-        inside = (tr.meas >= base["low"].to_numpy()) & (tr.meas <= base["high"].to_numpy())
-        with np.errstate(invalid="ignore", divide="ignore"):
-            width = np.log(base["high"].to_numpy() / base["low"].to_numpy())
         out["by_anchor"] = _anchor_counts(
             base,
             subs,
@@ -268,8 +269,9 @@ def _night_eval(
             width,
         )
     if watch is not None:
-        usable_m = (sources["model"] != SRC_NONE) & np.isfinite(preds["model"]) & fits
-        out["new_hardware"] = _watched_type(watch, base, tr, preds["model"], usable_m)
+        out["new_hardware"] = _watched_type(
+            watch, base, tr, preds["model"], usable_m, inside, width
+        )
     out["submissions"] = tr.n_jobs
     out["rows"] = int(tr.in_truth.sum())
     out["not_fit_excluded_in_truth"] = (
@@ -282,19 +284,24 @@ def _night_eval(
 
 
 def _watched_type(
-    hw_type: str, base: pd.DataFrame, tr: _NightTruth, pred: np.ndarray, usable: np.ndarray
+    hw_type: str,
+    base: pd.DataFrame,
+    tr: _NightTruth,
+    pred: np.ndarray,
+    usable: np.ndarray,
+    inside: np.ndarray,
+    width: np.ndarray,
 ) -> dict[str, Any]:
     """One night of a type new to the fleet: how many jobs could use it, how often the model's
-    top choice is it against the oracle's, the model's accuracy and interval honesty on it."""
+    top choice is it against the oracle's, the model's accuracy and interval honesty on it
+    (``inside``, ``width``: per row, the measurement inside the 80 % interval, its log width)."""
     hw = base["hardware_type"].to_numpy(object)
     is_t = hw == hw_type
     top = _top_choice(tr, pred, usable)
     model_top = (top >= 0) & (hw[np.maximum(top, 0)] == hw_type)
     oracle_top = (tr.best_row >= 0) & (hw[np.maximum(tr.best_row, 0)] == hw_type)
     rows = is_t & tr.in_truth & usable
-    lo, hi = base["low"].to_numpy(np.float64), base["high"].to_numpy(np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):
-        width = np.log(hi / lo)
         hit = np.abs(pred / tr.meas - 1.0) <= 0.10
     others = ~is_t & tr.in_truth & usable
     return {
@@ -304,9 +311,7 @@ def _watched_type(
         "oracle_top": int(oracle_top.sum()),
         "both_top": int((model_top & oracle_top).sum()),
         "accuracy": float(hit[rows].mean()) if rows.any() else None,
-        "interval_coverage_80": (
-            float(((tr.meas >= lo) & (tr.meas <= hi))[rows].mean()) if rows.any() else None
-        ),
+        "interval_coverage_80": float(inside[rows].mean()) if rows.any() else None,
         "interval_width_log": float(np.median(width[rows])) if rows.any() else None,
         "interval_width_log_other_types": (
             float(np.median(width[others])) if others.any() else None
