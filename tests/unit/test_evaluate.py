@@ -12,6 +12,7 @@ import pytest
 from leap_stream.catalog import load_reference_catalog
 from leap_stream.cli import main
 from leap_stream.tools.evaluate import methods as M
+from leap_stream.tools.evaluate.metrics import OrderPairs
 from leap_stream.tools.evaluate.protocol import evaluate, order_accuracy, pairs, predict_held_out
 from leap_stream.tools.evaluate.table import TableError, normalise, read_table
 from leap_stream.tools.sim.real import TABLES
@@ -130,6 +131,69 @@ def test_the_model_learns_a_pair_effect_that_physics_misses() -> None:
     assert out["model"]["mape"] < 0.05
     assert out["model"]["mape"] < out["bandwidth_ratio"]["mape"]
     assert out["model"]["mape"] < out["geomean_ratio"]["mape"]
+
+
+def test_the_model_learns_how_per_device_throughput_falls_with_scale() -> None:
+    """Per-device throughput ∝ devices^-0.3 in every workload (a larger system of one job
+    communicates more): the model learns the exponent from the other workloads, the spec
+    ratios know nothing of device counts."""
+    rng = np.random.default_rng(1)
+    rows = []
+    for i in range(8):
+        base = float(rng.uniform(1, 100))
+        for t, speed in (("h100-sxm", 1.0), ("a100-80g", 0.5)):
+            for n in (8, 64, 512):
+                rows.append((f"w{i}", t, n, n * base * speed * n**-0.3 * rng.lognormal(0, 0.02)))
+    table = pd.DataFrame(
+        rows, columns=["workload", "accelerator_type", "accelerator_count", "throughput"]
+    )
+    p = pairs(normalise(table, CATALOG).rows, CATALOG)
+    out = evaluate(normalise(table, CATALOG).rows, CATALOG)["methods"]
+    assert out["model"]["mape"] < 0.05
+    assert out["model"]["mape"] < 0.5 * out["median_ratio_others"]["mape"]
+    assert M._Model.fit(p).physics.scaling == pytest.approx(-0.3)
+
+
+def test_the_estimate_sits_below_an_uncertain_ratio_and_on_a_certain_one() -> None:
+    """The shift that minimises MAPE is negative where the other workloads' ratios spread
+    (APE punishes over-prediction more) and zero where they agree."""
+    rng = np.random.default_rng(2)
+
+    def shift(spread: float) -> float:
+        rows = []
+        for i in range(10):
+            ratio = 2.0 * float(np.exp(rng.normal(0, spread)))
+            rows += [(f"w{i}", "a100-80g", 1.0), (f"w{i}", "h100-sxm", ratio)]
+        p = pairs(normalise(_standard(rows), CATALOG).rows, CATALOG)
+        return M._inner_choice(p)[2]
+
+    assert shift(0.6) < 0
+    assert shift(0.0) == 0
+
+
+def test_order_pairs_match_every_comparison_counted_by_hand() -> None:
+    rng = np.random.default_rng(3)
+    n = 60
+    frame = pd.DataFrame(
+        {
+            "a": rng.integers(0, 6, n),
+            "b_type": rng.choice(["x", "y", "z", "w"], n),
+            "log_ratio": rng.choice([0.0, 0.1, 0.2, 0.5], n),
+        }
+    )
+    pred = rng.choice([0.0, 0.3, 0.6], n)
+    right = total = 0.0
+    for i in range(n):
+        for j in range(i + 1, n):
+            a, b = frame.iloc[i], frame.iloc[j]
+            if a.a != b.a or a.b_type == b.b_type or a.log_ratio == b.log_ratio:
+                continue
+            total += 1
+            dq = np.sign(pred[i] - pred[j])
+            right += 0.5 if dq == 0 else float(dq == np.sign(a.log_ratio - b.log_ratio))
+    assert total > 20
+    assert OrderPairs.of_frame(frame).right(pred) == right
+    assert order_accuracy(frame, pred) == pytest.approx(right / total)
 
 
 def test_unknown_method_is_an_error() -> None:

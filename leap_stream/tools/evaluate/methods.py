@@ -2,21 +2,24 @@
 pairs of other workloads and applied to a held-out workload's pairs (pure: frames in, arrays
 out).
 
-Pair frames have `a_type`, `b_type`, `a_vendor`, `b_vendor`, `family`, `d_log_flops` (peak
-FLOP/s ratio at the row's precision), `d_log_bw` (memory bandwidth ratio) and, for training,
-`log_ratio` (measured).
+Pair frames have `workload`, `a`, `a_type`, `b_type`, `a_vendor`, `b_vendor`, `family`,
+`d_log_flops` (peak FLOP/s ratio at the row's precision), `d_log_bw` (memory bandwidth ratio),
+`log_count_ratio` (B's devices ÷ A's) and, for training, `log_ratio` (measured).
 
 * `flop_ratio`, `bandwidth_ratio`, `geomean_ratio`: the datasheets alone;
 * `median_ratio_others`: the median measured B/A ratio of the other workloads (the lookup
   table's analog; 1 where no other workload ran on both types);
 * `model`: leap-stream's transfer estimator for tables, physics as the prior that data
-  corrects: a non-negative blend of the FLOP/s and bandwidth ratios fitted on the other
+  corrects: a non-negative blend of the FLOP/s and bandwidth ratios and a device-count
+  exponent (per-device throughput falls as one job runs on more devices) fitted on the other
   workloads, plus their median residual shrunk down a hierarchy (vendor pair → type pair →
   family × type pair), so a pair measured often moves far from physics and a pair never
   measured stays on it. Which physics prior (the fitted blend, the bandwidth ratio or the
-  geometric mean) and how hard to shrink are chosen by an inner leave-one-workload-out over the
-  training workloads (never the held-out one): on a table of few workloads that vary a lot it
-  ends near physics, on one of many similar workloads near the measured pairs.
+  geometric mean, each with or without the exponent) and how hard to shrink are chosen by an
+  inner leave-one-workload-out over the training workloads (never the held-out one), on MAPE
+  and order accuracy together: on a table of few workloads that vary a lot it ends near
+  physics, on one of many similar workloads near the measured pairs. The same inner pass sets
+  how far below the median the estimate sits (`SHIFTS`): the MAPE-optimal point.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from typing import Protocol
 
 import numpy as np
 import pandas as pd
+
+from leap_stream.tools.evaluate.metrics import OrderPairs, ape
 
 METHODS = ("model", "flop_ratio", "bandwidth_ratio", "geomean_ratio", "median_ratio_others")
 # pseudo-pairs at zero residual per level: a level seen k times moves half-way to its median
@@ -41,6 +46,10 @@ KEYS: dict[str, tuple[str, ...]] = {
     "k_family_type_pair": ("family", "a_type", "b_type"),
 }
 BLEND_GRID = np.linspace(0.0, 1.0, 11)
+# per-device throughput ∝ devices^e: a larger system of one job runs each device less busy
+# (communication, a smaller batch per device); 0 first, so a table of one size stays at 0
+SCALING_GRID = np.linspace(0.0, -1.0, 11)
+SPEC_COLUMNS = ("d_log_flops", "d_log_bw", "log_count_ratio")
 BLEND_SAMPLE = 4000  # pairs the blend is fitted on (a two-weight fit needs few)
 
 
@@ -52,11 +61,13 @@ class Fitted(Protocol):
 class _Specs:
     flops: float
     bandwidth: float
+    scaling: float = 0.0  # per-device throughput ∝ devices^scaling (≤ 0: scaling costs)
 
     def predict(self, pairs: pd.DataFrame) -> np.ndarray:
         return np.asarray(
             self.flops * pairs["d_log_flops"].to_numpy(np.float64)
             + self.bandwidth * pairs["d_log_bw"].to_numpy(np.float64)
+            + self.scaling * pairs["log_count_ratio"].to_numpy(np.float64)
         )
 
 
@@ -89,78 +100,116 @@ class _MedianOthers:
 SHRINK_SCALES = (0.25, 1.0, 4.0, 16.0, float("inf"))
 PRIORS = {"bandwidth": _Specs(0.0, 1.0), "geomean": _Specs(0.5, 0.5)}
 INNER_MIN_WORKLOADS = 3
+# log shifts of the point estimate: APE punishes an over-prediction without bound and an
+# under-prediction at most 100 %, so the estimate with the least MAPE sits below the median
+# ratio, the more the more uncertain; 0 first, so ties keep the median
+SHIFTS = np.array([0.0, -0.05, -0.1, -0.15, -0.2, -0.3])
+PRIOR_NAMES = ("fitted", *PRIORS, "fitted_unscaled", *(f"{p}_unscaled" for p in PRIORS))
 
 
 @dataclass(frozen=True)
 class _Model:
-    """Physics blend + shrunk median residuals (see the module docstring)."""
+    """Physics prior + shrunk median residuals + the MAPE shift (see the module docstring)."""
 
     physics: _Specs
     levels: tuple[tuple[str, dict[int, float]], ...]
-    scale: float
+    shift: float = 0.0
 
     @classmethod
     def fit(cls, train: pd.DataFrame) -> _Model:
-        prior, scale = _inner_choice(train)
-        return cls._fit(train, scale, prior)
+        prior, scale, shift = _inner_choice(train)
+        return cls._fit(train, scale, prior, shift)
 
     @classmethod
-    def _fit(cls, train: pd.DataFrame, scale: float, prior: str = "fitted") -> _Model:
-        physics = _blend(train) if prior == "fitted" else PRIORS[prior]
+    def _fit(
+        cls, train: pd.DataFrame, scale: float, prior: str = "fitted", shift: float = 0.0
+    ) -> _Model:
+        physics = _physics(train, prior)
         resid = train["log_ratio"].to_numpy(np.float64) - physics.predict(train)
         levels: list[tuple[str, dict[int, float]]] = []
         if not np.isfinite(scale):
-            return cls(physics, (), scale)
+            return cls(physics, (), shift)
         for column, k0 in SHRINK:
             keys = train[column].to_numpy(np.int64)
             table = _table(keys, resid, k0 * scale)
             resid = resid - _look_up(keys, table)
             levels.append((column, table))
-        return cls(physics, tuple(levels), scale)
+        return cls(physics, tuple(levels), shift)
 
     def predict(self, pairs: pd.DataFrame) -> np.ndarray:
-        out = self.physics.predict(pairs)
+        out = self.physics.predict(pairs) + self.shift
         for column, table in self.levels:
             out = out + _look_up(pairs[column].to_numpy(np.int64), table)
         return np.asarray(out)
 
 
-def _inner_choice(train: pd.DataFrame) -> tuple[str, float]:
-    """The physics prior ("fitted" blend or one of PRIORS) and SHRINK_SCALES entry with the
-    least MAPE when each training workload is predicted from the others ("fitted", 1.0 when
-    there are too few workloads)."""
+def _inner_choice(train: pd.DataFrame) -> tuple[str, float, float]:
+    """(physics prior of PRIOR_NAMES, SHRINK_SCALES entry, SHIFTS entry), chosen by predicting
+    each training workload from the others: the (prior, scale) best on MAPE and order accuracy
+    together (least sum of its two ranks among the choices, MAPE breaking ties), then the
+    shift with the least MAPE for it (order does not depend on a shift). ("fitted", 1.0, 0.0)
+    when there are too few workloads."""
     wl = train["workload"].to_numpy(object)
     names = pd.unique(wl)
-    choices = [(p, s) for p in ("fitted", *PRIORS) for s in SHRINK_SCALES]
     if len(names) < INNER_MIN_WORKLOADS:
-        return "fitted", 1.0
+        return "fitted", 1.0, 0.0
+    choices = [(p, s) for p in PRIOR_NAMES for s in SHRINK_SCALES]
     y = train["log_ratio"].to_numpy(np.float64)
-    err = dict.fromkeys(choices, 0.0)
+    err = {c: np.zeros(len(SHIFTS)) for c in choices}  # summed APE at each shift
+    right = dict.fromkeys(choices, 0.0)  # (A; B, C) comparisons ordered right
     for w in names:
         test = wl == w
         inner, held = train[~test], train[test]
+        comparisons = OrderPairs.of_frame(held)
         for prior, scale in choices:
             pred = _Model._fit(inner, scale, prior).predict(held)
-            err[(prior, scale)] += float(np.abs(np.expm1(pred - y[test])).sum())
-    return min(choices, key=lambda c: err[c])
+            err[(prior, scale)] += ape(pred[:, None] + SHIFTS, y[test][:, None]).sum(axis=0)
+            right[(prior, scale)] += comparisons.right(pred)
+    by_mape = sorted(choices, key=lambda c: err[c][0])
+    by_order = sorted(choices, key=lambda c: -right[c])
+    prior, scale = min(choices, key=lambda c: (by_mape.index(c) + by_order.index(c), err[c][0]))
+    return prior, scale, float(SHIFTS[int(np.argmin(err[(prior, scale)]))])
 
 
-def _blend(train: pd.DataFrame) -> _Specs:
-    """Weights in [0, 1] of the two spec ratios (no intercept: the same type has ratio 1) with
-    the least MAPE on the training pairs; the bandwidth ratio alone without enough pairs."""
-    X = train[["d_log_flops", "d_log_bw"]].to_numpy(np.float64)
+def _fit_weights(train: pd.DataFrame, grids: tuple[np.ndarray, ...]) -> _Specs | None:
+    """The (FLOP/s, bandwidth, device count) weights from `grids` (one grid per column) with
+    the least MAPE on the training pairs; None without enough pairs. No intercept: the same
+    type at the same count has ratio 1."""
+    X = train[list(SPEC_COLUMNS)].to_numpy(np.float64)
     y = train["log_ratio"].to_numpy(np.float64)
     ok = np.flatnonzero(np.isfinite(X).all(axis=1) & np.isfinite(y))
     if len(ok) < 4:
-        return _Specs(0.0, 1.0)
+        return None
     if len(ok) > BLEND_SAMPLE:  # evenly spaced: deterministic, and spread over workloads
         ok = ok[np.linspace(0, len(ok) - 1, BLEND_SAMPLE).astype(np.int64)]
-    # a two-weight grid is exact enough and cannot go negative or explode on collinear specs
-    wf, wb = np.meshgrid(BLEND_GRID, BLEND_GRID, indexing="ij")
-    w = np.stack([wf.ravel(), wb.ravel()])  # (2, grid)
+    # a small grid is exact enough and cannot go negative or explode on collinear specs;
+    # the first of equally good weights wins (a grid lists 0 scaling first)
+    w = np.stack([g.ravel() for g in np.meshgrid(*grids, indexing="ij")])  # (3, grid)
     err = np.mean(np.abs(np.expm1(X[ok] @ w - y[ok, None])), axis=0)
-    best = int(np.argmin(err))
-    return _Specs(float(w[0, best]), float(w[1, best]))
+    best = w[:, int(np.argmin(err))]
+    return _Specs(float(best[0]), float(best[1]), float(best[2]))
+
+
+def _blend(train: pd.DataFrame) -> _Specs:
+    """Weights in [0, 1] of the two spec ratios and the device-count exponent in [-1, 0]
+    fitted on the training pairs; the bandwidth ratio alone without enough pairs."""
+    return _fit_weights(train, (BLEND_GRID, BLEND_GRID, SCALING_GRID)) or _Specs(0.0, 1.0)
+
+
+def _physics(train: pd.DataFrame, prior: str) -> _Specs:
+    if prior == "fitted":
+        return _blend(train)
+    if prior == "fitted_unscaled":
+        return _fit_weights(train, (BLEND_GRID, BLEND_GRID, np.zeros(1))) or _Specs(0.0, 1.0)
+    if prior.endswith("_unscaled"):
+        return PRIORS[prior.removesuffix("_unscaled")]
+    return _scaled(train, PRIORS[prior])
+
+
+def _scaled(train: pd.DataFrame, prior: _Specs) -> _Specs:
+    """A fixed spec prior with the device-count exponent fitted on the training pairs."""
+    grids = (np.array([prior.flops]), np.array([prior.bandwidth]), SCALING_GRID)
+    return _fit_weights(train, grids) or prior
 
 
 def fit(method: str, train: pd.DataFrame) -> Fitted:

@@ -17,6 +17,7 @@ import pandas as pd
 
 from leap_stream.catalog import HardwareCatalog
 from leap_stream.tools.evaluate import methods as M
+from leap_stream.tools.evaluate.metrics import OrderPairs, ape
 
 FP32 = ("fp32",)
 
@@ -82,28 +83,11 @@ def predict_held_out(all_pairs: pd.DataFrame, method: str) -> np.ndarray:
 
 def order_accuracy(p: pd.DataFrame, pred: np.ndarray) -> float:
     """Share of (A; B, C) with B and C of different types ordered as measured."""
-    right = 0.0
-    total = 0
-    src = p["a"].to_numpy()
-    order = np.argsort(src, kind="stable")
-    bounds = np.flatnonzero(np.diff(src[order])) + 1
-    truth = p["log_ratio"].to_numpy(np.float64)
-    types = p["b_type"].to_numpy(object)
-    for block in np.split(order, bounds):
-        if len(block) < 2:
-            continue
-        t, q, ty = truth[block], pred[block], types[block]
-        i, j = np.triu_indices(len(block), 1)
-        use = (ty[i] != ty[j]) & (t[i] != t[j])
-        dt = np.sign(t[i] - t[j])[use]
-        dq = np.sign(q[i] - q[j])[use]
-        right += float(np.sum(dt == dq) + 0.5 * np.sum(dq == 0))
-        total += int(use.sum())
-    return right / total if total else float("nan")
+    return OrderPairs.of_frame(p).accuracy(pred)
 
 
 def scores(p: pd.DataFrame, pred: np.ndarray) -> dict[str, float]:
-    err = np.abs(np.expm1(pred - p["log_ratio"].to_numpy(np.float64)))
+    err = ape(pred, p["log_ratio"].to_numpy(np.float64))
     return {
         "mape": float(np.mean(err)),
         "median_ape": float(np.median(err)),
