@@ -196,6 +196,15 @@ def test_order_pairs_match_every_comparison_counted_by_hand() -> None:
     assert order_accuracy(frame, pred) == pytest.approx(right / total)
 
 
+def test_a_level_is_the_shrunk_median_of_finite_residuals_and_0_where_unseen() -> None:
+    keys = np.array([3, 3, 3, 3, 7, 7, 7])
+    values = np.array([1.0, 5.0, 2.0, np.nan, 4.0, 0.0, 1.0])
+    table = M._Table.of(keys, values, shrink=1.0)
+    # key 3: median of 1, 2, 5 (the NaN carries nothing) × 3 / 4; key 7: median 1 × 3 / 4
+    assert table.look_up(np.array([3, 7, 5, 99])).tolist() == [1.5, 0.75, 0.0, 0.0]
+    assert M._Table.of(keys[:0], values[:0], 1.0).look_up(keys).tolist() == [0.0] * 7
+
+
 def test_unknown_method_is_an_error() -> None:
     with pytest.raises(ValueError, match="unknown method"):
         M.fit("magic", pd.DataFrame())

@@ -71,28 +71,42 @@ class _Specs:
         )
 
 
-def _table(keys: np.ndarray, values: np.ndarray, shrink: float) -> dict[int, float]:
-    """Per key, the median of `values` times n / (n + shrink)."""
-    g = pd.Series(values).groupby(keys)
-    eff = g.median() * g.size() / (g.size() + shrink)
-    return {int(str(k)): float(v) for k, v in eff.items()}
+@dataclass(frozen=True)
+class _Table:
+    """Per integer key, an effect; keys never seen look up 0."""
 
+    keys: np.ndarray  # sorted, unique
+    effects: np.ndarray
 
-def _look_up(keys: np.ndarray, table: dict[int, float]) -> np.ndarray:
-    return np.asarray(pd.Series(keys).map(table).fillna(0.0).to_numpy(np.float64))
+    @classmethod
+    def of(cls, keys: np.ndarray, values: np.ndarray, shrink: float) -> _Table:
+        """Per key, the median of its finite `values` times n / (n + shrink)."""
+        ok = np.isfinite(values)
+        k, v = keys[ok], values[ok]
+        order = np.lexsort((v, k))
+        k, v = k[order], v[order]
+        uniq, start, n = np.unique(k, return_index=True, return_counts=True)
+        median = 0.5 * (v[start + (n - 1) // 2] + v[start + n // 2])
+        return cls(uniq, median * n / (n + shrink))
+
+    def look_up(self, keys: np.ndarray) -> np.ndarray:
+        if not len(self.keys):
+            return np.zeros(len(keys))
+        i = np.minimum(np.searchsorted(self.keys, keys), len(self.keys) - 1)
+        return np.where(self.keys[i] == keys, self.effects[i], 0.0)
 
 
 @dataclass(frozen=True)
 class _MedianOthers:
-    table: dict[int, float]
+    table: _Table
 
     @classmethod
     def fit(cls, train: pd.DataFrame) -> _MedianOthers:
         keys = train["k_type_pair"].to_numpy(np.int64)
-        return cls(_table(keys, train["log_ratio"].to_numpy(np.float64), 0.0))
+        return cls(_Table.of(keys, train["log_ratio"].to_numpy(np.float64), 0.0))
 
     def predict(self, pairs: pd.DataFrame) -> np.ndarray:
-        return _look_up(pairs["k_type_pair"].to_numpy(np.int64), self.table)
+        return self.table.look_up(pairs["k_type_pair"].to_numpy(np.int64))
 
 
 # candidate multipliers of SHRINK for the inner selection (inf: physics only), and candidate
@@ -112,34 +126,32 @@ class _Model:
     """Physics prior + shrunk median residuals + the MAPE shift (see the module docstring)."""
 
     physics: _Specs
-    levels: tuple[tuple[str, dict[int, float]], ...]
+    levels: tuple[tuple[str, _Table], ...]
     shift: float = 0.0
 
     @classmethod
     def fit(cls, train: pd.DataFrame) -> _Model:
         prior, scale, shift = _inner_choice(train)
-        return cls._fit(train, scale, prior, shift)
+        return cls.on(train, _physics(train, prior), scale, shift)
 
     @classmethod
-    def _fit(
-        cls, train: pd.DataFrame, scale: float, prior: str = "fitted", shift: float = 0.0
-    ) -> _Model:
-        physics = _physics(train, prior)
+    def on(cls, train: pd.DataFrame, physics: _Specs, scale: float, shift: float = 0.0) -> _Model:
+        """The residual levels of `train` around `physics`, shrunk by SHRINK × `scale`."""
         resid = train["log_ratio"].to_numpy(np.float64) - physics.predict(train)
-        levels: list[tuple[str, dict[int, float]]] = []
+        levels: list[tuple[str, _Table]] = []
         if not np.isfinite(scale):
             return cls(physics, (), shift)
         for column, k0 in SHRINK:
             keys = train[column].to_numpy(np.int64)
-            table = _table(keys, resid, k0 * scale)
-            resid = resid - _look_up(keys, table)
+            table = _Table.of(keys, resid, k0 * scale)
+            resid = resid - table.look_up(keys)
             levels.append((column, table))
         return cls(physics, tuple(levels), shift)
 
     def predict(self, pairs: pd.DataFrame) -> np.ndarray:
         out = self.physics.predict(pairs) + self.shift
         for column, table in self.levels:
-            out = out + _look_up(pairs[column].to_numpy(np.int64), table)
+            out = out + table.look_up(pairs[column].to_numpy(np.int64))
         return np.asarray(out)
 
 
@@ -161,10 +173,12 @@ def _inner_choice(train: pd.DataFrame) -> tuple[str, float, float]:
         test = wl == w
         inner, held = train[~test], train[test]
         comparisons = OrderPairs.of_frame(held)
-        for prior, scale in choices:
-            pred = _Model._fit(inner, scale, prior).predict(held)
-            err[(prior, scale)] += ape(pred[:, None] + SHIFTS, y[test][:, None]).sum(axis=0)
-            right[(prior, scale)] += comparisons.right(pred)
+        for prior in PRIOR_NAMES:
+            physics = _physics(inner, prior)
+            for scale in SHRINK_SCALES:
+                pred = _Model.on(inner, physics, scale).predict(held)
+                err[(prior, scale)] += ape(pred[:, None] + SHIFTS, y[test][:, None]).sum(axis=0)
+                right[(prior, scale)] += comparisons.right(pred)
     by_mape = sorted(choices, key=lambda c: err[c][0])
     by_order = sorted(choices, key=lambda c: -right[c])
     prior, scale = min(choices, key=lambda c: (by_mape.index(c) + by_order.index(c), err[c][0]))
