@@ -50,7 +50,7 @@ BLEND_GRID = np.linspace(0.0, 1.0, 11)
 # (communication, a smaller batch per device); 0 first, so a table of one size stays at 0
 SCALING_GRID = np.linspace(0.0, -1.0, 11)
 SPEC_COLUMNS = ("d_log_flops", "d_log_bw", "log_count_ratio")
-BLEND_SAMPLE = 4000  # pairs the blend is fitted on (a two-weight fit needs few)
+BLEND_SAMPLE = 4000  # pairs the blend is fitted on (a three-weight fit needs few)
 
 
 class Fitted(Protocol):
@@ -211,6 +211,7 @@ def _blend(train: pd.DataFrame) -> _Specs:
 
 
 def _physics(train: pd.DataFrame, prior: str) -> _Specs:
+    """The physics prior named in PRIOR_NAMES, its free weights fitted on `train`."""
     if prior == "fitted":
         return _blend(train)
     if prior == "fitted_unscaled":
