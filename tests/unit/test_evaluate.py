@@ -220,6 +220,19 @@ def test_cli_json_is_the_documented_object(capsys: pytest.CaptureFixture[str]) -
     for figures in out["methods"].values():
         assert set(figures) == {"mape", "median_ape", "within_10", "order_accuracy"}
     assert out["predictions"] > 0
+    # what `model` chose for each held-out workload, and nothing for the fixed methods
+    workloads = set(pd.read_csv(FIXTURES / "neusight_train_cut.csv")["model"].astype(str))
+    assert set(out["model_choices"]) == workloads
+    for chosen in out["model_choices"].values():
+        assert chosen["prior"] in M.PRIOR_NAMES
+        assert -1.0 <= chosen["device_exponent"] <= 0.0
+        assert chosen["shift"] in M.SHIFTS.round(3).tolist()
+        assert chosen["shrinkage"] in (*M.SHRINK_SCALES[:-1], None)
+
+
+def test_the_readable_table_says_what_the_model_chose(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["evaluate", "--table", str(FIXTURES / "neusight_train_cut.csv")]) == 0
+    assert "model, over " in capsys.readouterr().out
 
 
 def test_cli_specs_add_a_type_and_a_bad_table_exits_2(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,7 @@ def report(table: Table, catalog: HardwareCatalog, by_group: bool = False) -> di
         "predictions": result["predictions"],
         "skipped": {**table.skipped, "types_without_specs": table.unknown_types},
         "methods": result["methods"],
+        "model_choices": result["model_choices"],
     }
     if by_group:
         out["groups"] = {
@@ -62,6 +64,20 @@ def report(table: Table, catalog: HardwareCatalog, by_group: bool = False) -> di
             if rows["workload"].nunique() > 1
         }
     return out
+
+
+def _print_choices(choices: dict[str, dict[str, Any]]) -> None:
+    """One line: what `model` learned across the held-out workloads."""
+    if not choices:
+        return
+    exps = [c["device_exponent"] for c in choices.values()]
+    shifts = [c["shift"] for c in choices.values()]
+    priors = Counter(c["prior"] for c in choices.values())
+    print(
+        f"  model, over {len(choices)} held-out workloads: device exponent "
+        f"{min(exps):+.1f}…{max(exps):+.1f}, shift {min(shifts):+.2f}…{max(shifts):+.2f}, "
+        f"priors {dict(priors.most_common())}"
+    )
 
 
 def _print_table(out: dict[str, Any]) -> None:
@@ -78,6 +94,7 @@ def _print_table(out: dict[str, Any]) -> None:
             f"  {name:22s} {m['mape']:7.3f} {m['median_ape']:10.3f} "
             f"{m['within_10']:7.3f} {m['order_accuracy']:7.3f}"
         )
+    _print_choices(out["model_choices"])
     for g, r in (out.get("groups") or {}).items():
         best = {k: v for k, v in r["methods"].items() if v}
         if best:

@@ -25,7 +25,7 @@ Pair frames have `workload`, `a`, `a_type`, `b_type`, `a_vendor`, `b_vendor`, `f
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import pandas as pd
@@ -128,25 +128,45 @@ class _Model:
     physics: _Specs
     levels: tuple[tuple[str, _Table], ...]
     shift: float = 0.0
+    prior: str = "fitted"  # what the inner pass chose, for `describe`
+    scale: float = 1.0
 
     @classmethod
     def fit(cls, train: pd.DataFrame) -> _Model:
         prior, scale, shift = _inner_choice(train)
-        return cls.on(train, _physics(train, prior), scale, shift)
+        return cls.on(train, _physics(train, prior), scale, shift, prior)
 
     @classmethod
-    def on(cls, train: pd.DataFrame, physics: _Specs, scale: float, shift: float = 0.0) -> _Model:
+    def on(
+        cls,
+        train: pd.DataFrame,
+        physics: _Specs,
+        scale: float,
+        shift: float = 0.0,
+        prior: str = "fitted",
+    ) -> _Model:
         """The residual levels of `train` around `physics`, shrunk by SHRINK × `scale`."""
         resid = train["log_ratio"].to_numpy(np.float64) - physics.predict(train)
         levels: list[tuple[str, _Table]] = []
-        if not np.isfinite(scale):
-            return cls(physics, (), shift)
-        for column, k0 in SHRINK:
-            keys = train[column].to_numpy(np.int64)
-            table = _Table.of(keys, resid, k0 * scale)
-            resid = resid - table.look_up(keys)
-            levels.append((column, table))
-        return cls(physics, tuple(levels), shift)
+        if np.isfinite(scale):
+            for column, k0 in SHRINK:
+                keys = train[column].to_numpy(np.int64)
+                table = _Table.of(keys, resid, k0 * scale)
+                resid = resid - table.look_up(keys)
+                levels.append((column, table))
+        return cls(physics, tuple(levels), shift, prior, scale)
+
+    def describe(self) -> dict[str, Any]:
+        """What the inner pass chose, as `evaluate --json` reports it (`shrinkage` None: the
+        physics prior alone)."""
+        return {
+            "prior": self.prior,
+            "flops_weight": round(self.physics.flops, 3),
+            "bandwidth_weight": round(self.physics.bandwidth, 3),
+            "device_exponent": round(self.physics.scaling, 3),
+            "shrinkage": self.scale if np.isfinite(self.scale) else None,
+            "shift": round(self.shift, 3),
+        }
 
     def predict(self, pairs: pd.DataFrame) -> np.ndarray:
         out = self.physics.predict(pairs) + self.shift
@@ -225,6 +245,11 @@ def _scaled(train: pd.DataFrame, prior: _Specs) -> _Specs:
     """A fixed spec prior with the device-count exponent fitted on the training pairs."""
     grids = (np.array([prior.flops]), np.array([prior.bandwidth]), SCALING_GRID)
     return _fit_weights(train, grids) or prior
+
+
+def describe(fitted: Fitted) -> dict[str, Any] | None:
+    """The inner choices of a fitted `model` (None for the other methods: nothing chosen)."""
+    return fitted.describe() if isinstance(fitted, _Model) else None
 
 
 def fit(method: str, train: pd.DataFrame) -> Fitted:

@@ -70,14 +70,20 @@ def pairs(rows: pd.DataFrame, catalog: HardwareCatalog) -> pd.DataFrame:
     return out
 
 
-def predict_held_out(all_pairs: pd.DataFrame, method: str) -> np.ndarray:
-    """Each workload's pairs predicted by `method` fitted on the other workloads' pairs."""
+def predict_held_out(
+    all_pairs: pd.DataFrame, method: str, choices: dict[str, Any] | None = None
+) -> np.ndarray:
+    """Each workload's pairs predicted by `method` fitted on the other workloads' pairs; into
+    `choices`, per workload, what the fit chose (methods that choose nothing add nothing)."""
     pred = np.full(len(all_pairs), np.nan)
     wl = all_pairs["workload"].to_numpy(object)
     for w in pd.unique(wl):
         test = wl == w
         fitted = M.fit(method, all_pairs[~test])
         pred[test] = fitted.predict(all_pairs[test])
+        chosen = M.describe(fitted)
+        if choices is not None and chosen is not None:
+            choices[str(w)] = chosen
     return pred
 
 
@@ -102,5 +108,9 @@ def evaluate(
     """Figures of every method on one table's rows (see the module docstring)."""
     p = pairs(rows, catalog)
     out: dict[str, Any] = {"predictions": len(p), "workloads": int(p["workload"].nunique())}
-    out["methods"] = {m: scores(p, predict_held_out(p, m)) if len(p) else {} for m in methods}
+    choices: dict[str, Any] = {}
+    out["methods"] = {
+        m: scores(p, predict_held_out(p, m, choices)) if len(p) else {} for m in methods
+    }
+    out["model_choices"] = choices
     return out
