@@ -219,15 +219,15 @@ def _fit_weights(train: pd.DataFrame, grids: tuple[np.ndarray, ...]) -> _Specs |
     # a small grid is exact enough and cannot go negative or explode on collinear specs;
     # the first of equally good weights wins (a grid lists 0 scaling first)
     w = np.stack([g.ravel() for g in np.meshgrid(*grids, indexing="ij")])  # (3, grid)
-    err = np.mean(np.abs(np.expm1(X[ok] @ w - y[ok, None])), axis=0)
+    err = ape(X[ok] @ w, y[ok, None]).mean(axis=0)
     best = w[:, int(np.argmin(err))]
     return _Specs(float(best[0]), float(best[1]), float(best[2]))
 
 
-def _blend(train: pd.DataFrame) -> _Specs:
-    """Weights in [0, 1] of the two spec ratios and the device-count exponent in [-1, 0]
+def _blend(train: pd.DataFrame, scaling: np.ndarray = SCALING_GRID) -> _Specs:
+    """Weights in [0, 1] of the two spec ratios and the device-count exponent from `scaling`
     fitted on the training pairs; the bandwidth ratio alone without enough pairs."""
-    return _fit_weights(train, (BLEND_GRID, BLEND_GRID, SCALING_GRID)) or _Specs(0.0, 1.0)
+    return _fit_weights(train, (BLEND_GRID, BLEND_GRID, scaling)) or _Specs(0.0, 1.0)
 
 
 def _physics(train: pd.DataFrame, prior: str) -> _Specs:
@@ -235,7 +235,7 @@ def _physics(train: pd.DataFrame, prior: str) -> _Specs:
     if prior == "fitted":
         return _blend(train)
     if prior == "fitted_unscaled":
-        return _fit_weights(train, (BLEND_GRID, BLEND_GRID, np.zeros(1))) or _Specs(0.0, 1.0)
+        return _blend(train, np.zeros(1))
     if prior.endswith("_unscaled"):
         return PRIORS[prior.removesuffix("_unscaled")]
     return _scaled(train, PRIORS[prior])
