@@ -242,16 +242,17 @@ def _night_eval(
     }
     fits = base["fits"].to_numpy(bool)
     out: dict[str, Any] = {}
+    lo, hi = base["low"].to_numpy(np.float64), base["high"].to_numpy(np.float64)
     for name in PREDICTORS:
         p = preds[name]
         usable = (sources[name] != SRC_NONE) & np.isfinite(p) & (p > 0)
         if name != "oracle":
             usable &= fits
-        lo = base["low"].to_numpy() if name == "model" else None
-        hi = base["high"].to_numpy() if name == "model" else None
-        out[name] = _predictor_metrics(tr, p, usable, lo, hi)
+        is_model = name == "model"
+        out[name] = _predictor_metrics(
+            tr, p, usable, lo if is_model else None, hi if is_model else None
+        )
     usable_m = (sources["model"] != SRC_NONE) & np.isfinite(preds["model"]) & fits
-    lo, hi = base["low"].to_numpy(np.float64), base["high"].to_numpy(np.float64)
     inside = (tr.meas >= lo) & (tr.meas <= hi)
     with np.errstate(invalid="ignore", divide="ignore"):
         width = np.log(hi / lo)
