@@ -7,7 +7,9 @@ serving will see.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -156,6 +158,24 @@ def replay_chunks(
         yield rows, Snapshots(histories, aggregates, q_now[rows], book, verdicts, as_of)
 
 
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """The cyclic garbage collector off while a replay runs, restored after.
+
+    A replay keeps millions of small objects alive (history entries, snapshots, their dicts)
+    and makes no reference cycles, yet every full collection walks all of them: on 60 days of
+    history the training rows took twice as long with the collector on, for the same peak
+    memory. Reference counting still frees everything; a cycle made meanwhile waits for the
+    next collection after the pause."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 _Completion = tuple[float, str, str, str, str, float, int, int, float, int]
 
 
@@ -249,7 +269,8 @@ class Replayer:
             if len(due)
             else _EMPTY
         )
-        snap = replay(frame, queries, self.book)
+        with collector_paused():
+            snap = replay(frame, queries, self.book)
         if len(q_now):
             self._last_query = float(q_now.max())
         return snap

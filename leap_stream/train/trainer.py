@@ -124,13 +124,14 @@ def training_rows(
     columns = _FeatureColumns(len(rows))
     verdicts = np.empty(0, object)
     book = HistoryBook(rules)
-    for pos, snap in pit.replay_chunks(rows, rows, book, True, specs, chunk_rows, True):
-        part = rows.iloc[pos]
-        candidates = [[h] for h in part["hardware_type"].tolist()]
-        aggregates = snap.aggregates_as_of or snap.aggregates
-        cols = F.build_columns(part, candidates, snap.histories, aggregates, specs, snap.now)
-        columns.put(pos, cols)
-        verdicts = snap.verdicts
+    with pit.collector_paused():
+        for pos, snap in pit.replay_chunks(rows, rows, book, True, specs, chunk_rows, True):
+            part = rows.iloc[pos]
+            candidates = [[h] for h in part["hardware_type"].tolist()]
+            aggregates = snap.aggregates_as_of or snap.aggregates
+            cols = F.build_columns(part, candidates, snap.histories, aggregates, specs, snap.now)
+            columns.put(pos, cols)
+            verdicts = snap.verdicts
     kept = ~np.isin(verdicts, QUARANTINE_RULES)
     if not kept.all():
         log.info("%d quarantined measurements are not training targets", int((~kept).sum()))

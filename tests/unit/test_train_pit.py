@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import math
 
 import pandas as pd
@@ -65,3 +66,35 @@ def test_finish_replays_every_completion_for_its_verdict() -> None:
     d = pd.DataFrame(rows)
     assert list(pit.replay(d, d).verdicts) == ["none"] * 5  # all ended after every query
     assert list(pit.replay(d, d, finish=True).verdicts) == ["accepted"] * 4 + ["lineage"]
+
+
+def test_collector_paused_restores_the_collector_as_it_found_it() -> None:
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), pit.collector_paused():
+        assert not gc.isenabled()
+        raise RuntimeError("a replay that fails still gives the collector back")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with pit.collector_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # whoever turned it off keeps it off
+    finally:
+        gc.enable()
+
+
+def test_replayer_pauses_the_collector_while_it_replays(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[bool] = []
+    original = pit.replay
+
+    def spy(*args: object, **kwargs: object) -> pit.Snapshots:
+        seen.append(gc.isenabled())
+        return original(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(pit, "replay", spy)
+    rep = pit.Replayer()
+    rows = pd.DataFrame([_row("a", "l4", "2026-01-01T00:00", "2026-01-01T01:00", 10.0)])
+    rep.add_completions(rows)
+    rep.snapshot(rows.assign(submitted_at=pd.Timestamp("2026-01-02", tz="UTC")))
+    assert seen == [False]
+    assert gc.isenabled()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +43,24 @@ def test_training_rows_respect_known_before() -> None:
     tr = trainer.training_rows(d, known_before=cut)
     assert (pd.to_datetime(tr.rows["ended_at"], utc=True) < cut).all()
     assert len(tr.rows) == len(tr.frame) == len(tr.y)
+
+
+def test_training_rows_replay_and_build_with_the_collector_paused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A year of replay keeps millions of live objects that every full collection would walk
+    (`pit.collector_paused`); the collector is back once the rows are built."""
+    seen: list[bool] = []
+    original = F.build_columns
+
+    def spy(*args: object, **kwargs: object) -> object:
+        seen.append(gc.isenabled())
+        return original(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(F, "build_columns", spy)
+    trainer.training_rows(_dataset(1500), chunk_rows=500)
+    assert len(seen) > 1 and not any(seen)  # every piece
+    assert gc.isenabled()
 
 
 def test_rows_known_before_a_cutoff_need_no_second_replay() -> None:
