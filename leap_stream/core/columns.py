@@ -182,6 +182,14 @@ def _first_ids(values: np.ndarray) -> np.ndarray:
     return codes_of(values, {v: i for i, v in enumerate(dict.fromkeys(values.tolist()))})
 
 
+def map_column(frame: Frame, col: str, table: Mapping[Any, float], default: float) -> np.ndarray:
+    """`map_values` of one column, through the frame's encoding of it where it has one: a
+    year's categorical column maps its few categories, not an object array of every row."""
+    looked_up = np.fromiter(table.values(), np.float64, count=len(table))
+    codes = column_codes(frame, col, {v: i for i, v in enumerate(table)})
+    return np.append(looked_up, default)[codes]  # code -1 (absent) takes the default
+
+
 def map_values(values: np.ndarray, table: Mapping[Any, float], default: float) -> np.ndarray:
     """``table[v]`` per value as float64, ``default`` when absent (``Series.map().fillna()``)."""
     n = len(values)
@@ -200,6 +208,7 @@ __all__ = [
     "codes_of",
     "column_codes",
     "f64",
+    "map_column",
     "map_values",
     "value_ids",
 ]

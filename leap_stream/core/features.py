@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from leap_stream.contracts.vocab import FAMILIES, FRAMEWORKS, OPTIMIZERS, PRECISIONS, VENDORS
-from leap_stream.core.columns import Coded, Columns, f64, map_values
+from leap_stream.core.columns import Coded, Columns, f64, map_column
 from leap_stream.core.columns import Frame as Jobs
 from leap_stream.core.history import AggregatesAsOf, LineageHistory, TypeAggregates
 
@@ -143,11 +143,11 @@ def _log(x: np.ndarray) -> np.ndarray:
 
 
 def _elem_bytes(jobs: Jobs) -> np.ndarray:
-    return map_values(np.asarray(jobs["precision"], object), _ELEM_BYTES, 2.0)
+    return map_column(jobs, "precision", _ELEM_BYTES, 2.0)
 
 
 def _opt_bytes(jobs: Jobs) -> np.ndarray:
-    return map_values(np.asarray(jobs["optimizer"], object), _OPT_STATE_BYTES, _OPT_STATE_DEFAULT)
+    return map_column(jobs, "optimizer", _OPT_STATE_BYTES, _OPT_STATE_DEFAULT)
 
 
 def _active_params(jobs: Jobs) -> np.ndarray:
@@ -409,7 +409,7 @@ class _JobPhysics:
         return cls(
             fps=fps,
             mem=memory_per_device_gib(jobs, elem),
-            prec_peak=map_values(np.asarray(jobs["precision"], object), _PREC_PEAK, 1.0),
+            prec_peak=map_column(jobs, "precision", _PREC_PEAK, 1.0),
             traffic=ACTIVATION_BYTES * seq * hid * lay * elem + WEIGHT_PASSES * act * elem / mbs,
             grad=grad,
             tp_bytes=np.where(
