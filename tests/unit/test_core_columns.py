@@ -54,7 +54,7 @@ def test_codes_of_matches_pandas_get_indexer(n: int) -> None:
 
 
 @pytest.mark.parametrize("n", [5, 50_000])
-def test_map_values_matches_series_map_fillna(n: int) -> None:
+def test_map_values_and_map_column_match_series_map_fillna(n: int) -> None:
     rng = np.random.default_rng(n)
     table = {"fp32": 4.0, "bf16": 2.0, "fp8": 1.0}
     pool = np.asarray(["fp32", "bf16", "fp8", "int4", None], dtype=object)
@@ -62,23 +62,15 @@ def test_map_values_matches_series_map_fillna(n: int) -> None:
     want = pd.Series(values, dtype=object).map(table).fillna(7.0).to_numpy(np.float64)
     got = map_values(values, table, 7.0)
     assert np.array_equal(got, want)
-
-
-@pytest.mark.parametrize("n", [5, 50_000])
-def test_map_column_maps_every_encoding_of_a_column_like_map_values(n: int) -> None:
-    rng = np.random.default_rng(n)
-    table = {"fp32": 4.0, "bf16": 2.0, "fp8": 1.0}
-    pool = np.asarray(["fp32", "bf16", "fp8", "int4", None], dtype=object)
-    values = pool[rng.integers(0, len(pool), n)]
-    want = map_values(values, table, 7.0)
-    frames = {
+    codes, levels = pd.factorize(values)  # None -> -1
+    frames = {  # every encoding a column comes in: the same values
         "object": pd.DataFrame({"p": pd.Series(values, dtype=object)}),
         "categorical": pd.DataFrame({"p": pd.Categorical(values)}),
         "columns": Columns({"p": values}),
+        "coded": Columns(
+            {"p": Coded(np.where(codes >= 0, codes, len(levels)), np.append(levels, None))}
+        ),
     }
-    codes, levels = pd.factorize(values)  # None -> -1
-    coded = Coded(np.where(codes >= 0, codes, len(levels)), np.append(levels, None))
-    frames["coded"] = Columns({"p": coded})
     for kind, frame in frames.items():
         got = map_column(frame, "p", table, 7.0)
         assert got.dtype == np.float64 and np.array_equal(got, want), kind
