@@ -856,7 +856,8 @@ def _bagging_fraction(fraction: float, rows: int) -> float:
 def _lineage_effects(lineage_ids: np.ndarray | pd.Series, resid: np.ndarray) -> np.ndarray:
     """Per row, its lineage's mean residual shrunk toward zero (`LINEAGE_SHRINK` pseudo-rows):
     the hidden per-lineage factor, which the second fit should not spend trees on."""
-    # hashed, not sorted: a year's 10M ids sort in ~13 s and as fixed-width strings take GBs
+    # hashed, not sorted: a year's 10M ids sort in ~13 s, and as fixed-width strings take
+    # hundreds of MB beside the objects
     inv, _u = pd.factorize(np.asarray(lineage_ids, dtype=object), use_na_sentinel=False)
     known = np.isfinite(resid)  # rows the booster did not score (a year's sample) count not
     total = np.bincount(inv, np.where(known, resid, 0.0))
