@@ -185,19 +185,21 @@ def _first_ids(values: np.ndarray) -> np.ndarray:
 def map_column(frame: Frame, col: str, table: Mapping[Any, float], default: float) -> np.ndarray:
     """`map_values` of one column, through the frame's encoding of it where it has one: a
     year's categorical column maps its few categories, not an object array of every row."""
-    looked_up = np.fromiter(table.values(), np.float64, count=len(table))
-    codes = column_codes(frame, col, {v: i for i, v in enumerate(table)})
-    return np.append(looked_up, default)[codes]  # code -1 (absent) takes the default
+    return _by_code(table, default)[column_codes(frame, col, _positions(table))]
 
 
 def map_values(values: np.ndarray, table: Mapping[Any, float], default: float) -> np.ndarray:
     """``table[v]`` per value as float64, ``default`` when absent (``Series.map().fillna()``)."""
-    n = len(values)
-    if n > 20_000:
-        return np.asarray(
-            pd.Series(values, dtype=object, copy=False).map(table).fillna(default), np.float64
-        )
-    return np.fromiter(map(table.get, values.tolist(), repeat(default)), np.float64, count=n)
+    return _by_code(table, default)[codes_of(values, _positions(table))]
+
+
+def _positions(table: Mapping[Any, float]) -> dict[Any, int]:
+    return {v: i for i, v in enumerate(table)}
+
+
+def _by_code(table: Mapping[Any, float], default: float) -> np.ndarray:
+    """The table's values by position, then ``default`` (at code -1: absent)."""
+    return np.append(np.fromiter(table.values(), np.float64, count=len(table)), default)
 
 
 __all__ = [
