@@ -55,16 +55,18 @@ def replay(
     read-only. ``finish``: also apply the completions that ended after the last query, for
     their verdicts (the book then holds them too). ``specs``: the catalog, for the physics
     reference of the guard (as the worker applies it; without, that rule is not applied).
+    Runs with the collector paused (`collector_paused`).
     """
     n = len(queries)
     histories: list[LineageHistory] = [{}] * n
     aggregates: list[TypeAggregates] = [{}] * n
     last: Snapshots | None = None
-    for rows, part in replay_chunks(completions, queries, book, finish, specs, max(n, 1)):
-        for j, i in enumerate(rows.tolist()):
-            histories[i] = part.histories[j]
-            aggregates[i] = part.aggregates[j]
-        last = part
+    with collector_paused():
+        for rows, part in replay_chunks(completions, queries, book, finish, specs, max(n, 1)):
+            for j, i in enumerate(rows.tolist()):
+                histories[i] = part.histories[j]
+                aggregates[i] = part.aggregates[j]
+            last = part
     assert last is not None
     return Snapshots(
         histories, aggregates, epoch_seconds(queries["submitted_at"]), last.book, last.verdicts
@@ -269,8 +271,7 @@ class Replayer:
             if len(due)
             else _EMPTY
         )
-        with collector_paused():
-            snap = replay(frame, queries, self.book)
+        snap = replay(frame, queries, self.book)
         if len(q_now):
             self._last_query = float(q_now.max())
         return snap

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gc
 import math
+from collections.abc import Iterator
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -83,15 +85,16 @@ def test_collector_paused_restores_the_collector_as_it_found_it() -> None:
         gc.enable()
 
 
-def test_replayer_pauses_the_collector_while_it_replays(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_replay_pauses_the_collector_for_the_replayer_too(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[bool] = []
-    original = pit.replay
+    original = pit.replay_chunks
 
-    def spy(*args: object, **kwargs: object) -> pit.Snapshots:
-        seen.append(gc.isenabled())
-        return original(*args, **kwargs)  # type: ignore[arg-type]
+    def spy(*args: object, **kwargs: object) -> Iterator[tuple[Any, pit.Snapshots]]:
+        for piece in original(*args, **kwargs):  # type: ignore[arg-type]
+            seen.append(gc.isenabled())
+            yield piece
 
-    monkeypatch.setattr(pit, "replay", spy)
+    monkeypatch.setattr(pit, "replay_chunks", spy)
     rep = pit.Replayer()
     rows = pd.DataFrame([_row("a", "l4", "2026-01-01T00:00", "2026-01-01T01:00", 10.0)])
     rep.add_completions(rows)
