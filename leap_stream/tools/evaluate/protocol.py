@@ -81,8 +81,7 @@ def predict_held_out(
         test = wl == w
         fitted = M.fit(method, all_pairs[~test])
         pred[test] = fitted.predict(all_pairs[test])
-        chosen = M.describe(fitted)
-        if choices is not None and chosen is not None:
+        if choices is not None and (chosen := M.describe(fitted)) is not None:
             choices[str(w)] = chosen
     return pred
 
