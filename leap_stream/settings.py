@@ -535,6 +535,12 @@ class Settings:
         "Longest time the submissions consumer may stay outside a settled group (e.g. stuck rejoining after a broker restart) before the worker replaces it with a new one.",
         _float(0),
     )
+    stop_deadline_s: float = _setting(
+        "LEAP_STOP_DEADLINE_S",
+        "45",
+        "Longest the worker's graceful stop (SIGTERM, SIGINT) may take; past it the worker prints every thread's stack and exits with status 4, as a SIGKILL would end it (what was not committed is redone). Keep it under the orchestrator's grace period (60 s in deploy/k8s). 0: no deadline.",
+        _float(0),
+    )
     produce_timeout_s: float = _setting(
         "LEAP_PRODUCE_TIMEOUT_S",
         "20",

@@ -2,20 +2,24 @@
 
 A thin wrapper over ``faust.Worker``: SIGTERM/SIGINT go to Faust's graceful shutdown (finish
 the batch in hand, flush, commit, exit 0); one that arrives while the worker still starts
-stops it before it consumes anything, exit 0.
+stops it before it consumes anything, exit 0. A stop that outlives LEAP_STOP_DEADLINE_S ends the
+process with status 4 (`StopDeadline`).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import faulthandler
 import gc
 import logging
+import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from types import FrameType
 from typing import Any
 
 from leap_stream.settings import Settings
@@ -27,6 +31,9 @@ from leap_stream.stream.metrics import Metrics
 from leap_stream.stream.models import RankerHolder
 
 log = logging.getLogger(__name__)
+
+# Exit status when a graceful stop outlived LEAP_STOP_DEADLINE_S (docs/worker.md "Shutdown").
+EXIT_STOP_DEADLINE = 4
 
 
 def missing_topics(kafka: KafkaClients, names: list[str], timeout: float = 15.0) -> list[str]:
@@ -175,10 +182,6 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, cfg: Settings) -> int:
-    import faust
-
-    from leap_stream.stream.app import build_app, run_submissions_only
-
     faulthandler.enable()  # a crash in a C extension prints every thread's stack
     level = (args.loglevel or cfg.log_level).lower()
     logging.basicConfig(
@@ -186,8 +189,32 @@ def run(args: argparse.Namespace, cfg: Settings) -> int:
     )
     # from here a SIGTERM stops the worker cleanly, also while it starts (loading the model,
     # freezing the collector): an orchestrator sends it whenever it likes, and nothing is
-    # consumed before the loop (or Faust, which takes the signals over) runs
-    stop = stop_on_signals()
+    # consumed before the loop (or Faust, which takes the signals over) runs; the deadline
+    # bounds how long that stop may take
+    deadline = StopDeadline(cfg.stop_deadline_s)
+    stop = stop_on_signals(deadline.arm)
+    try:
+        status = _run(args, cfg, level, stop, deadline)
+    except SystemExit:
+        raise  # Faust's exit: the deadline stays armed through the interpreter's shutdown
+    except BaseException:
+        deadline.cancel()
+        raise
+    deadline.cancel()
+    return status
+
+
+def _run(
+    args: argparse.Namespace,
+    cfg: Settings,
+    level: str,
+    stop: threading.Event,
+    deadline: StopDeadline,
+) -> int:
+    import faust
+
+    from leap_stream.stream.app import build_app, run_submissions_only
+
     kafka = KafkaClients.of(cfg, cfg.require_kafka())
     cfg.require_redis()
     missing = missing_topics(kafka, list(cfg.topics))
@@ -211,7 +238,7 @@ def run(args: argparse.Namespace, cfg: Settings) -> int:
     if not cfg.runs("completions"):  # nothing for Faust to consume: the loop alone
         return run_submissions_only(deps, stop)
     app = build_app(deps)
-    worker = faust.Worker(app, loglevel=level, redirect_stdouts=False)
+    worker = with_deadline(faust.Worker, deadline)(app, loglevel=level, redirect_stdouts=False)
     if stop.is_set():
         log.info("stopped while starting: nothing consumed")
         return 0
@@ -231,22 +258,118 @@ def tune_gc(cfg: Settings) -> None:
     gc.set_threshold(cfg.gc_threshold, gen1, gen2)
 
 
-def stop_on_signals() -> threading.Event:
-    """An event SIGTERM and SIGINT set: the graceful stop of a worker without Faust, and of
-    any worker still starting (Faust takes the signals over once it runs)."""
+def stop_on_signals(on_signal: Callable[[], None] = lambda: None) -> threading.Event:
+    """An event SIGTERM and SIGINT set (after calling ``on_signal``): the graceful stop of a
+    worker without Faust, and of any worker still starting (Faust takes the signals over once
+    it runs)."""
     stop = threading.Event()
+
+    def handle(_signum: int, _frame: object) -> None:
+        on_signal()
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda _signum, _frame: stop.set())
+        signal.signal(sig, handle)
     return stop
 
 
+class StopDeadline:
+    """Ends the process when a graceful stop takes longer than ``seconds`` (0: never).
+
+    A stop can wait on something outside our code (seen once: Faust's consumer still joining
+    its group), and an orchestrator kills the worker after its grace period anyway. Ending it
+    here first says why: a log line, every thread's stack, exit status EXIT_STOP_DEADLINE.
+    Nothing is lost either way, as with a SIGKILL: offsets are committed only for durable work,
+    so the next worker redoes the rest. ``arm`` and ``cancel`` run on the main thread (signal
+    handlers, Faust's loop), so they need no lock."""
+
+    def __init__(self, seconds: float, exit: Callable[[int], object] = os._exit) -> None:
+        self.seconds = seconds
+        self._exit = exit
+        self._timer: threading.Timer | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def arm(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """Start the countdown; only the first call of a stop does. With the event loop that
+        stops (Faust's), its waiting tasks are printed too: a coroutine that waits is on no
+        thread's stack."""
+        if self.seconds <= 0 or self._timer is not None:
+            return
+        self._loop = loop
+        self._timer = threading.Timer(self.seconds, self._expire)
+        self._timer.name = "leap-stop-deadline"
+        self._timer.daemon = True
+        self._timer.start()
+
+    def cancel(self) -> None:
+        """The stop finished in time (a worker that returns rather than exiting the process)."""
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def _expire(self) -> None:
+        log.error(
+            "the stop took longer than LEAP_STOP_DEADLINE_S=%g s: exiting with status %d, the "
+            "next worker redoes what was not committed; every thread's stack follows",
+            self.seconds,
+            EXIT_STOP_DEADLINE,
+        )
+        sys.stderr.flush()
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        if self._loop is not None:
+            print_tasks(self._loop)
+        self._exit(EXIT_STOP_DEADLINE)
+
+
+def print_tasks(loop: asyncio.AbstractEventLoop) -> None:
+    """Every unfinished task of ``loop`` with where it waits, on stderr. Read from another
+    thread while the loop runs: a diagnosis on the way out, so a task list that changes under
+    it is skipped rather than retried."""
+    try:
+        tasks = asyncio.all_tasks(loop)
+    except RuntimeError:
+        return
+    for task in tasks:
+        print(f"Task {task.get_name()} (innermost await last):", file=sys.stderr)
+        for frame in awaited_frames(task.get_coro()):
+            code = frame.f_code
+            where = f'  File "{code.co_filename}", line {frame.f_lineno}, in {code.co_name}'
+            print(where, file=sys.stderr)
+    sys.stderr.flush()
+
+
+def awaited_frames(coro: object) -> Iterator[FrameType]:
+    """The frames of a suspended coroutine and of what it awaits, outermost first (a task's
+    own stack stops at its first frame)."""
+    while coro is not None:
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+        if frame is not None:
+            yield frame
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+
+
+def with_deadline(worker_class: type[Any], deadline: StopDeadline) -> type[Any]:
+    """``worker_class`` (faust.Worker, or any mode.Worker) whose stop signals also arm
+    ``deadline``: Faust installs its own handlers in place of `stop_on_signals`."""
+
+    class DeadlineWorker(worker_class):
+        def _schedule_shutdown(self, signum: signal.Signals) -> None:
+            deadline.arm(self.loop)
+            super()._schedule_shutdown(signum)
+
+    return DeadlineWorker
+
+
 __all__ = [
+    "EXIT_STOP_DEADLINE",
     "RankingCore",
     "RefusedToStart",
+    "StopDeadline",
     "build_deps",
     "missing_topics",
     "ranking_core",
     "register",
     "run",
+    "stop_on_signals",
     "tune_gc",
+    "with_deadline",
 ]
