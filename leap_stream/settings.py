@@ -448,7 +448,7 @@ class Settings:
     compiled_trees: str = _setting(
         "LEAP_COMPILED_TREES",
         "auto",
-        "1: score with the model's trees compiled to machine code (lleaves, the `compiled` extra), checked bit-identical to LightGBM; LightGBM serves while they compile. auto: 1 when the extra is installed (as in the image), else 0. 0: LightGBM's predict.",
+        "1: score with the model's trees compiled to machine code (lleaves, the `compiled` extra), checked bit-identical to LightGBM; LightGBM serves while they compile; `train` on millions of rows scores its own boosters with them too (the model is the same). auto: 1 when the extra is installed (as in the image), else 0. 0: LightGBM's predict.",
         _choice("auto", "1", "0"),
     )
     gc_freeze: bool = _setting(

@@ -34,8 +34,8 @@ import hashlib
 import os
 import re
 import zlib
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, NotRequired, TypedDict
 
@@ -55,6 +55,10 @@ from leap_stream.core.columns import (
 )
 
 Scorer = Callable[[np.ndarray], np.ndarray]
+# Compiles a booster's trees for `ThroughputModel.fit` to score its own training rows with
+# (stream/compiled.py's `fit_scorer`; categories: the levels of its categorical features);
+# None when it cannot. Core never imports the compiler: the trainer hands it in.
+BoosterCompiler = Callable[[lgb.Booster, Mapping[str, Sequence[str]]], Scorer | None]
 
 INTERVAL_LEVEL = 0.8
 _QLO, _QHI = (1 - INTERVAL_LEVEL) / 2, 1 - (1 - INTERVAL_LEVEL) / 2
@@ -125,6 +129,11 @@ def _threads(rows: int, predict: bool = False) -> int:
     shared 2-core box), two for big training sets and serving batches."""
     big = rows >= (2_000 if predict else 200_000)
     return max(1, min(2, os.cpu_count() or 1)) if big else 1
+
+
+def predict_threads(rows: int) -> int:
+    """Threads for scoring `rows` rows (LightGBM's predict, the compiled trees alike)."""
+    return _threads(rows, predict=True)
 
 
 def holdout_mask(lineage_ids: np.ndarray | pd.Series, fraction: float, seed: int = 0) -> np.ndarray:
@@ -304,12 +313,15 @@ class ThroughputModel:
         seed: int = 0,
         data_window: tuple[str, str] | None = None,
         progress: Callable[[int, int], None] | None = None,
+        compile_trees: BoosterCompiler | None = None,
     ) -> ThroughputModel:
         """Fit on (job × hardware it ran on) rows; `samples_per_s` is the measured whole-job rate.
 
         Three steps: the booster on the residual of the physics offset (lineages held out for
         calibration), the (model type × hardware) effects it cannot reach, then split-conformal
-        interval quantiles on the held-out lineages."""
+        interval quantiles on the held-out lineages. With `compile_trees`, the fit scores its
+        main boosters on its own rows with their compiled trees (identical output, faster on
+        millions of rows; the model is the same either way)."""
         groups = [g for g in F.GROUPS if g in groups]
         names = F.booster_features(groups)
         levels = _levels(frame, names)
@@ -329,7 +341,7 @@ class ThroughputModel:
         X = _matrix(frame, names, levels, base=order, dtype=np.float32) if names else None
         fitted = _train_booster(
             X, y - offset, names, fit_idx, calib, p, num_rounds, progress, order=order
-        )
+        ).compiled(compile_trees, levels)
         target = y - offset  # less each lineage's own shrunk mean residual, below
         if names and len(frame) >= 400:
             # the second fit, on targets without each lineage's own shrunk mean residual
@@ -347,7 +359,7 @@ class ThroughputModel:
                 progress,
                 order=order,
                 data=fitted.data,
-            )
+            ).compiled(compile_trees, levels)
         metadata = _metadata(fitted, frame, groups, levels, data_window, p)
         if "config" in groups and "specs" in groups:
             metadata["pair_effects"], metadata["pair_rows"] = _pair_effects(
@@ -357,8 +369,11 @@ class ThroughputModel:
         left_out: _LeftOut | None = None
         if X is not None and calib is not None and {"config", "specs"} <= set(groups):
             left_out = _LeftOut.fit(frame, X, target, order, fit_idx, calib, metadata, p, seed)
+        scorer = fitted.scorer
         del fitted, X  # the matrix and its binned datasets: the ratio model needs the memory
-        model = cls(booster, metadata)
+        # scoring for the ratio model's inputs and the calibration; the model returned scores
+        # with LightGBM (a worker compiles what it loads: stream/models.py)
+        model = cls(booster, metadata, scorer, "compiled" if scorer is not None else "lightgbm")
         if {"prior", "config", "specs"} <= set(groups):
             model = model._with_ratio_model(frame, y, train_idx, calib, seed)
         model._calibrate(frame, y, calib if calib is not None else train_idx, left_out)
@@ -396,7 +411,8 @@ class ThroughputModel:
             "ratio_features": names,
             "ratio_best_iteration": best,
         }
-        return type(self)(self.booster, meta, ratio=ratio)
+        compiled = self.score if self.scorer_kind != "lightgbm" else None
+        return type(self)(self.booster, meta, compiled, self.scorer_kind, ratio)
 
     def _calibrate(
         self,
@@ -622,17 +638,33 @@ class _Fitted:
     order: np.ndarray
     frame_rows: int
     data: _TrainData | None = None  # its binned datasets (None for the constant model)
+    scorer: Scorer | None = None  # its trees compiled (`compiled`); None: LightGBM's predict
+
+    def compiled(
+        self, compile_trees: BoosterCompiler | None, levels: Mapping[str, Sequence[str]]
+    ) -> _Fitted:
+        """This fit scoring with its trees compiled by `compile_trees` (itself without one,
+        for the constant model, or when they cannot be compiled)."""
+        if compile_trees is None or self.names == ["const"]:
+            return self
+        scorer = compile_trees(self.booster, levels)
+        return self if scorer is None else replace(self, scorer=scorer)
 
     def predict(self, num_threads: int, rows: np.ndarray | None = None) -> np.ndarray:
         """The booster's output on these rows of the frame (NaN on rows not in `X` when
         None); ``rows`` must be rows of `X`."""
         if rows is None:
             out = np.full(self.frame_rows, np.nan)
-            out[self.order] = self.booster.predict(self.X, num_threads=num_threads)
+            out[self.order] = self._score(self.X, num_threads)
             return out
         at = np.full(self.frame_rows, -1, np.int64)
         at[self.order] = np.arange(len(self.order))
-        return np.asarray(self.booster.predict(self.X[at[rows]], num_threads=num_threads))
+        return self._score(self.X[at[rows]], num_threads)
+
+    def _score(self, X: np.ndarray, num_threads: int) -> np.ndarray:
+        if self.scorer is not None:
+            return self.scorer(X)
+        return np.asarray(self.booster.predict(X, num_threads=num_threads))
 
 
 def _levels(frame: pd.DataFrame, names: Sequence[str]) -> dict[str, list[str]]:

@@ -19,12 +19,12 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from leap_stream.core.predictor import ThroughputModel
+from leap_stream.core.predictor import ThroughputModel, predict_threads
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +34,8 @@ KIND = "compiled"
 # by LightGBM (the probe rows include such values).
 ZERO_BAND = 1e-30
 PROBE_ROWS = 4096
+# rows converted to float64 and scored at a time: ~100 MB of a training matrix, not all of it
+SCORE_CHUNK = 262_144
 # Summing tree by tree (block size 1) without inlining keeps LightGBM's order of additions:
 # the output is then identical, not only close, and compiling is ~5x faster than the defaults.
 _COMPILE_OPTIONS: dict[str, Any] = {"fblocksize": 1, "finline": False}
@@ -72,7 +74,16 @@ def probe_matrix(
 ) -> np.ndarray:
     """Rows on both sides of every split threshold, NaN, and unseen categories, at random (of
     the main booster, or of the ratio model with `ratio`)."""
-    booster, feature_names, categories = _trees(model, ratio)
+    return _probe_rows(*_trees(model, ratio), rows=rows, seed=seed)
+
+
+def _probe_rows(
+    booster: Any,
+    feature_names: Sequence[str],
+    categories: Mapping[str, Sequence[str]],
+    rows: int = PROBE_ROWS,
+    seed: int = 0,
+) -> np.ndarray:
     dump = booster.dump_model()
     n_feat = int(dump["max_feature_idx"]) + 1
     cuts: list[list[float]] = [[] for _ in range(n_feat)]
@@ -112,6 +123,20 @@ def compile_scorer(
 ) -> Callable[[np.ndarray], np.ndarray]:
     """The model's trees (the ratio model's with `ratio`) compiled; raises `CompileError`
     unless they match LightGBM exactly."""
+    reference = model.ratio_lightgbm if ratio else model.score_lightgbm
+    return compile_booster(*_trees(model, ratio), reference)
+
+
+def compile_booster(
+    booster: Any,
+    feature_names: Sequence[str],
+    categories: Mapping[str, Sequence[str]],
+    reference: Callable[[np.ndarray], np.ndarray] | None = None,
+) -> Callable[[np.ndarray], np.ndarray]:
+    """A LightGBM booster's trees compiled (`reference`: its own predict unless given); raises
+    `CompileError` unless they match it exactly on probe rows. The scorer takes a matrix of
+    any float dtype and size: it converts `SCORE_CHUNK` rows at a time, so a year's matrix is
+    never copied whole."""
     try:
         import lleaves
     except Exception as exc:
@@ -121,31 +146,52 @@ def compile_scorer(
     fd, path = tempfile.mkstemp(prefix="leap-model-", suffix=".txt")
     try:
         with os.fdopen(fd, "w") as f:
-            f.write(_trees(model, ratio)[0].model_to_string())
+            f.write(booster.model_to_string())
         compiled = lleaves.Model(model_file=path)
         compiled.compile(**_COMPILE_OPTIONS)
     except Exception as exc:
         raise CompileError(f"compiling the trees failed: {exc!r}") from exc
     finally:
         os.unlink(path)
+    if reference is None:
 
-    reference = model.ratio_lightgbm if ratio else model.score_lightgbm
+        def reference(X: np.ndarray) -> np.ndarray:
+            return np.asarray(booster.predict(X, num_threads=predict_threads(len(X))))
 
-    def score(X: np.ndarray) -> np.ndarray:
+    def score_chunk(X: np.ndarray) -> np.ndarray:
         X = np.ascontiguousarray(X, np.float64)
-        jobs = 2 if len(X) >= 2000 and (os.cpu_count() or 1) > 1 else 1
-        out = np.asarray(compiled.predict(X, n_jobs=jobs))
+        out = np.asarray(compiled.predict(X, n_jobs=predict_threads(len(X))))
         tiny = ((np.abs(X) < ZERO_BAND) & (X != 0.0)).any(axis=1)
         if tiny.any():  # LightGBM's zero band: those rows are scored by LightGBM itself
             out[tiny] = reference(X[tiny])
         return out
 
-    X = probe_matrix(model, ratio=ratio)
+    def score(X: np.ndarray) -> np.ndarray:
+        if len(X) <= SCORE_CHUNK:
+            return score_chunk(X)
+        return np.concatenate(
+            [score_chunk(X[i : i + SCORE_CHUNK]) for i in range(0, len(X), SCORE_CHUNK)]
+        )
+
+    X = _probe_rows(booster, feature_names, categories)
     want, got = reference(X), score(X)
     if not np.array_equal(want, got, equal_nan=True):
         worst = float(np.nanmax(np.abs(want - got)))
         raise CompileError(f"compiled trees differ from LightGBM on probe rows (max |d| {worst})")
     return score
+
+
+def fit_scorer(
+    booster: Any, categories: Mapping[str, Sequence[str]]
+) -> Callable[[np.ndarray], np.ndarray] | None:
+    """For `ThroughputModel.fit` (its `compile_trees`): a booster it scores on every training
+    row, compiled; None, logged, when that cannot be done (training never fails over a
+    speed-up: it scores with LightGBM then)."""
+    try:
+        return compile_booster(booster, booster.feature_name(), categories)
+    except CompileError as exc:
+        log.warning("training scores with LightGBM: %s", exc)
+        return None
 
 
 def compiled_model(model: ThroughputModel) -> ThroughputModel:
@@ -158,8 +204,10 @@ __all__ = [
     "KIND",
     "CompileError",
     "available",
+    "compile_booster",
     "compile_scorer",
     "compiled_model",
+    "fit_scorer",
     "probe_matrix",
     "wanted",
 ]

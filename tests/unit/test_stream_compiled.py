@@ -145,3 +145,67 @@ def test_the_setting_auto_follows_the_extra(monkeypatch: pytest.MonkeyPatch) -> 
     assert not C.wanted(setting("0"))
     with pytest.raises(ValueError, match="'auto', '1', '0'"):
         setting("yes")
+
+
+def _digest(model: ThroughputModel) -> tuple[str, str | None, str]:
+    """What a fit produced, apart from its version stamp: both boosters and the metadata."""
+    import orjson
+
+    meta = {k: v for k, v in model.metadata.items() if k not in ("version", "trained_at")}
+    ratio = model.ratio.model_to_string() if model.ratio is not None else None
+    opts = orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY
+    return model.booster.model_to_string(), ratio, orjson.dumps(meta, option=opts).decode()
+
+
+def test_a_fit_scoring_with_compiled_trees_gives_the_same_model(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`train` on millions of rows scores its own boosters with compiled trees: the model must
+    be exactly the one LightGBM's predict gives (boosters, effects, intervals, metrics)."""
+    from leap_stream.train import trainer
+
+    monkeypatch.setattr(trainer, "COMPILE_MIN_ROWS", 0)
+    scored: list[int] = []
+
+    def counting(booster: Any, categories: Any) -> Any:
+        score = C.fit_scorer(booster, categories)
+        assert score is not None
+
+        def counted(X: np.ndarray) -> np.ndarray:
+            scored.append(len(X))
+            return score(X)
+
+        return counted
+
+    with_compiled = fit(_rows(), num_rounds=12, compile_trees=counting)
+    assert sum(scored) >= len(_rows().y)  # the lineage effects alone score every row
+    assert with_compiled.scorer_kind == "lightgbm"  # what it returns serves as loaded
+    assert _digest(with_compiled) == _digest(_model())
+
+
+def test_a_fit_below_the_row_threshold_does_not_compile() -> None:
+    asked: list[Any] = []
+    fit(_rows(), num_rounds=12, compile_trees=lambda b, c: asked.append(b))
+    assert asked == []  # a few thousand rows: compiling would cost more than it saves
+
+
+def test_a_compiled_booster_scores_any_matrix_in_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A training matrix (float32, millions of rows) is converted a chunk at a time."""
+    model = _model()
+    monkeypatch.setattr(C, "SCORE_CHUNK", 1000)
+    booster = model.booster
+    score = C.compile_booster(booster, booster.feature_name(), model.metadata["categories"])
+    X = C.probe_matrix(model, rows=4500, seed=3).astype(np.float32)
+    want = booster.predict(X)
+    assert np.array_equal(score(X), want, equal_nan=True)
+
+
+def test_training_scores_with_lightgbm_when_compiling_fails(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(*_a: Any, **_k: Any) -> Any:
+        raise C.CompileError("no LLVM here")
+
+    monkeypatch.setattr(C, "compile_booster", broken)
+    assert C.fit_scorer(_model().booster, {}) is None
+    assert "no LLVM here" in caplog.text
