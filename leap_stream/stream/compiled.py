@@ -11,7 +11,8 @@ LightGBM's output, bit for bit, on probe rows that take both sides of every spli
 (``pip install 'leap-stream[compiled]'``, the image has it); ``1`` asks for them (a missing
 extra is then a counted compile failure), ``0`` never. Compiling takes seconds (about 3 s for
 60 trees on the 2-core box): the worker serves with LightGBM meanwhile and swaps when the
-compiled trees are checked (`stream/models.py`).
+compiled trees are checked (`stream/models.py`). Training on millions of rows scores its own
+rows with the same compiler (`fit_scorer`, handed to `ThroughputModel.fit` by the trainer).
 """
 
 from __future__ import annotations
