@@ -29,6 +29,7 @@ from leap_stream.stream.client import RankingsClient
 from leap_stream.stream.kafka import KafkaClients
 from leap_stream.stream.lag import LagReader, total_lag, worker_groups
 from leap_stream.stream.submission_loop import submissions_group
+from leap_stream.stream.worker import EXIT_STOP_DEADLINE
 from leap_stream.tools.harness import (
     WorkerStack,
     aggregate_differences,
@@ -430,9 +431,14 @@ def test_worker_end_to_end(world: str, request: pytest.FixtureRequest) -> None:
     rankings.close()
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
-def test_worker_restart_loses_nothing(stack: Stack, sig: int) -> None:
-    """A backlog, a stop in the middle (graceful or a crash), a restart: nothing is lost."""
+@pytest.mark.parametrize(
+    ("sig", "deadline"),
+    [(signal.SIGTERM, None), (signal.SIGKILL, None), (signal.SIGTERM, "0.05")],
+    ids=["sigterm", "sigkill", "stop-deadline"],
+)
+def test_worker_restart_loses_nothing(stack: Stack, sig: int, deadline: str | None) -> None:
+    """A backlog, a stop in the middle (graceful, a crash, or a graceful stop cut short by
+    LEAP_STOP_DEADLINE_S), a restart: nothing is lost."""
     # big enough that the worker cannot finish it between "a quarter ranked" and the stop
     # (with 1,500 and then 4,000 of each, a faster worker sometimes had: lag 0 at the stop)
     sim = simulate(SimConfig(seed=7, days=1, rate=8000))
@@ -447,7 +453,10 @@ def test_worker_restart_loses_nothing(stack: Stack, sig: int) -> None:
     rankings = RankingsClient(KafkaClients(stack.bootstrap), t["rank"], keep_all=True)
     lag = LagReader(KafkaClients(stack.bootstrap), worker_groups(stack.group, t["sub"], t["comp"]))
 
+    if deadline is not None:
+        stack.extra_env["LEAP_STOP_DEADLINE_S"] = deadline
     stack.start("worker-1")
+    stack.extra_env.pop("LEAP_STOP_DEADLINE_S", None)
 
     def some_ranked() -> bool:
         assert stack.alive(), stack.log_tail()
@@ -461,8 +470,13 @@ def test_worker_restart_loses_nothing(stack: Stack, sig: int) -> None:
     feeder.flush()
     time.sleep(0.3)
     rc = stack.stop(sig)
-    if sig == signal.SIGTERM:
+    graceful = sig == signal.SIGTERM and deadline is None
+    if graceful:
         assert rc == 0, stack.log_tail()
+    if deadline is not None:  # Faust's stop outlived it: exit 4, and where it was waiting
+        assert rc == EXIT_STOP_DEADLINE, stack.log_tail()
+        log = stack.log_tail(400)
+        assert "LEAP_STOP_DEADLINE_S" in log and "(innermost await last):" in log, log
     assert total_lag(lag.read()) > 0  # stopped with work left
     done_before = sum(r.committed or 0 for r in lag.read())
 
@@ -483,8 +497,8 @@ def test_worker_restart_loses_nothing(stack: Stack, sig: int) -> None:
     latest = rankings.latest()
     assert set(latest) == keys
     repeats = rankings.received - len(latest)
-    if sig == signal.SIGTERM:
-        # graceful: every acked batch was committed before exit, so nothing is redone
+    if graceful:
+        # every acked batch was committed before exit, so nothing is redone
         assert repeats == 0
     # completions that overtook their submission waited for the join (or, at the stop, were
     # left uncommitted and redone): none is an orphan, the dataset has every one exactly once
