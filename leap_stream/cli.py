@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from leap_stream import __version__
-from leap_stream.settings import Settings, SettingsError
+
+if TYPE_CHECKING:
+    from leap_stream.settings import Settings
 
 # subcommand -> (module with register(sub) and run(args) -> int, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -48,6 +52,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+# Commands that stop gracefully on SIGTERM/SIGINT once loaded. Until they have their handlers
+# (the worker: `stream.worker.stop_on_signals`, which unblocks them) the signals are blocked:
+# held, not lost, so that one arriving while Python imports the command (~0.6 s for the
+# worker) stops it cleanly instead of killing it. This module imports nothing heavy before.
+HOLDS_STOP_SIGNALS = frozenset({"worker"})
+STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
+
+
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, str]]:
     parser = argparse.ArgumentParser(prog="leap-stream", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"leap-stream {__version__}")
@@ -67,6 +79,19 @@ def with_local_services(settings: Settings) -> Settings:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    held = bool(argv) and argv[0] in HOLDS_STOP_SIGNALS
+    if held:
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        return _main(argv)
+    finally:
+        if held:  # also when the command failed before it took them over
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+def _main(argv: list[str]) -> int:
+    from leap_stream.settings import Settings, SettingsError
+
     parser, modules = build_parser()
     if not argv or argv[0] not in modules:
         parser.parse_args(argv)  # handles --version, --help and unknown commands

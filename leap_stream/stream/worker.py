@@ -270,6 +270,9 @@ def stop_on_signals(on_signal: Callable[[], None] = lambda: None) -> threading.E
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, handle)
+    # the CLI blocks them while it imports the worker (cli.HOLDS_STOP_SIGNALS): one that came
+    # meanwhile is delivered now, to `handle`
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
     return stop
 
 

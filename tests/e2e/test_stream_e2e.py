@@ -538,6 +538,17 @@ def test_worker_restart_loses_nothing(stack: Stack, sig: int, deadline: str | No
     rankings.close()
 
 
+@pytest.mark.parametrize("delay_s", [0.05, 0.3])
+def test_a_sigterm_while_the_worker_loads_stops_it_cleanly(stack: Stack, delay_s: float) -> None:
+    """A SIGTERM in the first moments of the process, while Python still imports the worker
+    (~0.6 s), is held until the worker has its handlers, then stops it like any SIGTERM during
+    start-up: exit 0, nothing consumed, instead of death by the signal."""
+    stack.start("early")
+    time.sleep(delay_s)
+    assert stack.stop(signal.SIGTERM) == 0, stack.log_tail()
+    assert "stopped while starting" in stack.log_tail(), stack.log_tail()
+
+
 def test_worker_without_redis_ranks_and_loses_nothing(stack: Stack) -> None:
     """Redis unreachable: rankings still flow (without history), nothing is committed that only
     lived in memory; restarted with Redis, every completion is joined into the dataset."""

@@ -72,3 +72,24 @@ def test_a_sigterm_while_starting_stops_the_worker_cleanly(
         assert loop_ran == [True]  # the loop sees the stop at once
     else:
         assert loop_ran == []
+
+
+def test_the_cli_holds_stop_signals_only_while_the_worker_loads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`leap-stream worker` blocks SIGTERM/SIGINT until the worker has its handlers (the e2e
+    test stops a worker 0.05 s after start); a worker that fails before that (a bad setting,
+    exit 2) leaves them unblocked, and other commands never block them."""
+    from leap_stream import cli
+
+    def blocked() -> set[int]:
+        return set(signal.pthread_sigmask(signal.SIG_BLOCK, []))
+
+    seen: list[set[int]] = []
+    monkeypatch.setenv("LEAP_BATCH_SIZE", "many")
+    monkeypatch.setattr(worker, "register", lambda _p: seen.append(blocked()))
+    assert cli.main(["worker"]) == 2
+    assert seen == [{signal.SIGTERM, signal.SIGINT}]  # held while the command loaded
+    assert not blocked() & {signal.SIGTERM, signal.SIGINT}
+    assert cli.main(["config"]) == 2
+    assert not blocked() & {signal.SIGTERM, signal.SIGINT}
