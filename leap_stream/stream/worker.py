@@ -279,8 +279,8 @@ def stop_on_signals(on_signal: Callable[[], None] = lambda: None) -> threading.E
 class StopDeadline:
     """Ends the process when a graceful stop takes longer than ``seconds`` (0: never).
 
-    A stop can wait on something outside our code (seen once: Faust's consumer still joining
-    its group), and an orchestrator kills the worker after its grace period anyway. Ending it
+    A stop can wait on something outside our code (Faust's consumer joining its group, say),
+    and an orchestrator kills the worker after its grace period anyway. Ending it
     here first says why: a log line, every thread's stack, exit status EXIT_STOP_DEADLINE.
     Nothing is lost either way, as with a SIGKILL: offsets are committed only for durable work,
     so the next worker redoes the rest. ``arm`` and ``cancel`` run on the main thread (signal
@@ -310,20 +310,22 @@ class StopDeadline:
             self._timer.cancel()
 
     def _expire(self) -> None:
-        log.error(
-            "the stop took longer than LEAP_STOP_DEADLINE_S=%g s: exiting with status %d, the "
-            "next worker redoes what was not committed; every thread's stack follows",
-            self.seconds,
-            EXIT_STOP_DEADLINE,
-        )
-        sys.stderr.flush()
-        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
-        if self._loop is not None:
-            print_tasks(self._loop)
-        self._exit(EXIT_STOP_DEADLINE)
+        try:  # the diagnosis is best effort; the exit is not
+            log.error(
+                "the stop took longer than LEAP_STOP_DEADLINE_S=%g s: exiting with status %d, "
+                "the next worker redoes what was not committed; every thread's stack follows",
+                self.seconds,
+                EXIT_STOP_DEADLINE,
+            )
+            sys.stderr.flush()
+            faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+            if self._loop is not None:
+                _print_tasks(self._loop)
+        finally:
+            self._exit(EXIT_STOP_DEADLINE)
 
 
-def print_tasks(loop: asyncio.AbstractEventLoop) -> None:
+def _print_tasks(loop: asyncio.AbstractEventLoop) -> None:
     """Every unfinished task of ``loop`` with where it waits, on stderr. Read from another
     thread while the loop runs: a diagnosis on the way out, so a task list that changes under
     it is skipped rather than retried."""
@@ -333,14 +335,14 @@ def print_tasks(loop: asyncio.AbstractEventLoop) -> None:
         return
     for task in tasks:
         print(f"Task {task.get_name()} (innermost await last):", file=sys.stderr)
-        for frame in awaited_frames(task.get_coro()):
+        for frame in _awaited_frames(task.get_coro()):
             code = frame.f_code
             where = f'  File "{code.co_filename}", line {frame.f_lineno}, in {code.co_name}'
             print(where, file=sys.stderr)
     sys.stderr.flush()
 
 
-def awaited_frames(coro: object) -> Iterator[FrameType]:
+def _awaited_frames(coro: object) -> Iterator[FrameType]:
     """The frames of a suspended coroutine and of what it awaits, outermost first (a task's
     own stack stops at its first frame)."""
     while coro is not None:

@@ -31,6 +31,26 @@ def test_an_armed_deadline_exits_with_its_status() -> None:
     assert exited == [EXIT_STOP_DEADLINE]
 
 
+def test_the_deadline_exits_even_when_its_diagnosis_fails(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from leap_stream.stream import worker
+
+    def broken(_loop: object) -> None:
+        raise ValueError("a task list that cannot be read")
+
+    raised: list[BaseException | None] = []
+    monkeypatch.setattr(worker, "_print_tasks", broken)
+    monkeypatch.setattr(threading, "excepthook", lambda args: raised.append(args.exc_value))
+    exited: list[int] = []
+    deadline = StopDeadline(0.05, exit=exited.append)
+    deadline.arm(loop=object())  # type: ignore[arg-type]
+    assert deadline._timer is not None
+    deadline._timer.join(10)
+    assert exited == [EXIT_STOP_DEADLINE]
+    assert [type(e) for e in raised] == [ValueError]  # reported, after the exit was called
+
+
 @pytest.mark.parametrize("seconds", [0.0, 0.2])
 def test_no_exit_without_a_deadline_or_after_a_cancel(seconds: float) -> None:
     exited: list[int] = []
