@@ -55,6 +55,9 @@ from leap_stream.core.columns import (
 )
 
 Scorer = Callable[[np.ndarray], np.ndarray]
+# `ThroughputModel.scorer_kind`: LightGBM's own predict, or the same trees compiled
+LIGHTGBM_KIND = "lightgbm"
+COMPILED_KIND = "compiled"
 # Compiles a booster's trees for `ThroughputModel.fit` to score its own training rows with
 # (stream/compiled.py's `fit_scorer`; categories: the levels of its categorical features);
 # None when it cannot. Core never imports the compiler: the trainer hands it in.
@@ -228,7 +231,7 @@ class ThroughputModel:
         booster: lgb.Booster,
         metadata: ModelMetadata,
         scorer: Scorer | None = None,
-        scorer_kind: str = "lightgbm",
+        scorer_kind: str = LIGHTGBM_KIND,
         ratio: lgb.Booster | None = None,
         ratio_scorer: Scorer | None = None,
     ) -> None:
@@ -373,7 +376,8 @@ class ThroughputModel:
         del fitted, X  # the matrix and its binned datasets: the ratio model needs the memory
         # scoring for the ratio model's inputs and the calibration; the model returned scores
         # with LightGBM (a worker compiles what it loads: stream/models.py)
-        model = cls(booster, metadata, scorer, "compiled" if scorer is not None else "lightgbm")
+        kind = COMPILED_KIND if scorer is not None else LIGHTGBM_KIND
+        model = cls(booster, metadata, scorer, kind)
         if {"prior", "config", "specs"} <= set(groups):
             model = model._with_ratio_model(frame, y, train_idx, calib, seed)
         model._calibrate(frame, y, calib if calib is not None else train_idx, left_out)
@@ -411,7 +415,7 @@ class ThroughputModel:
             "ratio_features": names,
             "ratio_best_iteration": best,
         }
-        compiled = self.score if self.scorer_kind != "lightgbm" else None
+        compiled = self.score if self.scorer_kind != LIGHTGBM_KIND else None
         return type(self)(self.booster, meta, compiled, self.scorer_kind, ratio)
 
     def _calibrate(

@@ -25,11 +25,11 @@ from typing import Any
 
 import numpy as np
 
-from leap_stream.core.predictor import ThroughputModel, predict_threads
+from leap_stream.core.predictor import COMPILED_KIND, ThroughputModel, predict_threads
 
 log = logging.getLogger(__name__)
 
-KIND = "compiled"
+KIND = COMPILED_KIND
 # LightGBM takes |x| <= 1e-35 as zero in some splits (kZeroThreshold) where the compiled trees
 # compare the value itself; no feature lands there in practice, and a row that does is scored
 # by LightGBM (the probe rows include such values).

@@ -25,7 +25,7 @@ from typing import Any
 from leap_stream.catalog import CatalogError, CatalogFile
 from leap_stream.contracts import parse_ts
 from leap_stream.core.lookup import LookupTable
-from leap_stream.core.predictor import ThroughputModel
+from leap_stream.core.predictor import LIGHTGBM_KIND, ThroughputModel
 from leap_stream.core.ranker import Ranker
 from leap_stream.store.artefact import read_artefact
 from leap_stream.store.registry import CurrentModel, ModelLoadError, Registry
@@ -149,7 +149,7 @@ class RankerHolder:
         if self.compiling is not None:
             self.compiling.join(timeout)
         model = self.ranker.model
-        return model is not None and model.scorer_kind != "lightgbm"
+        return model is not None and model.scorer_kind != LIGHTGBM_KIND
 
     def _refresh_age(self) -> None:
         trained_at = None

@@ -167,8 +167,8 @@ def collector_paused() -> Iterator[None]:
     A replay keeps millions of small objects alive (history entries, snapshots, their dicts)
     and makes no reference cycles, yet every full collection walks all of them: on 60 days of
     history the training rows took 1.3-1.9 times as long with the collector on, for the same
-    peak memory; a year's training ~2 minutes more. Reference counting still frees everything; a cycle made meanwhile waits for the
-    next collection after the pause."""
+    peak memory; a year's training ~2 minutes more. Reference counting still frees everything;
+    a cycle made meanwhile waits for the next collection after the pause."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
