@@ -5,12 +5,14 @@ unacked offset right at the committed position, or anything while the committed 
 0, is stepped over), so an event that is still waiting (a completion waiting for its
 submission, a row waiting for the dataset write) could be committed past and lost on a
 crash. The gate hands Faust only a contiguous prefix: an event is acked when it and every
-earlier tracked event of its partition are done.
+earlier tracked event of its partition are done. For the same reason Faust's consumer is
+made to record no ack but the gate's (`ExplicitAcks`).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable
 from typing import Any
@@ -30,22 +32,27 @@ class OrderedAcks:
         self._ack = ack
         # partition -> offset -> [event, done]
         self._open: dict[Hashable, OrderedDict[int, list[Any]]] = {}
+        self.closed = False
 
     def track(self, events: Iterable[Any]) -> None:
         """Register events as they are received (offset order within a partition)."""
+        if self.closed:
+            return
         for ev in events:
             q = self._open.setdefault(self._partition_of(ev), OrderedDict())
             q.setdefault(self._offset_of(ev), [ev, False])
 
     def done(self, events: Iterable[Any]) -> int:
-        """Mark events done; ack every newly contiguous prefix. Returns how many were acked."""
+        """Mark events done; ack every newly contiguous prefix. Returns how many were acked.
+
+        An event the gate does not track is not acked: it was forgotten (a stop, a rebalance)
+        and events before it may have been forgotten unfinished; it is redelivered."""
         touched = set()
         for ev in events:
             p = self._partition_of(ev)
             q = self._open.get(p)
             entry = q.get(self._offset_of(ev)) if q is not None else None
-            if entry is None:  # never tracked: nothing can be waiting before it
-                self._ack(ev)
+            if entry is None:
                 continue
             entry[1] = True
             touched.add(p)
@@ -72,6 +79,52 @@ class OrderedAcks:
         left = self.pending()
         self._open.clear()
         return left
+
+    def close(self) -> list[Any]:
+        """`forget`, and track nothing more: at a stop, work finished after the last commit
+        must not be acked past what was forgotten unfinished."""
+        self.closed = True
+        return self.forget()
+
+
+class ExplicitAcks:
+    """Makes a Faust consumer record only the acks given through `give`.
+
+    Faust acks some events by itself, even on a ``noack`` stream: an event its stream skips
+    because flow control is suspended (a stop or rebalance in progress) or because it was
+    fetched in an earlier consumer generation is acked unprocessed (faust/streams.py,
+    "otherwise the lag would increase"). Faust then commits the first run of acked offsets,
+    and while a partition has no commit yet nothing checks that the run starts at the
+    committed position: one such ack commits past every earlier event still queued or
+    waiting for the dataset write, and they are lost. Faust seeks every partition back to its
+    commit before it resumes after a rebalance, so a skipped event comes again anyway.
+    """
+
+    def __init__(self) -> None:
+        self._giving = threading.local()
+        self.refused = 0
+
+    def install(self, consumer: Any) -> Any:
+        """Wrap ``consumer.ack`` (what `Message.ack` calls on the final ack)."""
+        record = consumer.ack
+
+        def ack(message: Any) -> bool:
+            if getattr(self._giving, "on", False):
+                return bool(record(message))
+            self.refused += 1
+            log.info("not recording Faust's own ack of %s offset %s", message.tp, message.offset)
+            return False
+
+        consumer.ack = ack
+        return consumer
+
+    def give(self, event: Any) -> None:
+        """Ack ``event`` (a Faust event) for real."""
+        self._giving.on = True
+        try:
+            event.ack()
+        finally:
+            self._giving.on = False
 
 
 class HeldAcks:
@@ -111,4 +164,4 @@ class HeldAcks:
         return self.gate.forget()
 
 
-__all__ = ["HeldAcks", "OrderedAcks"]
+__all__ = ["ExplicitAcks", "HeldAcks", "OrderedAcks"]

@@ -32,7 +32,7 @@ import orjson
 
 from leap_stream.contracts import DeadLetter, HardwareRanking
 from leap_stream.settings import Settings
-from leap_stream.stream.acks import OrderedAcks
+from leap_stream.stream.acks import ExplicitAcks, OrderedAcks
 from leap_stream.stream.batch import (
     Backoff,
     CompletionBatchResult,
@@ -174,12 +174,20 @@ class LeanApp(faust.App):
 
     The Monitor keeps Faust's own per-message statistics (for its web view, which is off);
     it runs several hooks per message on the event loop, on the same GIL as the batch thread.
-    The worker's metrics are its own (stream/metrics.py)."""
+    The worker's metrics are its own (stream/metrics.py). Its consumer records only the acks
+    the worker gives (``explicit_acks``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.explicit_acks = ExplicitAcks()
+        super().__init__(*args, **kwargs)
 
     def on_init_dependencies(self) -> Any:
         services = super().on_init_dependencies()
         self.sensors.remove(self.monitor)
         return services
+
+    def _new_consumer(self) -> Any:
+        return self.explicit_acks.install(super()._new_consumer())
 
 
 def tune_consumer(min_bytes: int, max_wait_ms: int) -> None:
@@ -210,7 +218,7 @@ def tune_consumer(min_bytes: int, max_wait_ms: int) -> None:
     cls._create_worker_consumer = create
 
 
-def new_faust_app(deps: WorkerDeps) -> faust.App:
+def new_faust_app(deps: WorkerDeps) -> LeanApp:
     """The Faust app of the completions: raw bytes, no tables, commits only what is acked."""
     cfg = deps.cfg
     datadir = cfg.home / "faust" / cfg.consumer_group
@@ -308,14 +316,14 @@ class CompletionsAgent:
     write them on size or age, then ack in offset order. One batch at a time with the flusher
     (``pending.lock``), so a rebalance never sees half a batch."""
 
-    def __init__(self, app: faust.App, deps: WorkerDeps, out: OutputProducer) -> None:
+    def __init__(self, app: LeanApp, deps: WorkerDeps, out: OutputProducer) -> None:
         self.app = app
         self.deps = deps
         self.out = out
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="leap-completions")
         self.pending = _Pending()
         self.gate = OrderedAcks(
-            lambda e: e.message.tp, lambda e: e.message.offset, lambda e: e.ack()
+            lambda e: e.message.tp, lambda e: e.message.offset, app.explicit_acks.give
         )
         self.stopping = threading.Event()
         self.sink_backoff = Backoff(base_s=0.5, cap_s=30.0)
@@ -376,7 +384,24 @@ class CompletionsAgent:
         grace = self.deps.cfg.orphan_grace_s
         return self.deps.completions.process(records, now, wait_for_join=grace > 0)
 
+    def _current(self, events: list[Any]) -> list[Any]:
+        """The events of the consumer's current generation. One fetched before a rebalance is
+        left alone: Faust seeks every partition back to its commit and delivers it again, and
+        tracked now it would follow what the gate forgot at the rebalance (Faust's streams
+        skip such events the same way)."""
+        generation = self.app.consumer_generation_id
+        current = [e for e in events if e.message.generation_id == generation]
+        if len(current) < len(events):
+            log.info(
+                "%d completion events from before a rebalance: redelivered",
+                len(events) - len(current),
+            )
+        return current
+
     async def handle(self, events: list[Any]) -> None:
+        events = [] if self.gate.closed else self._current(events)
+        if not events:  # stopped after the last write, or stale: redelivered
+            return
         t0 = time.perf_counter()
         records = [record_of(e) for e in events]
         now = datetime.now(UTC)
@@ -456,9 +481,10 @@ class CompletionsAgent:
                 deps.stats["dataset_rows"] = deps.stats.get("dataset_rows", 0) + len(rows)
         if force and (self.app.should_stop or self.app.rebalancing):
             # what is still unacked (completions waiting for their submission and the events
-            # after them) stays uncommitted and is redelivered
+            # after them) stays uncommitted and is redelivered; after a stop's last write
+            # nothing more is acked
             pending.waiting = []
-            left = self.gate.forget()
+            left = self.gate.close() if self.app.should_stop else self.gate.forget()
             if left:
                 log.warning("%d completion events left uncommitted; redelivered later", len(left))
 

@@ -220,8 +220,53 @@ def test_ordered_acks_release_only_contiguous_prefixes() -> None:
     assert gate.pending() == [(0, 3), (0, 4)]
     assert gate.forget() == [(0, 3), (0, 4)]
     assert gate.pending() == []
-    gate.done([(2, 0)])  # untracked: acked at once
-    assert acked[-1] == (2, 0)
+    # forgotten (or never tracked): not acked, it may follow an unfinished forgotten event
+    assert gate.done([(0, 4), (2, 0)]) == 0
+    assert acked[-1] == (1, 8)
+    gate.track([(0, 5)])  # after a rebalance: the partition starts again from its commit
+    assert gate.done([(0, 5)]) == 1
+
+
+def test_a_closed_gate_acks_nothing_more() -> None:
+    """At a stop, after the last write: what is still being processed is not acked past what
+    was forgotten unfinished (the next worker redoes it)."""
+    from leap_stream.stream.acks import OrderedAcks
+
+    acked: list[tuple[int, int]] = []
+    gate = OrderedAcks(lambda e: e[0], lambda e: e[1], acked.append)
+    gate.track([(0, 0), (0, 1)])
+    gate.done([(0, 1)])
+    assert gate.close() == [(0, 0), (0, 1)] and gate.closed
+    gate.track([(0, 2)])
+    assert gate.done([(0, 2)]) == 0 and gate.pending() == [] and acked == []
+
+
+def test_the_worker_s_faust_consumer_records_only_the_acks_it_gives() -> None:
+    """Faust acks an event its stream skips (flow control suspended at a stop or rebalance, an
+    earlier consumer generation) without it being processed; with no commit yet on the
+    partition its next commit would then skip every earlier event still queued. The worker's
+    consumer records no ack but the gate's."""
+    import faust
+    from faust.types import TP
+    from faust.types.tuples import ConsumerMessage
+
+    from leap_stream.stream.app import LeanApp
+
+    app = LeanApp("leap-test-acks", broker="kafka://127.0.0.1:1", autodiscover=False)
+    app.topics.acking_topics.add("comps")  # as once the agent has subscribed
+    tp = TP("comps", 0)
+
+    def event(offset: int) -> faust.Event:
+        message = ConsumerMessage("comps", 0, offset, 0.0, 0, {}, b"k", b"v", None, tp=tp)
+        message.incref()  # delivered to one stream, as Faust's conductor does
+        return faust.Event(app, b"k", b"v", {}, message)
+
+    skipped = event(5)
+    skipped.ack()  # what Faust's stream does with an event it skips
+    assert app.consumer._acked.get(tp) is None and not skipped.message.acked
+    assert app.explicit_acks.refused == 1
+    app.explicit_acks.give(event(3))
+    assert app.consumer._acked[tp] == [3]
 
 
 def test_batcher_accumulates_while_busy_and_applies_backpressure() -> None:
