@@ -326,6 +326,7 @@ class CompletionsAgent:
             lambda e: e.message.tp, lambda e: e.message.offset, app.explicit_acks.give
         )
         self.stopping = threading.Event()
+        self.generation: int | None = None  # the consumer generation the gate's events are of
         self.sink_backoff = Backoff(base_s=0.5, cap_s=30.0)
         self.retry = Retry(
             lambda: bool(app.should_stop),
@@ -385,11 +386,19 @@ class CompletionsAgent:
         return self.deps.completions.process(records, now, wait_for_join=grace > 0)
 
     def _current(self, events: list[Any]) -> list[Any]:
-        """The events of the consumer's current generation. One fetched before a rebalance is
-        left alone: Faust seeks every partition back to its commit and delivers it again, and
-        tracked now it would follow what the gate forgot at the rebalance (Faust's streams
-        skip such events the same way)."""
+        """The events of the consumer's current generation. Under ``pending.lock``.
+
+        After a rebalance Faust seeks every partition back to its commit and delivers again
+        whatever was not committed, so the first batch of a new generation starts the gate over
+        (as the flusher does when it sees the rebalance), and an event fetched before the
+        rebalance is left alone: tracked now it would follow what the gate forgot (Faust's
+        streams skip such events the same way)."""
         generation = self.app.consumer_generation_id
+        if generation != self.generation:
+            self.generation = generation
+            self.pending.waiting = []
+            if left := self.gate.forget():
+                log.warning("%d completion events left to the new generation", len(left))
         current = [e for e in events if e.message.generation_id == generation]
         if len(current) < len(events):
             log.info(
@@ -399,14 +408,14 @@ class CompletionsAgent:
         return current
 
     async def handle(self, events: list[Any]) -> None:
-        events = [] if self.gate.closed else self._current(events)
-        if not events:  # stopped after the last write, or stale: redelivered
-            return
         t0 = time.perf_counter()
-        records = [record_of(e) for e in events]
-        now = datetime.now(UTC)
         pending = self.pending
         async with pending.lock:
+            events = [] if self.gate.closed else self._current(events)
+            if not events:  # stopped after the last write, or stale: redelivered
+                return
+            records = [record_of(e) for e in events]
+            now = datetime.now(UTC)
             self.gate.track(events)
             res: CompletionBatchResult = await self._step("apply", self._process, records, now)
             if res.dead_letters:

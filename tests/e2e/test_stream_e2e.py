@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -505,7 +506,8 @@ def test_worker_restart_loses_nothing(stack: Stack, sig: int, deadline: str | No
     frame = read_dataset(stack.tmp / "dataset")
     ids = frame["event_id"].tolist()
     assert len(ids) == len(set(ids))
-    assert set(ids) == {c["event_id"] for c in comps}
+    if set(ids) != {c["event_id"] for c in comps}:
+        raise AssertionError(_lost_rows(stack, comps, set(ids), done_before))
     assert not _dead_letters(stack.bootstrap, t["dlq"], expect=0, timeout=2)
 
     book = HistoryBook()
@@ -536,6 +538,30 @@ def test_worker_restart_loses_nothing(stack: Stack, sig: int, deadline: str | No
         f"backlog: {len(run2)} rankings at {run2_rate:.0f}/s (no model, completions in parallel)"
     )
     rankings.close()
+
+
+def _lost_rows(stack: Stack, comps: list[dict[str, Any]], ids: set[str], committed: int) -> str:
+    """What a failed "every completion in the dataset" check needs for a diagnosis: which
+    offsets (the completions topic has one partition: offset = position) are missing, the dead
+    letters, and what the first worker logged about its stop."""
+    missing = [i for i, c in enumerate(comps) if c["event_id"] not in ids]
+    extra = len(ids - {c["event_id"] for c in comps})
+    dead = _dead_letters(stack.bootstrap, stack.topics["dlq"], expect=0, timeout=2)
+    kinds = Counter(d.get("kind") for d in dead.values())
+    first = stack.tmp / "worker-1.log"
+    stop_log = [
+        line
+        for line in (first.read_text(errors="replace").splitlines() if first.exists() else [])
+        if any(
+            k in line
+            for k in ("Signal", "uncommitted", "Faust's own ack", "before a rebalance", "DEADLINE")
+        )
+    ]
+    return (
+        f"{len(missing)} of {len(comps)} completions have no dataset row (and {extra} rows are "
+        f"not ours): offsets {missing[:5]}…{missing[-5:]}; {committed} events committed before "
+        f"the stop; dead letters {dict(kinds)}; worker-1 at its stop: {stop_log[-8:]}"
+    )
 
 
 @pytest.mark.parametrize("delay_s", [0.05, 0.3])

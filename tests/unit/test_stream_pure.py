@@ -261,12 +261,13 @@ def test_the_worker_s_faust_consumer_records_only_the_acks_it_gives() -> None:
         message.incref()  # delivered to one stream, as Faust's conductor does
         return faust.Event(app, b"k", b"v", {}, message)
 
+    recorded = cast(Any, app.consumer)._acked  # Faust's acked offsets per partition
     skipped = event(5)
     skipped.ack()  # what Faust's stream does with an event it skips
-    assert app.consumer._acked.get(tp) is None and not skipped.message.acked
+    assert recorded.get(tp) is None and not skipped.message.acked
     assert app.explicit_acks.refused == 1
     app.explicit_acks.give(event(3))
-    assert app.consumer._acked[tp] == [3]
+    assert recorded[tp] == [3]
 
 
 def test_batcher_accumulates_while_busy_and_applies_backpressure() -> None:
@@ -431,3 +432,30 @@ def test_a_submission_batch_counts_its_rankings_by_source_and_fallback() -> None
     assert value("leap_ranking_latency_seconds_count") == 6
     assert value("leap_events_in_total", topic="subs", outcome="invalid") == 1
     assert deps.stats == {"submissions_in": 7, "rankings_out": 6}
+
+
+def test_a_new_consumer_generation_starts_the_completions_gate_over() -> None:
+    """After a rebalance Faust redelivers from the commit: the first batch of the new
+    generation forgets what the gate tracked (even when the flusher never saw the rebalance),
+    and events still held from the old generation are not processed."""
+    from types import SimpleNamespace
+
+    from leap_stream.stream.acks import ExplicitAcks
+    from leap_stream.stream.app import CompletionsAgent
+
+    app = SimpleNamespace(consumer_generation_id=1, explicit_acks=ExplicitAcks())
+    agent = CompletionsAgent(app, SimpleNamespace(retry_cap_s=1.0), out=None)  # type: ignore[arg-type]
+
+    def event(offset: int, generation: int) -> Any:
+        message = SimpleNamespace(tp=("comps", 0), offset=offset, generation_id=generation)
+        return SimpleNamespace(message=message)
+
+    old = [event(o, 1) for o in range(4)]
+    assert agent._current(old) == old
+    agent.gate.track(old)
+    agent.gate.done(old[1:])  # old[0] waits, e.g. for its submission
+    agent.pending.waiting.append((old[0], None, {}, 0.0))  # type: ignore[arg-type]
+    app.consumer_generation_id = 2
+    fresh = [event(0, 2)]
+    assert agent._current([event(4, 1), *fresh]) == fresh
+    assert agent.gate.pending() == [] and agent.pending.waiting == []
