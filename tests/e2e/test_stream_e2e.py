@@ -454,6 +454,9 @@ def test_worker_restart_loses_nothing(stack: Stack, sig: int, deadline: str | No
     rankings = RankingsClient(KafkaClients(stack.bootstrap), t["rank"], keep_all=True)
     lag = LagReader(KafkaClients(stack.bootstrap), worker_groups(stack.group, t["sub"], t["comp"]))
 
+    # the default grace, not the e2e's 3 s: the restarted worker's completions wait for the
+    # submissions it re-ranks, and on a slow machine a 3 s grace could orphan some of them
+    stack.extra_env["LEAP_ORPHAN_GRACE_S"] = "60"
     if deadline is not None:
         stack.extra_env["LEAP_STOP_DEADLINE_S"] = deadline
     stack.start("worker-1")
