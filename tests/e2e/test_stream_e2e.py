@@ -543,27 +543,30 @@ def test_worker_restart_loses_nothing(stack: Stack, sig: int, deadline: str | No
     rankings.close()
 
 
-def _lost_rows(stack: Stack, comps: list[dict[str, Any]], ids: set[str], committed: int) -> str:
+def _lost_rows(
+    stack: Stack, comps: list[dict[str, Any]], ids: set[str], committed: int | None = None
+) -> str:
     """What a failed "every completion in the dataset" check needs for a diagnosis: which
-    offsets (the completions topic has one partition: offset = position) are missing, the dead
-    letters, and what the first worker logged about its stop."""
+    completions are missing (by position in the order produced: their offsets when the topic
+    has one partition), the dead letters, and what the first worker logged about its stop."""
     missing = [i for i, c in enumerate(comps) if c["event_id"] not in ids]
     extra = len(ids - {c["event_id"] for c in comps})
     dead = _dead_letters(stack.bootstrap, stack.topics["dlq"], expect=0, timeout=2)
     kinds = Counter(d.get("kind") for d in dead.values())
-    first = stack.tmp / "worker-1.log"
+    first = min(stack.tmp.glob("worker-*.log"), default=None)
     stop_log = [
         line
-        for line in (first.read_text(errors="replace").splitlines() if first.exists() else [])
+        for line in (first.read_text(errors="replace").splitlines() if first else [])
         if any(
             k in line
             for k in ("Signal", "uncommitted", "Faust's own ack", "before a rebalance", "DEADLINE")
         )
     ]
+    before = "" if committed is None else f"; {committed} events committed before the stop"
     return (
         f"{len(missing)} of {len(comps)} completions have no dataset row (and {extra} rows are "
-        f"not ours): offsets {missing[:5]}…{missing[-5:]}; {committed} events committed before "
-        f"the stop; dead letters {dict(kinds)}; worker-1 at its stop: {stop_log[-8:]}"
+        f"not ours): positions {missing[:5]}…{missing[-5:]}{before}; dead letters "
+        f"{dict(kinds)}; {first.name if first else 'no log'}: {stop_log[-8:]}"
     )
 
 
@@ -789,3 +792,102 @@ def test_two_workers_on_eight_partitions_of_a_redis_cluster_lose_nothing(
         store.r.close()
     assert not unseen, f"{len(unseen)} completions never applied, e.g. {unseen[:3]}"
     assert not _dead_letters(kafka_bootstrap, topics["dlq"], expect=0, timeout=3)
+
+
+def test_a_worker_joining_mid_backlog_loses_nothing(
+    kafka_bootstrap: str,
+    redis_url: str,
+    topic_factory: Any,
+    redis_prefix: str,
+    tmp_path: Path,
+) -> None:
+    """A rebalance while the first worker is in the middle of a backlog of completions: its
+    agent holds events fetched before the rebalance and rows not yet written, Faust seeks the
+    partitions it keeps back to their commit and hands the others to the newcomer. Every
+    completion still reaches a dataset (one of the two, or both: redone work is written twice
+    and read once), every one is applied to the history, no dead letter."""
+    topics = {
+        "sub": topic_factory("sub", partitions=4),
+        "comp": topic_factory("comp", partitions=4),
+        "rank": topic_factory("rank", partitions=4),
+        "dlq": topic_factory("dlq", partitions=2),
+    }
+    group = f"e2e-{os.urandom(6).hex()}"
+    # the default grace: completions wait for submissions the newcomer re-ranks
+    settings = {**E2E_SETTINGS, "LEAP_ORPHAN_GRACE_S": "60"}
+    first, second = (
+        Stack(
+            kafka_bootstrap,
+            redis_url,
+            redis_prefix,
+            tmp_path / name,
+            topics,
+            group,
+            extra_env=dict(settings),
+        )
+        for name in ("a", "b")
+    )
+    for w in (first, second):
+        w.tmp.mkdir()
+    sim = simulate(SimConfig(seed=29, days=1, rate=30000))
+    subs = submission_events(sim.submissions)
+    keys = {(s["job_id"], s["attempt"]) for s in subs}
+    comps = completion_events(completions_in_arrival_order(sim.completions))
+    feeder = Feeder(kafka_bootstrap)
+    for s in subs:
+        feeder.send(topics["sub"], s["job_id"], orjson.dumps(s))
+    feeder.flush()
+    rankings = RankingsClient(KafkaClients(kafka_bootstrap), topics["rank"])
+    lag = LagReader(
+        KafkaClients(kafka_bootstrap), worker_groups(group, topics["sub"], topics["comp"])
+    )
+    first.start("worker-a")
+    try:
+
+        def some_ranked() -> bool:
+            assert first.alive(), first.log_tail()
+            rankings.poll(timeout=0.2, max_messages=5000)
+            return len(rankings.latest()) >= len(subs) // 4
+
+        wait_for("a quarter of the rankings", some_ranked, 90, every=0.01)
+        for c in comps:
+            feeder.send(topics["comp"], c["job_id"], orjson.dumps(c))
+        feeder.flush()
+
+        def applying() -> bool:
+            assert first.alive(), first.log_tail()
+            return first.metric("leap_events_in", topic=topics["comp"], outcome="valid") > 0
+
+        wait_for("the first worker applying completions", applying, 60, every=0.05)
+        second.start("worker-b")
+
+        def caught_up() -> bool:
+            for w in (first, second):
+                assert w.alive(), w.log_tail()
+            rankings.poll(timeout=0.2, max_messages=5000)
+            return set(rankings.latest()) == keys and total_lag(lag.read()) == 0
+
+        wait_for("both workers caught up", caught_up, 180)
+        taken = second.metric("leap_events_in", topic=topics["comp"], outcome="valid")
+    finally:
+        codes = [w.stop(signal.SIGTERM) if w.alive() else None for w in (first, second)]
+        rankings.close()
+    assert codes == [0, 0], (first.log_tail(), second.log_tail())
+    assert taken > 0, "the newcomer took no completions: the rebalance moved nothing"
+    ids = set(read_dataset(first.tmp / "dataset")["event_id"])
+    if (second.tmp / "dataset").exists():
+        ids |= set(read_dataset(second.tmp / "dataset")["event_id"])
+    if ids != {c["event_id"] for c in comps}:
+        raise AssertionError(_lost_rows(first, comps, ids))
+    store = first.online_store()
+    try:
+        unseen = [
+            c["event_id"]
+            for c in comps
+            if not store.r.exists(store.keys.seen(c["event_id"], c["model_type"]))
+        ]
+    finally:
+        store.r.close()
+    assert not unseen, f"{len(unseen)} completions never applied, e.g. {unseen[:3]}"
+    assert not _dead_letters(kafka_bootstrap, topics["dlq"], expect=0, timeout=3)
+    print(f"\n--- joining mid-backlog: {len(comps)} completions, {taken:.0f} taken by the newcomer")
