@@ -117,6 +117,12 @@ class Feeder:
     def flush(self) -> None:
         assert self.p.flush(60) == 0
 
+    def send_events(self, topic: str, events: list[dict[str, Any]]) -> None:
+        """Every event, keyed by its job as the services produce them, then flush."""
+        for e in events:
+            self.send(topic, e["job_id"], orjson.dumps(e))
+        self.flush()
+
 
 def _dead_letters(bootstrap: str, topic: str, expect: int, timeout: float) -> dict[str, Any]:
     from confluent_kafka import Consumer
@@ -432,6 +438,25 @@ def test_worker_end_to_end(world: str, request: pytest.FixtureRequest) -> None:
     rankings.close()
 
 
+def _complete_after_a_quarter(
+    stack: Stack,
+    rankings: RankingsClient,
+    feeder: Feeder,
+    n_subs: int,
+    comps: list[dict[str, Any]],
+) -> None:
+    """Once a quarter of the submissions is ranked, produce every completion: they join the
+    submissions remembered so far, the rest wait for theirs."""
+
+    def some_ranked() -> bool:
+        assert stack.alive(), stack.log_tail()
+        rankings.poll(timeout=0.2, max_messages=5000)
+        return len(rankings.latest()) >= n_subs // 4
+
+    wait_for("a quarter of the rankings", some_ranked, 90, every=0.01)
+    feeder.send_events(stack.topics["comp"], comps)
+
+
 @pytest.mark.parametrize(
     ("sig", "deadline"),
     [(signal.SIGTERM, None), (signal.SIGKILL, None), (signal.SIGTERM, "0.05")],
@@ -462,16 +487,7 @@ def test_worker_restart_loses_nothing(stack: Stack, sig: int, deadline: str | No
     stack.start("worker-1")
     stack.extra_env.pop("LEAP_STOP_DEADLINE_S", None)
 
-    def some_ranked() -> bool:
-        assert stack.alive(), stack.log_tail()
-        rankings.poll(timeout=0.2, max_messages=5000)
-        return len(rankings.latest()) >= len(subs) // 4
-
-    wait_for("a quarter of the rankings", some_ranked, 90, every=0.01)
-    # completions join the submissions remembered so far; the rest arrive after the restart
-    for c in comps:
-        feeder.send(t["comp"], c["job_id"], orjson.dumps(c))
-    feeder.flush()
+    _complete_after_a_quarter(stack, rankings, feeder, len(subs), comps)
     time.sleep(0.3)
     rc = stack.stop(sig)
     graceful = sig == signal.SIGTERM and deadline is None
@@ -708,6 +724,44 @@ def _members_with_partitions(bootstrap: str, groups: list[str]) -> Callable[[], 
     return ready
 
 
+def _one_group(
+    bootstrap: str,
+    redis_url: str,
+    prefix: str,
+    tmp: Path,
+    make_topic: Any,
+    partitions: int,
+    settings: dict[str, str],
+) -> tuple[Stack, Stack]:
+    """Two workers in one group on shared topics (``partitions`` for each input), each with
+    its own folder (and so its own dataset)."""
+    topics = {
+        "sub": make_topic("sub", partitions=partitions),
+        "comp": make_topic("comp", partitions=partitions),
+        "rank": make_topic("rank", partitions=partitions),
+        "dlq": make_topic("dlq", partitions=2),
+    }
+    group = f"e2e-{os.urandom(6).hex()}"
+    pair = []
+    for name in ("a", "b"):
+        (tmp / name).mkdir()
+        pair.append(Stack(bootstrap, redis_url, prefix, tmp / name, topics, group, dict(settings)))
+    return pair[0], pair[1]
+
+
+def _unapplied(stack: Stack, comps: list[dict[str, Any]]) -> list[str]:
+    """Completions with no dedup marker in the online store: never applied to the history."""
+    store = stack.online_store()
+    try:
+        return [
+            c["event_id"]
+            for c in comps
+            if not store.r.exists(store.keys.seen(c["event_id"], c["model_type"]))
+        ]
+    finally:
+        store.r.close()
+
+
 def test_two_workers_on_eight_partitions_of_a_redis_cluster_lose_nothing(
     kafka_bootstrap: str,
     redis_cluster_url: str,
@@ -719,28 +773,11 @@ def test_two_workers_on_eight_partitions_of_a_redis_cluster_lose_nothing(
     topic, their online store a three-master Redis Cluster. Every job is ranked, every
     completion is applied once (its dedup marker is on the cluster) and lands in exactly one
     worker's dataset."""
-    topics = {
-        "sub": topic_factory("sub", partitions=8),
-        "comp": topic_factory("comp", partitions=8),
-        "rank": topic_factory("rank", partitions=8),
-        "dlq": topic_factory("dlq", partitions=2),
-    }
-    group = f"e2e-{os.urandom(6).hex()}"
     settings = {**E2E_SETTINGS, "LEAP_REDIS_CLUSTER": "1"}
-    workers = []
-    for name in ("a", "b"):
-        (tmp_path / name).mkdir()
-        workers.append(
-            Stack(
-                kafka_bootstrap,
-                redis_cluster_url,
-                redis_prefix,
-                tmp_path / name,
-                topics,
-                group,
-                extra_env=dict(settings),
-            )
-        )
+    workers = _one_group(
+        kafka_bootstrap, redis_cluster_url, redis_prefix, tmp_path, topic_factory, 8, settings
+    )
+    topics, group = workers[0].topics, workers[0].group
     sim = simulate(SimConfig(seed=23, days=1, rate=1200))
     subs = submission_events(sim.submissions)
     keys = {(s["job_id"], s["attempt"]) for s in subs}
@@ -752,11 +789,8 @@ def test_two_workers_on_eight_partitions_of_a_redis_cluster_lose_nothing(
     both = _members_with_partitions(kafka_bootstrap, [submissions_group(group), group])
     wait_for("both workers hold partitions of both topics", both, 120)
     feeder = Feeder(kafka_bootstrap)
-    for s in subs:
-        feeder.send(topics["sub"], s["job_id"], orjson.dumps(s))
-    for c in comps:
-        feeder.send(topics["comp"], c["job_id"], orjson.dumps(c))
-    feeder.flush()
+    feeder.send_events(topics["sub"], subs)
+    feeder.send_events(topics["comp"], comps)
     rankings = RankingsClient(KafkaClients(kafka_bootstrap), topics["rank"])
     lag = LagReader(
         KafkaClients(kafka_bootstrap), worker_groups(group, topics["sub"], topics["comp"])
@@ -781,15 +815,7 @@ def test_two_workers_on_eight_partitions_of_a_redis_cluster_lose_nothing(
     for w in workers:
         ids += read_dataset(w.tmp / "dataset")["event_id"].tolist()
     assert len(ids) == len(set(ids)) and set(ids) == {c["event_id"] for c in comps}
-    store = workers[0].online_store()
-    try:
-        unseen = [
-            c["event_id"]
-            for c in comps
-            if not store.r.exists(store.keys.seen(c["event_id"], c["model_type"]))
-        ]
-    finally:
-        store.r.close()
+    unseen = _unapplied(workers[0], comps)
     assert not unseen, f"{len(unseen)} completions never applied, e.g. {unseen[:3]}"
     assert not _dead_letters(kafka_bootstrap, topics["dlq"], expect=0, timeout=3)
 
@@ -806,53 +832,25 @@ def test_a_worker_joining_mid_backlog_loses_nothing(
     partitions it keeps back to their commit and hands the others to the newcomer. Every
     completion still reaches a dataset (one of the two, or both: redone work is written twice
     and read once), every one is applied to the history, no dead letter."""
-    topics = {
-        "sub": topic_factory("sub", partitions=4),
-        "comp": topic_factory("comp", partitions=4),
-        "rank": topic_factory("rank", partitions=4),
-        "dlq": topic_factory("dlq", partitions=2),
-    }
-    group = f"e2e-{os.urandom(6).hex()}"
     # the default grace: completions wait for submissions the newcomer re-ranks
     settings = {**E2E_SETTINGS, "LEAP_ORPHAN_GRACE_S": "60"}
-    first, second = (
-        Stack(
-            kafka_bootstrap,
-            redis_url,
-            redis_prefix,
-            tmp_path / name,
-            topics,
-            group,
-            extra_env=dict(settings),
-        )
-        for name in ("a", "b")
+    first, second = _one_group(
+        kafka_bootstrap, redis_url, redis_prefix, tmp_path, topic_factory, 4, settings
     )
-    for w in (first, second):
-        w.tmp.mkdir()
+    topics, group = first.topics, first.group
     sim = simulate(SimConfig(seed=29, days=1, rate=30000))
     subs = submission_events(sim.submissions)
     keys = {(s["job_id"], s["attempt"]) for s in subs}
     comps = completion_events(completions_in_arrival_order(sim.completions))
     feeder = Feeder(kafka_bootstrap)
-    for s in subs:
-        feeder.send(topics["sub"], s["job_id"], orjson.dumps(s))
-    feeder.flush()
+    feeder.send_events(topics["sub"], subs)
     rankings = RankingsClient(KafkaClients(kafka_bootstrap), topics["rank"])
     lag = LagReader(
         KafkaClients(kafka_bootstrap), worker_groups(group, topics["sub"], topics["comp"])
     )
     first.start("worker-a")
     try:
-
-        def some_ranked() -> bool:
-            assert first.alive(), first.log_tail()
-            rankings.poll(timeout=0.2, max_messages=5000)
-            return len(rankings.latest()) >= len(subs) // 4
-
-        wait_for("a quarter of the rankings", some_ranked, 90, every=0.01)
-        for c in comps:
-            feeder.send(topics["comp"], c["job_id"], orjson.dumps(c))
-        feeder.flush()
+        _complete_after_a_quarter(first, rankings, feeder, len(subs), comps)
 
         def applying() -> bool:
             assert first.alive(), first.log_tail()
@@ -879,15 +877,7 @@ def test_a_worker_joining_mid_backlog_loses_nothing(
         ids |= set(read_dataset(second.tmp / "dataset")["event_id"])
     if ids != {c["event_id"] for c in comps}:
         raise AssertionError(_lost_rows(first, comps, ids))
-    store = first.online_store()
-    try:
-        unseen = [
-            c["event_id"]
-            for c in comps
-            if not store.r.exists(store.keys.seen(c["event_id"], c["model_type"]))
-        ]
-    finally:
-        store.r.close()
+    unseen = _unapplied(first, comps)
     assert not unseen, f"{len(unseen)} completions never applied, e.g. {unseen[:3]}"
     assert not _dead_letters(kafka_bootstrap, topics["dlq"], expect=0, timeout=3)
     print(f"\n--- joining mid-backlog: {len(comps)} completions, {taken:.0f} taken by the newcomer")
