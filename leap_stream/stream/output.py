@@ -82,6 +82,7 @@ class OutputProducer:
         self._on_reset = on_reset
         self.resets = 0
         self._pending = 0
+        self._closed = False
         self._producer, self._reports = self._build()
 
     def _build(self) -> tuple[Any, _Reports]:
@@ -133,7 +134,17 @@ class OutputProducer:
             self._on_reset()
 
     def close(self, timeout: float = 30.0) -> None:
-        self._producer.flush(timeout)
+        """Deliver what is queued (for up to ``timeout``), then stop the client: its threads
+        would otherwise live on with the object, reconnecting to a broker that may be gone.
+        Records still undelivered are dropped; their inputs were never acked, so they are
+        redone. Closing twice is harmless; sending after a close raises."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._producer.flush(timeout):
+            self._producer.purge(in_queue=True, in_flight=True, blocking=False)
+            self._producer.flush(0)
+        self._producer.close()
 
 
 __all__ = ["DeliveryError", "OutputProducer"]

@@ -345,7 +345,12 @@ def test_output_producer_unreachable_broker_fails_within_timeout() -> None:
     with pytest.raises(DeliveryError):
         out.flush()
     assert out.resets == 1
-    out.close(0)
+    out.send("t", None, b"never delivered")
+    out.close(0.5)  # drops it: its input was never acked
+    out.close(0.5)  # twice is harmless
+    # closed means closed: librdkafka's threads do not live on, reconnecting, with the object
+    with pytest.raises(RuntimeError, match="closed"):
+        out.send("t", None, b"after the close")
 
 
 def test_online_accuracy_compares_the_ranking_with_the_measurement(
