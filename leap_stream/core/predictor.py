@@ -295,11 +295,11 @@ class ThroughputModel:
         """LightGBM's own predict of the ratio model (the reference a scorer is checked on)."""
         if self.ratio is None:
             raise ValueError("this model has no ratio model")
-        return np.asarray(self.ratio.predict(X, num_threads=_threads(len(X), predict=True)))
+        return np.asarray(self.ratio.predict(X, num_threads=predict_threads(len(X))))
 
     def score_lightgbm(self, X: np.ndarray) -> np.ndarray:
         """LightGBM's own predict, whatever `score` is (the reference a scorer is checked on)."""
-        return np.asarray(self.booster.predict(X, num_threads=_threads(len(X), predict=True)))
+        return np.asarray(self.booster.predict(X, num_threads=predict_threads(len(X))))
 
     # --- training
     @classmethod

@@ -268,11 +268,12 @@ def stop_on_signals(on_signal: Callable[[], None] = lambda: None) -> threading.E
         on_signal()
         stop.set()
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    stop_signals = (signal.SIGTERM, signal.SIGINT)
+    for sig in stop_signals:
         signal.signal(sig, handle)
     # the CLI blocks them while it imports the worker (cli.HOLDS_STOP_SIGNALS): one that came
     # meanwhile is delivered now, to `handle`
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, stop_signals)
     return stop
 
 
