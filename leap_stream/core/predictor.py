@@ -7,7 +7,8 @@ every measured run. A prediction then anchors on the lineage's history, the publ
 * the lineage ran on the candidate before: its last per-device rate there (`self`);
 * it ran elsewhere: its rate on the most similar type B times a learned ratio (`transfer`):
   prior_B + g(job, candidate, B), where the *ratio model* g is a second, small booster trained
-  on lineages measured on both types and fed the main booster's own difference
+  on lineages measured on both types (each pair also reversed: a lineage mostly moved one way,
+  and B/A is the inverse of A/B) and fed the main booster's own difference
   f(job, candidate) − f(job, B) next to the two types' specs; the per-lineage factor (input
   pipeline, code quality) cancels in a ratio, which a model of absolute throughput cannot see;
 * no history: f(job, candidate) (`model`).
@@ -111,6 +112,9 @@ RATIO_PARAMS: dict[str, Any] = {
 RATIO_ROUNDS = 100
 RATIO_EARLY_STOP = 20
 RATIO_MIN_ROWS = 500
+# Pairs the ratio model also learns reversed, at most (`_reversible`): every pair of a
+# backtest's night (tens of thousands), a sample of a year's millions
+REVERSED_PAIRS = 1_000_000
 # Hardware inputs whose candidate − prior difference the ratio model also sees directly.
 RATIO_DIFFS = (
     "log_phys_rate",
@@ -405,6 +409,12 @@ class ThroughputModel:
         target = y[rows] - other
         tr = train_idx[rows]
         va = calib[rows] if calib is not None else np.zeros(len(rows), bool)
+        # every pair also seen from its other side: the ratio B/A is the inverse of A/B, and a
+        # lineage usually moved one way only (docs/model.md, "Pairs in both directions")
+        back = _reversible(len(rows), seed)
+        X = np.concatenate([X, _reversed_pairs(X[back], names)])
+        target = np.concatenate([target, -target[back]])
+        tr, va = np.concatenate([tr, tr[back]]), np.concatenate([va, va[back]])
         cats = [i for i, c in enumerate(names) if _level_name(c) in self._levels]
         rp = {**RATIO_PARAMS, "num_threads": _threads(len(rows)), "seed": seed}
         valid = (X[va], target[va]) if va.sum() >= MIN_BUCKET_ROWS else None
@@ -916,6 +926,30 @@ def ratio_features(booster_features: Sequence[str]) -> list[str]:
         "other_age_days",
         BOOSTER_RATIO,
     ]
+
+
+def _reversible(pairs: int, seed: int) -> np.ndarray:
+    """The pairs the ratio model also sees reversed: all of them, or a random sample of
+    `REVERSED_PAIRS` where there are more (a year's millions would double its matrix)."""
+    if pairs <= REVERSED_PAIRS:
+        return np.arange(pairs)
+    rng = np.random.default_rng(seed)
+    return np.sort(rng.choice(pairs, REVERSED_PAIRS, replace=False))
+
+
+def _reversed_pairs(X: np.ndarray, names: Sequence[str]) -> np.ndarray:
+    """Ratio-model rows seen from the other side: the candidate's and the prior's hardware
+    inputs swapped, their differences and the main booster's ratio negated. The job's inputs
+    and the prior's count and age stay (the same two measurements)."""
+    col = {c: i for i, c in enumerate(names)}
+    perm = np.arange(len(names))
+    sign = np.ones(len(names), X.dtype)
+    for c, i in col.items():
+        if c.startswith("o_"):
+            perm[i], perm[col[c[2:]]] = col[c[2:]], i
+        elif c.startswith("d_") or c == BOOSTER_RATIO:
+            sign[i] = -1
+    return np.asarray(X[:, perm] * sign, X.dtype)
 
 
 def _level_name(feature: str) -> str:

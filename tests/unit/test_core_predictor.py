@@ -205,3 +205,38 @@ def test_ratio_features_see_both_types_and_the_booster_ratio() -> None:
     for c in ("log_peak_tflops", "o_log_peak_tflops", "d_log_phys_rate", "model_type"):
         assert c in names
     assert len(names) == len(set(names))
+
+
+def test_a_reversed_pair_is_the_pair_built_from_the_other_side(
+    data: tuple[pd.DataFrame, pd.DataFrame],
+) -> None:
+    """The ratio model's reversed rows equal the rows built from a frame whose candidate and
+    prior hardware columns are swapped: same job inputs, each side's hardware on the other,
+    the differences and the booster's ratio negated."""
+    from leap_stream.core.predictor import _ratio_matrix, _reversed_pairs, ratio_features
+
+    m, fr = data
+    model = ThroughputModel.fit(fr, m["samples_per_s"].to_numpy(), m["lineage_id"], num_rounds=20)
+    pf = fr[np.isfinite(fr["other_log_pd"].to_numpy())].reset_index(drop=True)
+    assert len(pf) > 100
+    names = ratio_features(model.feature_names)
+    booster_ratio = np.linspace(-1.0, 1.0, len(pf))
+    levels, luts = model._levels, model._luts
+    X = _ratio_matrix(pf, names, booster_ratio, levels, luts)
+    swapped = pf.copy()
+    for c in F.HW_COLUMNS:
+        if "o_" + c in pf.columns:
+            swapped[c], swapped["o_" + c] = pf["o_" + c], pf[c]
+    want = _ratio_matrix(swapped, names, -booster_ratio, levels, luts)
+    np.testing.assert_array_equal(_reversed_pairs(X, names), want)
+    hw = names.index("hardware_type")
+    assert not np.array_equal(X[:, hw], want[:, hw], equal_nan=True)  # the swap did something
+
+
+def test_reversed_pairs_are_all_pairs_up_to_a_cap() -> None:
+    from leap_stream.core import predictor as P
+
+    np.testing.assert_array_equal(P._reversible(5, seed=0), np.arange(5))
+    many = P._reversible(P.REVERSED_PAIRS + 10, seed=0)
+    assert len(many) == P.REVERSED_PAIRS == len(np.unique(many))
+    assert many.max() < P.REVERSED_PAIRS + 10
