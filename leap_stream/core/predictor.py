@@ -129,6 +129,10 @@ RATIO_DIFFS = (
     "log_roofline",
 )
 BOOSTER_RATIO = "booster_ratio"  # f(job, candidate) − f(job, B): the main booster's own ratio
+# prior_B − f(job, B): how far the lineage runs from what its configuration predicts on B. A job
+# slow for its configuration (an input pipeline, a host bottleneck) gains less on a faster type,
+# which no hardware input says (docs/model.md, "The prior's residual")
+PRIOR_RESIDUAL = "prior_residual"
 
 
 def _threads(rows: int, predict: bool = False) -> int:
@@ -402,17 +406,19 @@ class ThroughputModel:
             return self
         rows = np.flatnonzero(pair)
         pf = frame.iloc[rows].reset_index(drop=True)
-        _blind, moved = self._log_pd_parts(pf)
+        blind, _rows, prior_f = self._booster_parts(pf)
         other = pf["other_log_pd"].to_numpy(np.float64)
         names = ratio_features(self.feature_names)
-        X = _ratio_matrix(pf, names, moved - other, self._levels, self._luts, dtype=np.float32)
+        derived = _derived(blind, prior_f, other)
+        X = _ratio_matrix(pf, names, derived, self._levels, self._luts, dtype=np.float32)
         target = y[rows] - other
         tr = train_idx[rows]
         va = calib[rows] if calib is not None else np.zeros(len(rows), bool)
         # every pair also seen from its other side: the ratio B/A is the inverse of A/B, and a
         # lineage usually moved one way only (docs/model.md, "Pairs in both directions")
         back = _reversible(len(rows), seed)
-        X = np.concatenate([X, _reversed_pairs(X[back], names)])
+        own_residual = y[rows] - blind  # the lineage on the candidate, against f(job, candidate)
+        X = np.concatenate([X, _reversed_pairs(X[back], names, own_residual[back])])
         target = np.concatenate([target, -target[back]])
         tr, va = np.concatenate([tr, tr[back]]), np.concatenate([va, va[back]])
         cats = [i for i, c in enumerate(names) if _level_name(c) in self._levels]
@@ -492,9 +498,32 @@ class ThroughputModel:
 
         `skip_self`: rows anchored on the lineage's own prior need neither (NaN there), so
         the booster does not score them (serving; calibration wants every estimate)."""
+        blind, rows, prior_f = self._booster_parts(frame, skip_self)
+        moved = np.full(len(frame), np.nan)
+        if len(rows):
+            other_lpd = f64(frame, "other_log_pd")[rows]
+            moved[rows] = other_lpd + blind[rows] - prior_f
+            if self.ratio is not None:
+                derived = _derived(blind[rows], prior_f, other_lpd)
+                Xr = _ratio_matrix(
+                    frame,
+                    self.ratio_features,
+                    derived,
+                    self._levels,
+                    self._luts,
+                    rows,
+                    dtype=_input_dtype(frame),
+                )
+                moved[rows] = other_lpd + self.ratio_score(Xr)
+        return blind, moved
+
+    def _booster_parts(
+        self, frame: Frame, skip_self: bool = False
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(f(job, candidate) per row, the rows with a prior on another type B, f(job, B) of
+        each of them), f with the physics offset and the pair effect, from one booster call."""
         n = len(frame)
-        other_lpd = f64(frame, "other_log_pd")
-        other = np.isfinite(other_lpd)
+        other = np.isfinite(f64(frame, "other_log_pd"))
         base: np.ndarray | None = None
         if "prior" not in self.groups:
             other[:] = False
@@ -524,27 +553,14 @@ class ThroughputModel:
         if base is not None:
             blind_all[base] = out[:nb]
         blind = blind_all + _offset(frame, self.groups) + self._pair(mt_code, frame)
-        moved = np.full(n, np.nan)
+        prior_f = np.zeros(0)
         if len(rows):
             prior_f = (
                 out[nb:]
                 + _offset(frame, self.groups, prefix="o_")[pick]
                 + self._pair(mt_code, frame, "o_hardware_type")[pick]
-            )
-            moved[rows] = other_lpd[rows] + blind[rows] - prior_f[inverse]
-            if self.ratio is not None:
-                booster_ratio = moved[rows] - other_lpd[rows]
-                Xr = _ratio_matrix(
-                    frame,
-                    self.ratio_features,
-                    booster_ratio,
-                    self._levels,
-                    self._luts,
-                    rows,
-                    dtype=dtype,
-                )
-                moved[rows] = other_lpd[rows] + self.ratio_score(Xr)
-        return blind, moved
+            )[inverse]
+        return blind, rows, prior_f
 
     def _pair(
         self, mt_code: np.ndarray | None, frame: Frame, hw_col: str = "hardware_type"
@@ -913,7 +929,8 @@ def _lineage_effects(lineage_ids: np.ndarray | pd.Series, resid: np.ndarray) -> 
 
 def ratio_features(booster_features: Sequence[str]) -> list[str]:
     """The ratio model's inputs: the job's configuration, both types' hardware inputs, their
-    differences, the prior's count and age, and the main booster's own ratio."""
+    differences, the prior's count and age, how far the prior is from the main booster's
+    f(job, B), and the main booster's own ratio."""
     job = [c for c in booster_features if c not in F.HW_COLUMNS]
     hw = [c for c in booster_features if c in F.HW_COLUMNS]
     diffs = [c for c in RATIO_DIFFS if c in hw]
@@ -924,6 +941,7 @@ def ratio_features(booster_features: Sequence[str]) -> list[str]:
         *("d_" + c for c in diffs),
         "other_count",
         "other_age_days",
+        PRIOR_RESIDUAL,
         BOOSTER_RATIO,
     ]
 
@@ -937,10 +955,12 @@ def _reversible(pairs: int, seed: int) -> np.ndarray:
     return np.sort(rng.choice(pairs, REVERSED_PAIRS, replace=False))
 
 
-def _reversed_pairs(X: np.ndarray, names: Sequence[str]) -> np.ndarray:
+def _reversed_pairs(X: np.ndarray, names: Sequence[str], own_residual: np.ndarray) -> np.ndarray:
     """Ratio-model rows seen from the other side: the candidate's and the prior's hardware
-    inputs swapped, their differences and the main booster's ratio negated. The job's inputs
-    and the prior's count and age stay (the same two measurements)."""
+    inputs swapped, their differences and the main booster's ratio negated, and the prior's
+    residual replaced by the candidate's (`own_residual`: the measured rate there less
+    f(job, candidate)). The job's inputs and the prior's count and age stay (the same two
+    measurements)."""
     col = {c: i for i, c in enumerate(names)}
     perm = np.arange(len(names))
     sign = np.ones(len(names), X.dtype)
@@ -949,7 +969,10 @@ def _reversed_pairs(X: np.ndarray, names: Sequence[str]) -> np.ndarray:
             perm[i], perm[col[c[2:]]] = col[c[2:]], i
         elif c.startswith("d_") or c == BOOSTER_RATIO:
             sign[i] = -1
-    return np.asarray(X[:, perm] * sign, X.dtype)
+    out = np.asarray(X[:, perm] * sign, X.dtype)
+    if PRIOR_RESIDUAL in col:
+        out[:, col[PRIOR_RESIDUAL]] = own_residual
+    return out
 
 
 def _level_name(feature: str) -> str:
@@ -957,22 +980,31 @@ def _level_name(feature: str) -> str:
     return feature[2:] if feature.startswith("o_") else feature
 
 
+def _derived(
+    blind: np.ndarray, prior_f: np.ndarray, other_lpd: np.ndarray
+) -> dict[str, np.ndarray]:
+    """The ratio model's inputs computed from the main booster, per row with a prior on B:
+    f(job, candidate) − f(job, B) and prior_B − f(job, B)."""
+    return {BOOSTER_RATIO: blind - prior_f, PRIOR_RESIDUAL: other_lpd - prior_f}
+
+
 def _ratio_matrix(
     frame: Frame,
     names: Sequence[str],
-    booster_ratio: np.ndarray,
+    derived: Mapping[str, np.ndarray],
     levels: dict[str, list[str]],
     luts: dict[str, dict[str, int]],
     rows: np.ndarray | None = None,
     dtype: type[np.floating[Any]] = np.float64,
 ) -> np.ndarray:
-    """The ratio model's input for `rows` of `frame` (all when None) as one float matrix."""
+    """The ratio model's input for `rows` of `frame` (all when None) as one float matrix;
+    `derived` holds the inputs computed from the main booster (`_derived`), one per row."""
     idx = np.arange(len(frame)) if rows is None else rows
     X = np.empty((len(idx), len(names)), dtype)
     col = {c: i for i, c in enumerate(names)}
     for i, c in enumerate(names):
-        if c == BOOSTER_RATIO:
-            X[:, i] = booster_ratio
+        if c in derived:
+            X[:, i] = derived[c]
         elif c.startswith("d_"):  # both sides are earlier columns (`ratio_features` order)
             X[:, i] = X[:, col[c[2:]]] - X[:, col["o_" + c[2:]]]
         elif _level_name(c) in levels:

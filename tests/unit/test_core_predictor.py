@@ -202,7 +202,13 @@ def test_ratio_features_see_both_types_and_the_booster_ratio() -> None:
 
     names = ratio_features(F.booster_features(list(F.GROUPS)))
     assert names[-1] == BOOSTER_RATIO
-    for c in ("log_peak_tflops", "o_log_peak_tflops", "d_log_phys_rate", "model_type"):
+    for c in (
+        "log_peak_tflops",
+        "o_log_peak_tflops",
+        "d_log_phys_rate",
+        "model_type",
+        "prior_residual",
+    ):
         assert c in names
     assert len(names) == len(set(names))
 
@@ -212,8 +218,14 @@ def test_a_reversed_pair_is_the_pair_built_from_the_other_side(
 ) -> None:
     """The ratio model's reversed rows equal the rows built from a frame whose candidate and
     prior hardware columns are swapped: same job inputs, each side's hardware on the other,
-    the differences and the booster's ratio negated."""
-    from leap_stream.core.predictor import _ratio_matrix, _reversed_pairs, ratio_features
+    the differences and the booster's ratio negated, the candidate's residual as the prior's."""
+    from leap_stream.core.predictor import (
+        BOOSTER_RATIO,
+        PRIOR_RESIDUAL,
+        _ratio_matrix,
+        _reversed_pairs,
+        ratio_features,
+    )
 
     m, fr = data
     model = ThroughputModel.fit(fr, m["samples_per_s"].to_numpy(), m["lineage_id"], num_rounds=20)
@@ -221,14 +233,18 @@ def test_a_reversed_pair_is_the_pair_built_from_the_other_side(
     assert len(pf) > 100
     names = ratio_features(model.feature_names)
     booster_ratio = np.linspace(-1.0, 1.0, len(pf))
+    prior_residual = np.linspace(0.5, -0.5, len(pf))
+    own_residual = np.linspace(-0.2, 0.3, len(pf))
     levels, luts = model._levels, model._luts
-    X = _ratio_matrix(pf, names, booster_ratio, levels, luts)
+    derived = {BOOSTER_RATIO: booster_ratio, PRIOR_RESIDUAL: prior_residual}
+    X = _ratio_matrix(pf, names, derived, levels, luts)
     swapped = pf.copy()
     for c in F.HW_COLUMNS:
         if "o_" + c in pf.columns:
             swapped[c], swapped["o_" + c] = pf["o_" + c], pf[c]
-    want = _ratio_matrix(swapped, names, -booster_ratio, levels, luts)
-    np.testing.assert_array_equal(_reversed_pairs(X, names), want)
+    derived_back = {BOOSTER_RATIO: -booster_ratio, PRIOR_RESIDUAL: own_residual}
+    want = _ratio_matrix(swapped, names, derived_back, levels, luts)
+    np.testing.assert_array_equal(_reversed_pairs(X, names, own_residual), want)
     hw = names.index("hardware_type")
     assert not np.array_equal(X[:, hw], want[:, hw], equal_nan=True)  # the swap did something
 
