@@ -112,9 +112,10 @@ RATIO_PARAMS: dict[str, Any] = {
 RATIO_ROUNDS = 100
 RATIO_EARLY_STOP = 20
 RATIO_MIN_ROWS = 500
-# Pairs the ratio model also learns reversed, at most (`_reversible`): every pair of a
-# backtest's night (tens of thousands), a sample of a year's millions
-REVERSED_PAIRS = 1_000_000
+# Pairs the ratio model fits at most, each in both directions (`_fit_pairs`): every pair of a
+# backtest's night (tens of thousands), a sample of a year's ~3M, whose matrix was the peak
+# of a year's training (docs/benchmarks.md)
+RATIO_PAIRS = 1_000_000
 # Hardware inputs whose candidate − prior difference the ratio model also sees directly.
 RATIO_DIFFS = (
     "log_phys_rate",
@@ -404,23 +405,22 @@ class ThroughputModel:
         pair = np.isfinite(frame["other_log_pd"].to_numpy(np.float64))
         if (pair & train_idx).sum() < RATIO_MIN_ROWS:
             return self
-        rows = np.flatnonzero(pair)
+        rows = _fit_pairs(np.flatnonzero(pair), seed)
         pf = frame.iloc[rows].reset_index(drop=True)
         blind, _rows, prior_f = self._booster_parts(pf)
         other = pf["other_log_pd"].to_numpy(np.float64)
         names = ratio_features(self.feature_names)
         derived = _derived(blind, prior_f, other)
-        X = _ratio_matrix(pf, names, derived, self._levels, self._luts, dtype=np.float32)
-        target = y[rows] - other
-        tr = train_idx[rows]
-        va = calib[rows] if calib is not None else np.zeros(len(rows), bool)
-        # every pair also seen from its other side: the ratio B/A is the inverse of A/B, and a
-        # lineage usually moved one way only (docs/model.md, "Pairs in both directions")
-        back = _reversible(len(rows), seed)
+        n = len(rows)
+        # every pair also seen from its other side, below it: the ratio B/A is the inverse of
+        # A/B, and a lineage mostly moved one way (docs/model.md, "Pairs in both directions")
+        X = np.empty((2 * n, len(names)), np.float32)
+        X[:n] = _ratio_matrix(pf, names, derived, self._levels, self._luts, dtype=np.float32)
         own_residual = y[rows] - blind  # the lineage on the candidate, against f(job, candidate)
-        X = np.concatenate([X, _reversed_pairs(X[back], names, own_residual[back])])
-        target = np.concatenate([target, -target[back]])
-        tr, va = np.concatenate([tr, tr[back]]), np.concatenate([va, va[back]])
+        _reversed_pairs(X[:n], names, own_residual, out=X[n:])
+        target = np.concatenate([y[rows] - other, other - y[rows]])
+        tr = np.tile(train_idx[rows], 2)
+        va = np.tile(calib[rows], 2) if calib is not None else np.zeros(2 * n, bool)
         cats = [i for i, c in enumerate(names) if _level_name(c) in self._levels]
         rp = {**RATIO_PARAMS, "num_threads": _threads(len(rows)), "seed": seed}
         valid = (X[va], target[va]) if va.sum() >= MIN_BUCKET_ROWS else None
@@ -946,21 +946,23 @@ def ratio_features(booster_features: Sequence[str]) -> list[str]:
     ]
 
 
-def _reversible(pairs: int, seed: int) -> np.ndarray:
-    """The pairs the ratio model also sees reversed: all of them, or a random sample of
-    `REVERSED_PAIRS` where there are more (a year's millions would double its matrix)."""
-    if pairs <= REVERSED_PAIRS:
-        return np.arange(pairs)
+def _fit_pairs(rows: np.ndarray, seed: int) -> np.ndarray:
+    """The pair rows the ratio model fits: all of them, or a seeded sample of `RATIO_PAIRS`
+    where there are more (in order)."""
+    if len(rows) <= RATIO_PAIRS:
+        return rows
     rng = np.random.default_rng(seed)
-    return np.sort(rng.choice(pairs, REVERSED_PAIRS, replace=False))
+    return np.sort(rng.choice(rows, RATIO_PAIRS, replace=False))
 
 
-def _reversed_pairs(X: np.ndarray, names: Sequence[str], own_residual: np.ndarray) -> np.ndarray:
+def _reversed_pairs(
+    X: np.ndarray, names: Sequence[str], own_residual: np.ndarray, out: np.ndarray | None = None
+) -> np.ndarray:
     """Ratio-model rows seen from the other side: the candidate's and the prior's hardware
     inputs swapped, their differences and the main booster's ratio negated, and the prior's
     residual replaced by the candidate's (`own_residual`: the measured rate there less
     f(job, candidate)). The job's inputs and the prior's count and age stay (the same two
-    measurements)."""
+    measurements). Into `out` when given (no copy of `X` besides)."""
     col = {c: i for i, c in enumerate(names)}
     perm = np.arange(len(names))
     sign = np.ones(len(names), X.dtype)
@@ -969,7 +971,8 @@ def _reversed_pairs(X: np.ndarray, names: Sequence[str], own_residual: np.ndarra
             perm[i], perm[col[c[2:]]] = col[c[2:]], i
         elif c.startswith("d_") or c == BOOSTER_RATIO:
             sign[i] = -1
-    out = np.asarray(X[:, perm] * sign, X.dtype)
+    out = np.take(X, perm, axis=1, out=out)
+    out *= sign
     if PRIOR_RESIDUAL in col:
         out[:, col[PRIOR_RESIDUAL]] = own_residual
     return out

@@ -249,10 +249,11 @@ def test_a_reversed_pair_is_the_pair_built_from_the_other_side(
     assert not np.array_equal(X[:, hw], want[:, hw], equal_nan=True)  # the swap did something
 
 
-def test_reversed_pairs_are_all_pairs_up_to_a_cap() -> None:
+def test_the_ratio_model_fits_every_pair_up_to_a_cap() -> None:
     from leap_stream.core import predictor as P
 
-    np.testing.assert_array_equal(P._reversible(5, seed=0), np.arange(5))
-    many = P._reversible(P.REVERSED_PAIRS + 10, seed=0)
-    assert len(many) == P.REVERSED_PAIRS == len(np.unique(many))
-    assert many.max() < P.REVERSED_PAIRS + 10
+    rows = np.arange(0, 3 * (P.RATIO_PAIRS + 10), 3)
+    np.testing.assert_array_equal(P._fit_pairs(rows[:5], seed=0), rows[:5])
+    many = P._fit_pairs(rows, seed=0)
+    assert len(many) == P.RATIO_PAIRS == len(np.unique(many))
+    assert np.isin(many, rows).all() and (np.diff(many) > 0).all()
