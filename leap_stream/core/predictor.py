@@ -132,7 +132,7 @@ RATIO_DIFFS = (
 BOOSTER_RATIO = "booster_ratio"  # f(job, candidate) − f(job, B): the main booster's own ratio
 # prior_B − f(job, B): how far the lineage runs from what its configuration predicts on B. A job
 # slow for its configuration (an input pipeline, a host bottleneck) gains less on a faster type,
-# which no hardware input says (docs/model.md, "The prior's residual")
+# which no hardware input says (docs/model.md, "Pairs in both directions and the prior's residual")
 PRIOR_RESIDUAL = "prior_residual"
 
 
