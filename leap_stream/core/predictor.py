@@ -205,6 +205,9 @@ class IntervalScale(TypedDict):
     # a further factor on the lineage's own prior when the job's device count changed since
     # it was measured (the prior is per device; communication and batching move it)
     devices_changed: NotRequired[float]
+    # a transfer interval is 1 + transfer_move × |the prior's predicted move (log)| times as
+    # wide as for a prior moved by nothing (`_move_width`)
+    transfer_move: NotRequired[float]
 
 
 class ModelMetadata(TypedDict):
@@ -280,6 +283,7 @@ class ThroughputModel:
         self._unseen_pair_scale = float(scale.get("unseen_pair", 1.0)) if scale else 1.0
         self._unseen_type_scale = float(scale.get("unseen_type", 0.0)) if scale else 0.0
         self._devices_changed = float(scale.get("devices_changed", 1.0)) if scale else 1.0
+        self._transfer_move = float(scale.get("transfer_move", 0.0)) if scale else 0.0
         # which (model type × hardware) pairs the training rows had enough of for the type's
         # own interval: at least `rare_pair_rows` (1, their effects' keys, for older models)
         self._pair_common = np.zeros(self._pair_table.shape, bool)
@@ -456,6 +460,11 @@ class ThroughputModel:
         kind = anchor_kind(cf, self.groups)
         pred = np.choose(kind, [cf["self_log_pd"].to_numpy(np.float64), moved, blind])
         ape = np.abs(np.expm1(pred - yc))
+        # transfer residuals in units of their move's width: a prior moved far errs more, and a
+        # ranking moves priors further than lineages did (docs/model.md, "How far a prior moves")
+        other_lpd = f64(cf, "other_log_pd")
+        transfer_move = _move_width(moved - other_lpd, resid["transfer"])
+        resid["transfer"] = resid["transfer"] / _move_factor(transfer_move, moved - other_lpd)
         quantiles = _quantiles(resid)
         self.metadata["residual_quantiles"] = quantiles
         own = np.choose(kind, [resid["self"], resid["transfer"], resid["model"]])
@@ -463,6 +472,8 @@ class ThroughputModel:
         hi = np.asarray([quantiles[k][1] for k in KINDS])[kind]
         hw = cf["hardware_type"].to_numpy(object)
         self.metadata["interval_scale"] = _type_scales(hw, own, lo, hi)
+        if transfer_move > 0.0:
+            self.metadata["interval_scale"]["transfer_move"] = transfer_move
         type_scale = _row_scales(self.metadata["interval_scale"], hw)
         pair_rows = self.metadata.get("pair_rows") or {}
         mt_hw = _pair_keys(cf["model_type"].to_numpy(object), hw)
@@ -481,7 +492,8 @@ class ThroughputModel:
         if factor is not None:
             self.metadata["interval_scale"]["devices_changed"] = factor
         if left_out is not None:
-            unseen_type = left_out.scale(y, quantiles)
+            far = _move_factor(transfer_move, left_out.moved - f64(frame, "other_log_pd"))
+            unseen_type = left_out.scale(y, quantiles, far)
             if unseen_type is not None:
                 self.metadata["interval_scale"]["unseen_type"] = unseen_type
                 self.metadata["interval_scale"]["unseen_type_from"] = left_out.types
@@ -596,6 +608,9 @@ class ThroughputModel:
         p50 = np.exp(log_total)
         widen = self.support_excess(frame) if excess is None else excess
         scale = self.interval_scale(frame, kind)
+        if self._transfer_move:
+            far = _move_factor(self._transfer_move, moved - f64(frame, "other_log_pd"))
+            scale = np.where(kind == KIND_TRANSFER, scale * far, scale)
         low = np.exp(log_total + self._qlo[kind] * scale - widen)
         return p50, low, np.exp(log_total + self._qhi[kind] * scale + widen)
 
@@ -766,13 +781,16 @@ class _LeftOut:
         )
         return cls(types, blind, moved)
 
-    def scale(self, y: np.ndarray, quantiles: dict[str, list[float]]) -> float | None:
+    def scale(
+        self, y: np.ndarray, quantiles: dict[str, list[float]], far: np.ndarray
+    ) -> float | None:
         """The conformal `INTERVAL_LEVEL` quantile (at least 1) of these estimates' residuals,
-        each over its kind's quantile on its side; None with fewer than `MIN_TYPE_ROWS`."""
+        each over its kind's quantile on its side (a moved one also over its move's width
+        `far`); None with fewer than `MIN_TYPE_ROWS`."""
         z = np.concatenate(
             [
                 _normalised(y - self.blind, *quantiles["model"]),
-                _normalised(y - self.moved, *quantiles["transfer"]),
+                _normalised((y - self.moved) / far, *quantiles["transfer"]),
             ]
         )
         z = z[np.isfinite(z)]
@@ -1212,6 +1230,37 @@ def _pair_table(
     eff = g["sum"] / (g["count"] + PAIR_SHRINK)
     effects = {str(k): round(float(v), 6) for k, v in eff.items()}
     return effects, {str(k): int(v) for k, v in g["count"].items()}
+
+
+MOVE_BINS = 5
+
+
+def _move_factor(per_log: float, move: np.ndarray) -> np.ndarray:
+    """1 + `per_log` × |move| (1 where there is no move): how many times wider a transfer
+    interval is for a prior moved by `move` (log) than for one moved by nothing."""
+    return np.asarray(np.where(np.isfinite(move), 1.0 + per_log * np.abs(move), 1.0))
+
+
+def _move_width(move: np.ndarray, resid: np.ndarray) -> float:
+    """The `_move_factor` slope from held-out transfer residuals: their spread ((q90 − q10)/2)
+    in `MOVE_BINS` equal-count bins of |move|, a least-squares line through the bins, its
+    slope over its intercept; 0 when flat or falling, or with too few residuals.
+
+    Why: the error of a moved prior grows with how far it is moved (one pooled quantile left
+    the smallest moves at 0.89 coverage and the largest at 0.73 over every candidate), and a
+    ranking moves priors further than the moves lineages made, which the quantiles come from."""
+    ok = np.isfinite(move) & np.isfinite(resid)
+    if ok.sum() < MOVE_BINS * MIN_BUCKET_ROWS:
+        return 0.0
+    size, r = np.abs(move[ok]), resid[ok]
+    order = np.argsort(size, kind="stable")
+    bins = np.array_split(order, MOVE_BINS)
+    centre = np.asarray([np.median(size[b]) for b in bins])
+    spread = np.asarray([np.subtract(*np.quantile(r[b], [_QHI, _QLO])) / 2 for b in bins])
+    slope, intercept = np.polyfit(centre, spread, 1)
+    if intercept <= 0 or slope <= 0:
+        return 0.0
+    return round(float(slope / intercept), 4)
 
 
 def _normalised(resid: np.ndarray, lo: np.ndarray | float, hi: np.ndarray | float) -> np.ndarray:

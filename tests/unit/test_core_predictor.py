@@ -257,3 +257,37 @@ def test_the_ratio_model_fits_every_pair_up_to_a_cap() -> None:
     many = P._fit_pairs(rows, seed=0)
     assert len(many) == P.RATIO_PAIRS == len(np.unique(many))
     assert np.isin(many, rows).all() and (np.diff(many) > 0).all()
+
+
+def test_the_move_width_follows_how_far_priors_move() -> None:
+    """Residuals whose spread grows as 1 + 2 |move| give a slope near 2; a flat spread or one
+    that falls gives none."""
+    from leap_stream.core.predictor import _move_factor, _move_width
+
+    rng = np.random.default_rng(0)
+    move = rng.uniform(-2.0, 2.0, 20_000)
+    noise = rng.normal(size=move.size)
+    assert 1.7 < _move_width(move, 0.1 * (1 + 2 * np.abs(move)) * noise) < 2.3
+    assert _move_width(move, 0.1 * noise) < 0.1
+    assert _move_width(move, 0.1 * (3 - np.abs(move)) * noise) == 0.0
+    assert _move_width(move[:100], noise[:100]) == 0.0  # too few to say
+    np.testing.assert_allclose(_move_factor(0.5, np.array([0.0, -2.0, np.nan])), [1.0, 2.0, 1.0])
+
+
+def test_a_transfer_interval_widens_with_its_move(data: tuple[pd.DataFrame, pd.DataFrame]) -> None:
+    from leap_stream.core.predictor import KIND_TRANSFER, anchor_kind
+
+    m, fr = data
+    model = ThroughputModel.fit(fr, m["samples_per_s"].to_numpy(), m["lineage_id"], num_rounds=20)
+    model._transfer_move = 0.0
+    _p, lo0, hi0 = model.predict(fr)
+    model._transfer_move = 1.0
+    p, lo1, hi1 = model.predict(fr)
+    kind = anchor_kind(fr, model.groups)
+    _blind, moved = model._log_pd_parts(fr)
+    far = 1.0 + np.abs(moved - fr["other_log_pd"].to_numpy())
+    t = kind == KIND_TRANSFER
+    assert t.sum() > 100
+    np.testing.assert_allclose(np.log(hi1 / p)[t], np.log(hi0 / p)[t] * far[t], rtol=1e-9)
+    np.testing.assert_allclose(np.log(lo1 / p)[t], np.log(lo0 / p)[t] * far[t], rtol=1e-9)
+    np.testing.assert_array_equal(hi1[~t], hi0[~t])
