@@ -112,7 +112,7 @@ RATIO_PARAMS: dict[str, Any] = {
 RATIO_ROUNDS = 100
 RATIO_EARLY_STOP = 20
 RATIO_MIN_ROWS = 500
-# Pairs the ratio model fits at most, each in both directions (`_fit_pairs`): every pair of a
+# Pairs the ratio model fits at most, each in both directions (`_at_most`): every pair of a
 # backtest's night (tens of thousands), a sample of a year's ~3M, whose matrix was the peak
 # of a year's training (docs/benchmarks.md)
 RATIO_PAIRS = 1_000_000
@@ -409,7 +409,7 @@ class ThroughputModel:
         pair = np.isfinite(frame["other_log_pd"].to_numpy(np.float64))
         if (pair & train_idx).sum() < RATIO_MIN_ROWS:
             return self
-        rows = _fit_pairs(np.flatnonzero(pair), seed)
+        rows = _at_most(np.flatnonzero(pair), RATIO_PAIRS, seed)
         pf = frame.iloc[rows].reset_index(drop=True)
         blind, _rows, prior_f = self._booster_parts(pf)
         other = pf["other_log_pd"].to_numpy(np.float64)
@@ -760,10 +760,7 @@ class _LeftOut:
         names = list(metadata["features"])
         cats = _categorical_positions(names)
         left = np.isin(hw, types)
-        rows = np.flatnonzero(fit_idx & ~left)
-        if len(rows) > UNSEEN_TYPE_ROWS:
-            rng = np.random.default_rng(seed)
-            rows = np.sort(rng.choice(rows, UNSEEN_TYPE_ROWS, replace=False))
+        rows = _at_most(np.flatnonzero(fit_idx & ~left), UNSEEN_TYPE_ROWS, seed)
         stop = np.flatnonzero(calib & ~left)
         data = _TrainData.of((X[at[rows]], target[rows]), (X[at[stop]], target[stop]), names, cats)
         booster, _best = _train(p, data, NUM_ROUNDS, EARLY_STOP)
@@ -964,13 +961,12 @@ def ratio_features(booster_features: Sequence[str]) -> list[str]:
     ]
 
 
-def _fit_pairs(rows: np.ndarray, seed: int) -> np.ndarray:
-    """The pair rows the ratio model fits: all of them, or a seeded sample of `RATIO_PAIRS`
-    where there are more (in order)."""
-    if len(rows) <= RATIO_PAIRS:
+def _at_most(rows: np.ndarray, cap: int, seed: int) -> np.ndarray:
+    """`rows` (indices), or a seeded uniform sample of `cap` of them, in order, when more."""
+    if len(rows) <= cap:
         return rows
     rng = np.random.default_rng(seed)
-    return np.sort(rng.choice(rows, RATIO_PAIRS, replace=False))
+    return np.sort(rng.choice(rows, cap, replace=False))
 
 
 def _reversed_pairs(

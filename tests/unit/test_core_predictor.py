@@ -253,8 +253,8 @@ def test_the_ratio_model_fits_every_pair_up_to_a_cap() -> None:
     from leap_stream.core import predictor as P
 
     rows = np.arange(0, 3 * (P.RATIO_PAIRS + 10), 3)
-    np.testing.assert_array_equal(P._fit_pairs(rows[:5], seed=0), rows[:5])
-    many = P._fit_pairs(rows, seed=0)
+    np.testing.assert_array_equal(P._at_most(rows[:5], P.RATIO_PAIRS, seed=0), rows[:5])
+    many = P._at_most(rows, P.RATIO_PAIRS, seed=0)
     assert len(many) == P.RATIO_PAIRS == len(np.unique(many))
     assert np.isin(many, rows).all() and (np.diff(many) > 0).all()
 
