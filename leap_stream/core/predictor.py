@@ -462,9 +462,9 @@ class ThroughputModel:
         ape = np.abs(np.expm1(pred - yc))
         # transfer residuals in units of their move's width: a prior moved far errs more, and a
         # ranking moves priors further than lineages did (docs/model.md, "How far a prior moves")
-        other_lpd = f64(cf, "other_log_pd")
-        transfer_move = _move_width(moved - other_lpd, resid["transfer"])
-        resid["transfer"] = resid["transfer"] / _move_factor(transfer_move, moved - other_lpd)
+        move = moved - f64(cf, "other_log_pd")
+        transfer_move = _move_width(move, resid["transfer"])
+        resid["transfer"] = resid["transfer"] / _move_factor(transfer_move, move)
         quantiles = _quantiles(resid)
         self.metadata["residual_quantiles"] = quantiles
         own = np.choose(kind, [resid["self"], resid["transfer"], resid["model"]])
