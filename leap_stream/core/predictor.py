@@ -208,6 +208,10 @@ class IntervalScale(TypedDict):
     # a transfer interval is 1 + transfer_move × |the prior's predicted move (log)| times as
     # wide as for a prior moved by nothing (`_move_width`)
     transfer_move: NotRequired[float]
+    # a transfer interval whose prior is on another vendor's type is this many times as wide
+    # as one within a vendor (`_spread_ratio`): a lineage's efficiency on one software stack
+    # says less about another's
+    cross_vendor: NotRequired[float]
 
 
 class ModelMetadata(TypedDict):
@@ -284,6 +288,7 @@ class ThroughputModel:
         self._unseen_type_scale = float(scale.get("unseen_type", 0.0)) if scale else 0.0
         self._devices_changed = float(scale.get("devices_changed", 1.0)) if scale else 1.0
         self._transfer_move = float(scale.get("transfer_move", 0.0)) if scale else 0.0
+        self._cross_vendor = float(scale.get("cross_vendor", 1.0)) if scale else 1.0
         # which (model type × hardware) pairs the training rows had enough of for the type's
         # own interval: at least `rare_pair_rows` (1, their effects' keys, for older models)
         self._pair_common = np.zeros(self._pair_table.shape, bool)
@@ -465,6 +470,10 @@ class ThroughputModel:
         move = moved - f64(cf, "other_log_pd")
         transfer_move = _move_width(move, resid["transfer"])
         resid["transfer"] = resid["transfer"] / _move_factor(transfer_move, move)
+        # and in units of the vendor crossing's width (docs/model.md, "Across vendors")
+        cross = crosses_vendor(cf)
+        cross_vendor = _spread_ratio(resid["transfer"], cross)
+        resid["transfer"] = resid["transfer"] / np.where(cross, cross_vendor, 1.0)
         quantiles = _quantiles(resid)
         self.metadata["residual_quantiles"] = quantiles
         own = np.choose(kind, [resid["self"], resid["transfer"], resid["model"]])
@@ -474,6 +483,8 @@ class ThroughputModel:
         self.metadata["interval_scale"] = _type_scales(hw, own, lo, hi)
         if transfer_move > 0.0:
             self.metadata["interval_scale"]["transfer_move"] = transfer_move
+        if cross_vendor != 1.0:
+            self.metadata["interval_scale"]["cross_vendor"] = cross_vendor
         type_scale = _row_scales(self.metadata["interval_scale"], hw)
         pair_rows = self.metadata.get("pair_rows") or {}
         mt_hw = _pair_keys(cf["model_type"].to_numpy(object), hw)
@@ -493,6 +504,7 @@ class ThroughputModel:
             self.metadata["interval_scale"]["devices_changed"] = factor
         if left_out is not None:
             far = _move_factor(transfer_move, left_out.moved - f64(frame, "other_log_pd"))
+            far = far * np.where(crosses_vendor(frame), cross_vendor, 1.0)
             unseen_type = left_out.scale(y, quantiles, far)
             if unseen_type is not None:
                 self.metadata["interval_scale"]["unseen_type"] = unseen_type
@@ -608,8 +620,9 @@ class ThroughputModel:
         p50 = np.exp(log_total)
         widen = self.support_excess(frame) if excess is None else excess
         scale = self.interval_scale(frame, kind)
-        if self._transfer_move:
+        if self._transfer_move or self._cross_vendor != 1.0:
             far = _move_factor(self._transfer_move, moved - f64(frame, "other_log_pd"))
+            far = far * np.where(crosses_vendor(frame), self._cross_vendor, 1.0)
             scale = np.where(kind == KIND_TRANSFER, scale * far, scale)
         low = np.exp(log_total + self._qlo[kind] * scale - widen)
         return p50, low, np.exp(log_total + self._qhi[kind] * scale + widen)
@@ -1257,6 +1270,23 @@ def _move_width(move: np.ndarray, resid: np.ndarray) -> float:
     if intercept <= 0 or slope <= 0:
         return 0.0
     return round(float(slope / intercept), 4)
+
+
+def crosses_vendor(frame: Frame) -> np.ndarray:
+    """Per row: the lineage's prior on another type is on another vendor's type."""
+    other = np.asarray(frame["o_vendor"], object)
+    return np.asarray(pd.notna(other) & (np.asarray(frame["vendor"], object) != other))
+
+
+def _spread_ratio(resid: np.ndarray, rows: np.ndarray) -> float:
+    """The spread ((q90 − q10)/2) of the residuals of ``rows`` over that of the others; 1
+    with fewer than `MIN_TYPE_ROWS` finite residuals on either side."""
+    ok = np.isfinite(resid)
+    a, b = resid[ok & rows], resid[ok & ~rows]
+    if min(len(a), len(b)) < MIN_TYPE_ROWS:
+        return 1.0
+    spread = [np.subtract(*np.quantile(r, [_QHI, _QLO])) for r in (a, b)]
+    return round(float(spread[0] / spread[1]), 4) if spread[1] > 0 else 1.0
 
 
 def _normalised(resid: np.ndarray, lo: np.ndarray | float, hi: np.ndarray | float) -> np.ndarray:

@@ -291,3 +291,35 @@ def test_a_transfer_interval_widens_with_its_move(data: tuple[pd.DataFrame, pd.D
     np.testing.assert_allclose(np.log(hi1 / p)[t], np.log(hi0 / p)[t] * far[t], rtol=1e-9)
     np.testing.assert_allclose(np.log(lo1 / p)[t], np.log(lo0 / p)[t] * far[t], rtol=1e-9)
     np.testing.assert_array_equal(hi1[~t], hi0[~t])
+
+
+def test_the_vendor_crossing_width_is_the_ratio_of_spreads() -> None:
+    """Residuals of crossing rows twice as spread give a ratio near 2; too few give 1."""
+    from leap_stream.core.predictor import _spread_ratio
+
+    rng = np.random.default_rng(1)
+    rows = rng.random(20_000) < 0.3
+    resid = rng.normal(size=rows.size) * np.where(rows, 0.4, 0.2)
+    assert 1.9 < _spread_ratio(resid, rows) < 2.1
+    assert 0.9 < _spread_ratio(rng.normal(size=rows.size), rows) < 1.1
+    assert _spread_ratio(resid, np.arange(rows.size) < 10) == 1.0  # too few to say
+
+
+def test_a_prior_on_another_vendor_widens_a_transfer_interval(
+    data: tuple[pd.DataFrame, pd.DataFrame],
+) -> None:
+    from leap_stream.core.predictor import KIND_TRANSFER, anchor_kind, crosses_vendor
+
+    m, fr = data
+    model = ThroughputModel.fit(fr, m["samples_per_s"].to_numpy(), m["lineage_id"], num_rounds=20)
+    assert model.metadata["interval_scale"].get("cross_vendor", 1.0) > 1.0  # measured at fit
+    model._cross_vendor = 1.0
+    p, lo0, hi0 = model.predict(fr)
+    model._cross_vendor = 1.5
+    _p, lo1, hi1 = model.predict(fr)
+    cross = crosses_vendor(fr) & (anchor_kind(fr, model.groups) == KIND_TRANSFER)
+    assert 100 < cross.sum() < len(fr)
+    np.testing.assert_allclose(np.log(hi1 / p)[cross], 1.5 * np.log(hi0 / p)[cross], rtol=1e-9)
+    np.testing.assert_allclose(np.log(lo1 / p)[cross], 1.5 * np.log(lo0 / p)[cross], rtol=1e-9)
+    np.testing.assert_array_equal(hi1[~cross], hi0[~cross])
+    assert not crosses_vendor(fr)[~np.isfinite(fr["other_log_pd"].to_numpy())].any()
