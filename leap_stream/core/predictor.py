@@ -101,15 +101,17 @@ FIT_ROWS = 4_000_000  # training rows the boosters fit at most (`_fit_sample`)
 # Lineage effects taken out before the second fit: a lineage's mean residual shrunk by this
 # many pseudo-rows at zero (a lineage seen once moves a third of the way).
 LINEAGE_SHRINK = 2.0
-# The ratio model: small (a third of the main booster's nodes), fitted on the pairs a fleet
-# has (lineages measured on two types); below RATIO_MIN_ROWS pairs the booster difference stays.
+# The ratio model, fitted on the pairs a fleet has (lineages measured on two types); below
+# RATIO_MIN_ROWS pairs the booster difference stays. Deep trees, few of them: 60 trees of 127
+# leaves cost what 100 of 31 did to score (traversal grows with depth) and put more transfer
+# rows within ±10 % (docs/model.md, "Deeper ratio trees")
 RATIO_PARAMS: dict[str, Any] = {
     **DEFAULT_PARAMS,
-    "num_leaves": 31,
+    "num_leaves": 127,
     "min_data_in_leaf": 30,
     "feature_fraction": 0.8,
 }
-RATIO_ROUNDS = 100
+RATIO_ROUNDS = 60
 RATIO_EARLY_STOP = 20
 RATIO_MIN_ROWS = 500
 # Pairs the ratio model fits at most, each in both directions (`_at_most`): every pair of a
