@@ -505,8 +505,7 @@ class ThroughputModel:
         if factor is not None:
             self.metadata["interval_scale"]["devices_changed"] = factor
         if left_out is not None:
-            far = _move_factor(transfer_move, left_out.moved - f64(frame, "other_log_pd"))
-            far = far * np.where(crosses_vendor(frame), cross_vendor, 1.0)
+            far = _transfer_width(frame, left_out.moved, transfer_move, cross_vendor)
             unseen_type = left_out.scale(y, quantiles, far)
             if unseen_type is not None:
                 self.metadata["interval_scale"]["unseen_type"] = unseen_type
@@ -623,8 +622,7 @@ class ThroughputModel:
         widen = self.support_excess(frame) if excess is None else excess
         scale = self.interval_scale(frame, kind)
         if self._transfer_move or self._cross_vendor != 1.0:
-            far = _move_factor(self._transfer_move, moved - f64(frame, "other_log_pd"))
-            far = far * np.where(crosses_vendor(frame), self._cross_vendor, 1.0)
+            far = _transfer_width(frame, moved, self._transfer_move, self._cross_vendor)
             scale = np.where(kind == KIND_TRANSFER, scale * far, scale)
         low = np.exp(log_total + self._qlo[kind] * scale - widen)
         return p50, low, np.exp(log_total + self._qhi[kind] * scale + widen)
@@ -1267,11 +1265,24 @@ def _move_width(move: np.ndarray, resid: np.ndarray) -> float:
     order = np.argsort(size, kind="stable")
     bins = np.array_split(order, MOVE_BINS)
     centre = np.asarray([np.median(size[b]) for b in bins])
-    spread = np.asarray([np.subtract(*np.quantile(r[b], [_QHI, _QLO])) / 2 for b in bins])
+    spread = np.asarray([_spread(r[b]) for b in bins])
     slope, intercept = np.polyfit(centre, spread, 1)
     if intercept <= 0 or slope <= 0:
         return 0.0
     return round(float(slope / intercept), 4)
+
+
+def _spread(resid: np.ndarray) -> float:
+    """(q90 − q10) / 2 of the residuals: how wide an 80 % interval around them is each way."""
+    return float(np.subtract(*np.quantile(resid, [_QHI, _QLO]))) / 2
+
+
+def _transfer_width(frame: Frame, moved: np.ndarray, per_log: float, cross: float) -> np.ndarray:
+    """Per row, how many times wider its transfer interval is than a prior's moved by nothing
+    within a vendor: the move's `_move_factor`, times ``cross`` where the prior is on another
+    vendor's type (`crosses_vendor`)."""
+    far = _move_factor(per_log, moved - f64(frame, "other_log_pd"))
+    return np.asarray(far * np.where(crosses_vendor(frame), cross, 1.0))
 
 
 def crosses_vendor(frame: Frame) -> np.ndarray:
@@ -1287,8 +1298,8 @@ def _spread_ratio(resid: np.ndarray, rows: np.ndarray) -> float:
     a, b = resid[ok & rows], resid[ok & ~rows]
     if min(len(a), len(b)) < MIN_TYPE_ROWS:
         return 1.0
-    spread = [np.subtract(*np.quantile(r, [_QHI, _QLO])) for r in (a, b)]
-    return round(float(spread[0] / spread[1]), 4) if spread[1] > 0 else 1.0
+    below = _spread(b)
+    return round(float(_spread(a) / below), 4) if below > 0 else 1.0
 
 
 def _normalised(resid: np.ndarray, lo: np.ndarray | float, hi: np.ndarray | float) -> np.ndarray:
