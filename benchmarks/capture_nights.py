@@ -32,39 +32,22 @@ import pandas as pd
 
 
 def capture(seed: int, nights: int, rate: int | None, out: Path) -> None:
-    import leap_stream.tools.backtest as bt
-    from leap_stream.core.predictor import ThroughputModel
-    from leap_stream.core.ranker import Ranker
+    from leap_stream.tools.backtest import DEFAULT_RATE, Night, run_backtest
 
     out.mkdir(parents=True, exist_ok=True)
-    state: dict[str, Any] = {"night": 0}
-    fit = ThroughputModel.fit.__func__  # type: ignore[attr-defined]
 
-    def capturing_fit(cls: Any, frame: pd.DataFrame, sps: Any, lineages: Any, **kw: Any) -> Any:
-        model = fit(cls, frame, sps, lineages, **kw)
-        state["train"] = (frame, np.asarray(sps), np.asarray(lineages), kw)
-        return model
+    def keep(night: Night) -> None:
+        model, tr = night.model, night.truth
+        record = {
+            "train": (night.train_frame, night.train_samples_per_s, night.train_lineages,
+                      {"seed": night.seed}),
+            "model": (model.model_text(), model.ratio_text(), model.metadata),
+            "base": night.scored, "meas": tr.meas, "in_truth": tr.in_truth, "is_ran": tr.is_ran,
+        }  # fmt: skip
+        with open(out / f"night{night.index}.pkl", "wb") as fh:
+            pickle.dump(record, fh)
 
-    night_eval = bt._night_eval
-
-    def evaluating(subs: Any, truth: Any, completions: Any, snap: Any, specs: Any, model: Any,
-                   lookup: Any, watch: str | None = None) -> Any:  # fmt: skip
-        res = night_eval(subs, truth, completions, snap, specs, model, lookup, watch)
-        base, _ = Ranker(bt._SpecCatalog(specs), model, lookup).score_batch(
-            subs, bt._candidates(subs), snap.histories, snap.aggregates, snap.now
-        )
-        tr = bt._NightTruth.of(base, subs, truth, completions)
-        texts = None if model is None else (model.model_text(), model.ratio_text(), model.metadata)
-        night = {"train": state.get("train"), "model": texts, "base": base, "meas": tr.meas,
-                 "in_truth": tr.in_truth, "is_ran": tr.is_ran}  # fmt: skip
-        with open(out / f"night{state['night']}.pkl", "wb") as fh:
-            pickle.dump(night, fh)
-        state["night"] += 1
-        return res
-
-    ThroughputModel.fit = classmethod(capturing_fit)  # type: ignore[method-assign,assignment]
-    bt._night_eval = evaluating
-    bt.run_backtest(seed=seed, nights=nights, rate=rate or bt.DEFAULT_RATE, progress=False)
+    run_backtest(seed=seed, nights=nights, rate=rate or DEFAULT_RATE, progress=False, on_night=keep)
 
 
 def _load(path: Path) -> dict[str, Any]:

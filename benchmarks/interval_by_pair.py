@@ -14,7 +14,6 @@ unseen-pair factor applies), 1-9, 10-99, 100-999, 1000+.
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -23,66 +22,44 @@ BUCKETS = [-1, 0, 9, 99, 999, float("inf")]
 LABELS = ["0", "1-9", "10-99", "100-999", "1000+"]
 
 
+def _pairs(frame: pd.DataFrame) -> pd.MultiIndex:
+    """(model type, hardware type) of each row."""
+    return pd.MultiIndex.from_arrays(
+        [frame["model_type"].to_numpy(object), frame["hardware_type"].to_numpy(object)]
+    )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seed", type=int, default=11)
     ap.add_argument("--nights", type=int, default=6)
     args = ap.parse_args()
 
-    import leap_stream.tools.backtest as bt
-    from leap_stream.core.predictor import KINDS, ThroughputModel, anchor_kind
-    from leap_stream.core.ranker import SRC_MODEL, Ranker
-
-    pair_counts: dict[str, pd.Series] = {}
-    fit = ThroughputModel.fit.__func__  # type: ignore[attr-defined]
-
-    def counting_fit(cls: Any, frame: pd.DataFrame, *a: Any, **k: Any) -> ThroughputModel:
-        pairs = pd.MultiIndex.from_arrays(
-            [frame["model_type"].to_numpy(object), frame["hardware_type"].to_numpy(object)]
-        )
-        pair_counts["last"] = pd.Series(1, index=pairs).groupby(level=[0, 1]).sum()
-        model: ThroughputModel = fit(cls, frame, *a, **k)
-        return model
+    from leap_stream.core.predictor import KINDS, anchor_kind
+    from leap_stream.core.ranker import SRC_MODEL
+    from leap_stream.tools.backtest import Night, run_backtest
 
     rows: list[pd.DataFrame] = []
-    night_eval = bt._night_eval
 
-    def evaluating(
-        subs: pd.DataFrame,
-        truth: pd.DataFrame,
-        completions: pd.DataFrame,
-        snap: Any,
-        specs: pd.DataFrame,
-        model: Any,
-        lookup: Any,
-        watch: str | None = None,
-    ) -> Any:
-        out = night_eval(subs, truth, completions, snap, specs, model, lookup, watch)
-        base, _ = Ranker(bt._SpecCatalog(specs), model, lookup).score_batch(
-            subs, bt._candidates(subs), snap.histories, snap.aggregates, snap.now
+    def count(night: Night) -> None:
+        train, base, tr = night.train_frame, night.scored, night.truth
+        pair_rows = (
+            pd.Series(1, index=_pairs(train)).groupby(level=[0, 1]).sum().reindex(_pairs(base))
         )
-        tr = bt._NightTruth.of(base, subs, truth, completions)
         ok = tr.in_truth & (base["source"].to_numpy() == SRC_MODEL)
-        pairs = pd.MultiIndex.from_arrays(
-            [base["model_type"].to_numpy(object), base["hardware_type"].to_numpy(object)]
-        )
-        count = pair_counts["last"].reindex(pairs).fillna(0).to_numpy()
         inside = (tr.meas >= base["low"].to_numpy()) & (tr.meas <= base["high"].to_numpy())
         rows.append(
             pd.DataFrame(
                 {
-                    "kind": anchor_kind(base, model.groups)[ok],
-                    "pair_rows": count[ok],
+                    "kind": anchor_kind(base, night.model.groups)[ok],
+                    "pair_rows": pair_rows.fillna(0).to_numpy()[ok],
                     "inside": inside[ok],
                     "ran": tr.is_ran[ok],
                 }
             )
         )
-        return out
 
-    ThroughputModel.fit = classmethod(counting_fit)  # type: ignore[method-assign,assignment]
-    bt._night_eval = evaluating
-    bt.run_backtest(seed=args.seed, nights=args.nights, progress=False)
+    run_backtest(seed=args.seed, nights=args.nights, progress=False, on_night=count)
     df = pd.concat(rows, ignore_index=True)
     df["bucket"] = pd.cut(df["pair_rows"], BUCKETS, labels=LABELS)
     print(f"seed {args.seed}, {args.nights} nights, {len(df)} candidate rows with a truth")

@@ -17,6 +17,7 @@ import dataclasses
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -141,6 +142,22 @@ class _NightTruth:
         )
 
 
+@dataclass(frozen=True)
+class Night:
+    """One night of the backtest as `run_backtest(on_night=…)` hands it to a diagnosis: the rows
+    the nightly model was fitted on, the model, and every candidate it scored (the ranker's
+    frame with predictions and intervals) with what really happened there."""
+
+    index: int
+    train_frame: pd.DataFrame
+    train_samples_per_s: np.ndarray
+    train_lineages: np.ndarray
+    seed: int
+    model: ThroughputModel
+    scored: pd.DataFrame
+    truth: _NightTruth
+
+
 def _top_choice(tr: _NightTruth, p: np.ndarray, usable: np.ndarray) -> np.ndarray:
     """Per job, the row a predictor ranks first (best predicted throughput per cost among its
     usable rows with a truth); -1 when none."""
@@ -213,7 +230,7 @@ def _predictor_metrics(
     return m
 
 
-def _night_eval(
+def _score_night(
     subs: pd.DataFrame,
     truth: pd.DataFrame,
     completions: pd.DataFrame,
@@ -221,15 +238,25 @@ def _night_eval(
     specs: pd.DataFrame,
     model: ThroughputModel | None,
     lookup: LookupTable | None,
-    watch: str | None = None,
-) -> tuple[dict[str, Any], pd.DataFrame]:
-    """Metrics of one night for model, lookup and oracle, and the scored rows (for plots);
-    with `watch`, how the model treats that (new) hardware type."""
+) -> tuple[pd.DataFrame, _NightTruth]:
+    """Every candidate of the night's jobs as the ranker scores them, and what really happened."""
     base, _reason = Ranker(_SpecCatalog(specs), model, lookup).score_batch(
         subs, _candidates(subs), snap.histories, snap.aggregates, snap.now
     )
+    return base, _NightTruth.of(base, subs, truth, completions)
+
+
+def _night_eval(
+    subs: pd.DataFrame,
+    base: pd.DataFrame,
+    tr: _NightTruth,
+    model: ThroughputModel | None,
+    lookup: LookupTable | None,
+    watch: str | None = None,
+) -> tuple[dict[str, Any], pd.DataFrame]:
+    """Metrics of one night's scored rows for model, lookup and oracle, and the rows with a
+    truth (for plots); with `watch`, how the model treats that (new) hardware type."""
     only_lookup = _lookup_only(base, subs, lookup)
-    tr = _NightTruth.of(base, subs, truth, completions)
     preds = {
         "model": base["pred"].to_numpy(np.float64),
         "lookup": only_lookup["pred"].to_numpy(np.float64),
@@ -450,11 +477,13 @@ def run_backtest(
     train_rows: int = TRAIN_ROWS,
     drift: list[Any] | None = None,
     new_hardware: tuple[str, int] | None = None,
+    on_night: Callable[[Night], None] | None = None,
 ) -> tuple[dict[str, Any], list[pd.DataFrame]]:
     """`drift`: the simulator's DriftEvents to run instead of its random ones (a controlled
     software-release scenario; `drift_recovery` in the summary follows each).
     `new_hardware`: (type, day) a catalog type the fleet only gets on that day (0-based); the
-    summary's `new_hardware` follows it from then on."""
+    summary's `new_hardware` follows it from then on.
+    `on_night`: called after each night is scored (benchmarks' diagnoses; it changes nothing)."""
     from tqdm import tqdm
 
     from leap_stream.catalog import load_catalog
@@ -539,14 +568,13 @@ def run_backtest(
         lookup = LookupTable.fit(all_ds[(epoch_seconds(all_ds["ended_at"]) < t_n)])
         models: dict[str, ThroughputModel] = {}
         t0 = time.perf_counter()
+        train_frame = frame.loc[known].reset_index(drop=True)
+        train_sps = rows["samples_per_s"].to_numpy(np.float64)[known]
+        train_lineages = rows["lineage_id"].to_numpy(object)[known]
         for v in variants:
             groups = [g for g in F.GROUPS if v == "full" or g != v[1:]]
             models[v] = ThroughputModel.fit(
-                frame.loc[known].reset_index(drop=True),
-                rows["samples_per_s"].to_numpy(np.float64)[known],
-                rows["lineage_id"].to_numpy(object)[known],
-                groups=groups,
-                seed=seed,
+                train_frame, train_sps, train_lineages, groups=groups, seed=seed
             )
         train_s += time.perf_counter() - t0
         policy_fn = None
@@ -554,23 +582,31 @@ def run_backtest(
             policy_fn = _ranked_policy(models["full"], lookup, specs, rep)
         day = sim.step_day(policy_fn)
         snap = ingest(day)
-        result, scored = _night_eval(
-            day.submissions,
-            day.truth,
-            day.completions,
-            snap,
-            specs,
-            models["full"],
-            lookup,
-            None if new_hardware is None else new_hardware[0],
+        base, tr = _score_night(
+            day.submissions, day.truth, day.completions, snap, specs, models["full"], lookup
         )
+        watch = None if new_hardware is None else new_hardware[0]
+        result, scored = _night_eval(day.submissions, base, tr, models["full"], lookup, watch)
         result["date"] = str(day.day)
         result["train_rows"] = int(known.sum())
         for v in variants[1:]:
-            r, _ = _night_eval(
+            vbase, vtr = _score_night(
                 day.submissions, day.truth, day.completions, snap, specs, models[v], None
             )
+            r, _ = _night_eval(day.submissions, vbase, vtr, models[v], None)
             result[v] = {k: r["model"][k] for k in ABLATION_KEYS}
+        if on_night is not None:
+            night = Night(
+                len(per_night),
+                train_frame,
+                train_sps,
+                train_lineages,
+                seed,
+                models["full"],
+                base,
+                tr,
+            )
+            on_night(night)
         per_night.append(result)
         scored_all.append(scored.assign(night=len(per_night)))
         bar.update(1)

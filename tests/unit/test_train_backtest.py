@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from leap_stream.tools.backtest import _argmax_per_job, run_backtest
+from leap_stream.tools.backtest import Night, _argmax_per_job, run_backtest
 
 
 def test_argmax_per_job_ignores_non_finite_and_keeps_ties_first() -> None:
@@ -64,6 +64,28 @@ def test_backtest_breaks_accuracy_down_by_anchor() -> None:
         assert by["all"][kind]["interval_width_log"] == pytest.approx(width_sum / with_width, 1e-3)
     # an interval around the lineage's own measurement is far narrower than a blind one's
     assert by["all"]["self"]["interval_width_log"] < 0.5 * by["all"]["model"]["interval_width_log"]
+
+
+def test_on_night_hands_each_night_the_rows_the_summary_counts() -> None:
+    from leap_stream.core.ranker import SRC_NONE
+
+    seen: list[Night] = []
+    summary, _ = run_backtest(
+        seed=5, nights=2, warmup_days=3, rate=400, progress=False, on_night=seen.append
+    )
+    assert [n.index for n in seen] == [0, 1]
+    for night, per in zip(seen, summary["per_night"], strict=True):
+        assert len(night.train_frame) == len(night.train_samples_per_s) == per["train_rows"]
+        assert len(night.train_lineages) == per["train_rows"]
+        base, tr = night.scored, night.truth
+        assert len(tr.meas) == len(base)
+        pred = base["pred"].to_numpy(np.float64)
+        usable = (base["source"].to_numpy() != SRC_NONE) & np.isfinite(pred) & base["fits"]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            hit = usable & tr.in_truth & (np.abs(pred / tr.meas - 1.0) <= 0.10)
+        counts = per["by_anchor"]["all"]
+        assert int(hit.sum()) == sum(counts[k][1] for k in ("self", "transfer", "model"))
+        assert int(tr.in_truth.sum()) == per["rows"]
 
 
 def test_lookup_scores_match_a_lookup_only_ranker() -> None:
