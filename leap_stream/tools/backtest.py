@@ -145,8 +145,9 @@ class _NightTruth:
 @dataclass(frozen=True)
 class Night:
     """One night of the backtest as `run_backtest(on_night=…)` hands it to a diagnosis: the rows
-    the nightly model was fitted on, the model, and every candidate it scored (the ranker's
-    frame with predictions and intervals) with what really happened there."""
+    the nightly model was fitted on, the model, every candidate it scored (the ranker's frame
+    with predictions and intervals) with what really happened there, and the submissions with
+    their point-in-time histories (to score a variant of the features)."""
 
     index: int
     train_frame: pd.DataFrame
@@ -156,6 +157,8 @@ class Night:
     model: ThroughputModel
     scored: pd.DataFrame
     truth: _NightTruth
+    submissions: pd.DataFrame
+    snapshot: pit.Snapshots
 
 
 def _top_choice(tr: _NightTruth, p: np.ndarray, usable: np.ndarray) -> np.ndarray:
@@ -605,6 +608,8 @@ def run_backtest(
                 models["full"],
                 base,
                 tr,
+                day.submissions,
+                snap,
             )
             on_night(night)
         per_night.append(result)
