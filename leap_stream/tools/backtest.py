@@ -676,12 +676,14 @@ def _summarise(per_night: list[dict[str, Any]], variants: list[str]) -> dict[str
                 for i, c in enumerate(counts):
                     acc[i] += c
     if by:
-        # pooled over nights: accuracy, interval coverage and width, share of rows per key
+        # pooled over nights: accuracy (a candidate without a prediction is a miss), and the
+        # coverage and width of the intervals the model gave (as the overall coverage: a
+        # candidate the ranking excluded has no interval to hold or miss), share of rows per key
         out["by_anchor"] = {
             scope: {
                 k: {
                     "accuracy": round(c[1] / c[0], 4) if c[0] else None,
-                    "interval_coverage_80": round(c[2] / c[0], 4) if c[0] else None,
+                    "interval_coverage_80": round(c[2] / c[3], 4) if c[3] else None,
                     "interval_width_log": round(c[4] / c[3], 4) if c[3] else None,
                     "rows": int(c[0]),
                     "share": round(
