@@ -122,10 +122,15 @@ BOOSTER_GROUPS = ("config", "specs", "agg")
 HW_COLUMNS: tuple[str, ...] = (*GROUPS["specs"], "mem_ratio", *GROUPS["agg"])
 ALL_FEATURES: tuple[str, ...] = tuple(f for g in GROUPS.values() for f in g)
 
-# Bytes per parameter for weights + gradients + optimizer state (mixed precision keeps fp32 master
-# weights); a coarse estimate, used for the fit check and as a feature.
+# Bytes per parameter for weights + gradients + optimizer state; a coarse estimate, used for the
+# fit check and as a feature. The optimizer's state includes the fp32 master copy of the weights
+# that mixed precision keeps (`_MASTER_COPY_BYTES`; weights already in fp32 need none).
+_MASTER_COPY_BYTES = 4.0
 _OPT_STATE_BYTES = {"adamw": 12.0, "adam": 12.0, "lamb": 12.0, "adafactor": 6.0, "lion": 8.0}
 _OPT_STATE_DEFAULT = 8.0  # sgd (momentum), adagrad
+# Families whose parameters are mostly embedding tables (recommenders: >99 % in DLRM-style
+# models); `min_memory_per_device_gib` counts their weights only.
+_WEIGHTS_ONLY_FAMILIES = {"recsys": 1.0}
 _ELEM_BYTES = {"fp32": 4.0, "tf32": 4.0, "fp16": 2.0, "bf16": 2.0, "fp8": 1.0}
 # Share of the dense bf16 peak a precision can use (fp32 rarely hits tensor cores). fp8 runs at
 # the part's own fp8 peak where it has one (`_peak_tflops`), else at the bf16 rate.
@@ -175,20 +180,26 @@ def memory_per_device_gib(jobs: Jobs, elem: np.ndarray | None = None) -> np.ndar
 
 def min_memory_per_device_gib(jobs: Jobs, elem: np.ndarray | None = None) -> np.ndarray:
     """A lower bound: model state fully sharded over every device (ZeRO-3 / FSDP, row-sharded
-    embeddings) plus recomputed activations. A candidate is excluded only when even this does
-    not fit, because the submission does not say how the job shards its state."""
+    embeddings) plus the activations a checkpoint at every layer keeps (one element per token
+    and hidden unit of a layer; the layer being recomputed is left out). A candidate is
+    excluded only when even this does not fit, because the submission does not say how the
+    job shards its state or recomputes. Weights kept in fp32 need no fp32 master copy in the
+    optimizer state. A family whose parameters are embedding tables (`_WEIGHTS_ONLY_FAMILIES`)
+    counts its weights alone: their gradients are sparse and their optimizers keep state per
+    row, not per parameter."""
     params = f64(jobs, "parameters")
     elem = _elem_bytes(jobs) if elem is None else elem
-    opt = _opt_bytes(jobs)
+    opt = _opt_bytes(jobs) - np.where(elem >= _MASTER_COPY_BYTES, _MASTER_COPY_BYTES, 0.0)
     nd = f64(jobs, "num_devices")
-    state = params * (2.0 * elem + opt) / nd
+    weights_only = map_column(jobs, "family", _WEIGHTS_ONLY_FAMILIES, 0.0) > 0.0
+    state = params * np.where(weights_only, elem, 2.0 * elem + opt) / nd
     seq = f64(jobs, "sequence_length")
     hidden = f64(jobs, "hidden_size")
     layers = f64(jobs, "layers")
     mbs = f64(jobs, "micro_batch_size")
     tp = f64(jobs, "tensor_parallel")
     pp = f64(jobs, "pipeline_parallel")
-    acts = mbs * seq * hidden * (layers / pp) * 2.0 * elem / tp
+    acts = mbs * seq * hidden * (layers / pp) * elem / tp
     return np.asarray((state + acts) / 2**30)
 
 
@@ -452,10 +463,13 @@ def build_columns(
     f: dict[str, object] = {"job": job, "hardware_type": names, "known": known}
     _config_columns(f, jobs, job, elem, phys)
     # unknown specs: not excluded here (the ranker reports unknown_hardware)
-    f["fits"] = ~(min_memory_per_device_gib(jobs, elem)[job] > sa.mem[hw] * FIT_HEADROOM)
+    fits = ~(min_memory_per_device_gib(jobs, elem)[job] > sa.mem[hw] * FIT_HEADROOM)
+    f["fits"] = fits
     _categorical_columns(f, jobs, job)
     _hw_columns(f, "", sa, hw, job, phys)
     other_hw, other_lpd = _history_columns(f, jobs, job, hw, histories, sa, np.asarray(now))
+    # a type the lineage has run on fits, whatever the estimate says
+    f["fits"] = fits | np.isfinite(np.asarray(f["self_log_pd"], np.float64))
     o_agg, o_agg_count = _aggregate_columns(f, job, hw, other_hw, other_lpd, aggregates, sa)
     # the prior hardware's side of the booster inputs (NaN / unknown without a prior)
     f["o_hardware_type"] = Coded(other_hw, sa.names)

@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from leap_stream.core import features as F
 from leap_stream.core.history import Measurement, TypeAggregate
@@ -102,6 +103,41 @@ def test_memory_fit_check_excludes_small_devices() -> None:
     jobs = _jobs(1, parameters=1e8, active_parameters=1e8)
     fr = F.build(jobs, [["l4", "mi300x"]], [None], [None], S.SPECS, np.asarray([NOW]))
     assert fr["fits"].tolist() == [True, True]
+
+
+def _state_gib(**over: object) -> float:
+    """`min_memory_per_device_gib` of one job whose activations are negligible."""
+    tiny = {
+        "micro_batch_size": 1,
+        "sequence_length": 1,
+        "hidden_size": 1,
+        "layers": 1,
+        "num_devices": 1,
+    }
+    return float(F.min_memory_per_device_gib(_jobs(1, **{**tiny, **over}))[0])
+
+
+def test_the_memory_lower_bound_counts_what_every_sharding_must_keep() -> None:
+    gib = 1e9 / 2**30
+    # mixed precision: 16-bit weights and gradients, Adam's moments and the fp32 master copy
+    bf16 = _state_gib(parameters=1e9, precision="bf16", optimizer="adam", family="dense_llm")
+    assert bf16 == pytest.approx(16 * gib, rel=1e-6)
+    # fp32 weights are their own master copy: 4 + 4 + 8, not 4 + 4 + 12
+    fp32 = _state_gib(parameters=1e9, precision="fp32", optimizer="adam", family="dense_llm")
+    assert fp32 == pytest.approx(16 * gib, rel=1e-6)
+    # a recommender's parameters are embedding tables (sparse gradients, row-wise optimizer
+    # state): its weights alone, sharded over the devices
+    rec = _state_gib(
+        parameters=8e9, precision="fp32", optimizer="adam", family="recsys", num_devices=8
+    )
+    assert rec == pytest.approx(4 * gib, rel=1e-6)
+
+
+def test_a_type_the_lineage_ran_on_fits_whatever_the_estimate() -> None:
+    jobs = _jobs(1, parameters=7e10, active_parameters=7e10, num_devices=1)
+    hist = {"l4": Measurement(10.0, 1, NOW - 3600, 1)}
+    fr = F.build(jobs, [["l4", "mi300x"]], [hist], [None], S.SPECS, np.asarray([NOW]))
+    assert fr["fits"].tolist() == [True, False]
 
 
 def test_unknown_hardware_and_unknown_history_type_do_not_break() -> None:
