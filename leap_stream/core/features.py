@@ -464,7 +464,6 @@ def build_columns(
     _config_columns(f, jobs, job, elem, phys)
     # unknown specs: not excluded here (the ranker reports unknown_hardware)
     fits = ~(min_memory_per_device_gib(jobs, elem)[job] > sa.mem[hw] * FIT_HEADROOM)
-    f["fits"] = fits
     _categorical_columns(f, jobs, job)
     _hw_columns(f, "", sa, hw, job, phys)
     other_hw, other_lpd = _history_columns(f, jobs, job, hw, histories, sa, np.asarray(now))

@@ -59,7 +59,7 @@ def _candidates(subs: pd.DataFrame) -> list[list[str]]:
 
 
 @dataclass(frozen=True)
-class _NightTruth:
+class NightTruth:
     """What really happened to one night's (job × candidate) rows: measured and true rates,
     where each job ran, and what running it on each row would have cost."""
 
@@ -84,7 +84,7 @@ class _NightTruth:
     @classmethod
     def of(
         cls, base: pd.DataFrame, subs: pd.DataFrame, truth: pd.DataFrame, completions: pd.DataFrame
-    ) -> _NightTruth:
+    ) -> NightTruth:
         key = pd.DataFrame(
             {
                 "job_id": subs["job_id"].to_numpy(object)[base["job"].to_numpy()],
@@ -156,12 +156,12 @@ class Night:
     seed: int
     model: ThroughputModel
     scored: pd.DataFrame
-    truth: _NightTruth
+    truth: NightTruth
     submissions: pd.DataFrame
     snapshot: pit.Snapshots
 
 
-def _top_choice(tr: _NightTruth, p: np.ndarray, usable: np.ndarray) -> np.ndarray:
+def _top_choice(tr: NightTruth, p: np.ndarray, usable: np.ndarray) -> np.ndarray:
     """Per job, the row a predictor ranks first (best predicted throughput per cost among its
     usable rows with a truth); -1 when none."""
     score = np.where(usable & tr.in_truth, throughput_per_cost(p, tr.cost, tr.nd), -np.inf)
@@ -169,7 +169,7 @@ def _top_choice(tr: _NightTruth, p: np.ndarray, usable: np.ndarray) -> np.ndarra
 
 
 def _noise_set(
-    tr: _NightTruth, p: np.ndarray, hi: np.ndarray, usable: np.ndarray, e: np.ndarray
+    tr: NightTruth, p: np.ndarray, hi: np.ndarray, usable: np.ndarray, e: np.ndarray
 ) -> dict[str, float]:
     """The ranking's first candidate and those `within_noise_of_best`: how many, and how often
     they hold the measured best (over the jobs `e` that top-1 is scored on)."""
@@ -192,7 +192,7 @@ def _noise_set(
 
 
 def _predictor_metrics(
-    tr: _NightTruth,
+    tr: NightTruth,
     p: np.ndarray,
     usable: np.ndarray,
     lo: np.ndarray | None,
@@ -241,18 +241,18 @@ def _score_night(
     specs: pd.DataFrame,
     model: ThroughputModel | None,
     lookup: LookupTable | None,
-) -> tuple[pd.DataFrame, _NightTruth]:
+) -> tuple[pd.DataFrame, NightTruth]:
     """Every candidate of the night's jobs as the ranker scores them, and what really happened."""
     base, _reason = Ranker(_SpecCatalog(specs), model, lookup).score_batch(
         subs, _candidates(subs), snap.histories, snap.aggregates, snap.now
     )
-    return base, _NightTruth.of(base, subs, truth, completions)
+    return base, NightTruth.of(base, subs, truth, completions)
 
 
 def _night_eval(
     subs: pd.DataFrame,
     base: pd.DataFrame,
-    tr: _NightTruth,
+    tr: NightTruth,
     model: ThroughputModel | None,
     lookup: LookupTable | None,
     watch: str | None = None,
@@ -317,7 +317,7 @@ def _night_eval(
 def _watched_type(
     hw_type: str,
     base: pd.DataFrame,
-    tr: _NightTruth,
+    tr: NightTruth,
     pred: np.ndarray,
     usable: np.ndarray,
     inside: np.ndarray,
