@@ -126,6 +126,7 @@ ALL_FEATURES: tuple[str, ...] = tuple(f for g in GROUPS.values() for f in g)
 # fit check and as a feature. The optimizer's state includes the fp32 master copy of the weights
 # that mixed precision keeps (`_MASTER_COPY_BYTES`; weights already in fp32 need none).
 _MASTER_COPY_BYTES = 4.0
+_SAME_DEVICES = 1e-9  # |log(devices now / devices of a run)| within which they are equal
 _OPT_STATE_BYTES = {"adamw": 12.0, "adam": 12.0, "lamb": 12.0, "adafactor": 6.0, "lion": 8.0}
 _OPT_STATE_DEFAULT = 8.0  # sgd (momentum), adagrad
 # Families whose parameters are mostly embedding tables (recommenders: >99 % in DLRM-style
@@ -467,8 +468,10 @@ def build_columns(
     _categorical_columns(f, jobs, job)
     _hw_columns(f, "", sa, hw, job, phys)
     other_hw, other_lpd = _history_columns(f, jobs, job, hw, histories, sa, np.asarray(now))
-    # a type the lineage has run on fits, whatever the estimate says
-    f["fits"] = fits | np.isfinite(np.asarray(f["self_log_pd"], np.float64))
+    # a type the lineage has run on, on no more devices than now (no more memory per device),
+    # fits whatever the estimate says (NaN without such a run: no evidence)
+    ran_there = np.asarray(f["self_log_dev_ratio"], np.float64) >= -_SAME_DEVICES
+    f["fits"] = fits | ran_there
     o_agg, o_agg_count = _aggregate_columns(f, job, hw, other_hw, other_lpd, aggregates, sa)
     # the prior hardware's side of the booster inputs (NaN / unknown without a prior)
     f["o_hardware_type"] = Coded(other_hw, sa.names)

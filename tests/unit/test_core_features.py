@@ -134,10 +134,13 @@ def test_the_memory_lower_bound_counts_what_every_sharding_must_keep() -> None:
 
 
 def test_a_type_the_lineage_ran_on_fits_whatever_the_estimate() -> None:
-    jobs = _jobs(1, parameters=7e10, active_parameters=7e10, num_devices=1)
-    hist = {"l4": Measurement(10.0, 1, NOW - 3600, 1)}
-    fr = F.build(jobs, [["l4", "mi300x"]], [hist], [None], S.SPECS, np.asarray([NOW]))
-    assert fr["fits"].tolist() == [True, False]
+    jobs = _jobs(1, parameters=7e10, active_parameters=7e10, num_devices=2)
+    cands, now = [["l4", "mi300x"]], np.asarray([NOW])
+    for devices_then, fits_l4 in ((2, True), (1, True), (4, False)):
+        hist = {"l4": Measurement(10.0, devices_then, NOW - 3600, 1)}
+        fr = F.build(jobs, cands, [hist], [None], S.SPECS, now)
+        # on more devices then, each held less than it would now: no evidence
+        assert fr["fits"].tolist() == [fits_l4, False], devices_then
 
 
 def test_unknown_hardware_and_unknown_history_type_do_not_break() -> None:
