@@ -126,7 +126,6 @@ ALL_FEATURES: tuple[str, ...] = tuple(f for g in GROUPS.values() for f in g)
 # fit check and as a feature. The optimizer's state includes the fp32 master copy of the weights
 # that mixed precision keeps (`_MASTER_COPY_BYTES`; weights already in fp32 need none).
 _MASTER_COPY_BYTES = 4.0
-_SAME_DEVICES = 1e-9  # |log(devices now / devices of a run)| within which they are equal
 _OPT_STATE_BYTES = {"adamw": 12.0, "adam": 12.0, "lamb": 12.0, "adafactor": 6.0, "lion": 8.0}
 _OPT_STATE_DEFAULT = 8.0  # sgd (momentum), adagrad
 # Families whose parameters are mostly embedding tables (recommenders: >99 % in DLRM-style
@@ -141,6 +140,8 @@ ATTENTION_FLOPS = 12.0  # training FLOPs of attention scores per (layer × hidde
 FIT_HEADROOM = 1.0
 VENDOR_PENALTY = 1.0  # in log-spec distance units when choosing the most similar prior type
 DAY_S = 86400.0
+# |self_log_dev_ratio| past which a lineage's run was on another device count than asked now
+DEVICES_CHANGED = 1e-9
 
 
 def _log(x: np.ndarray) -> np.ndarray:
@@ -470,7 +471,7 @@ def build_columns(
     other_hw, other_lpd = _history_columns(f, jobs, job, hw, histories, sa, np.asarray(now))
     # a type the lineage has run on, on no more devices than now (no more memory per device),
     # fits whatever the estimate says (NaN without such a run: no evidence)
-    ran_there = np.asarray(f["self_log_dev_ratio"], np.float64) >= -_SAME_DEVICES
+    ran_there = np.asarray(f["self_log_dev_ratio"], np.float64) >= -DEVICES_CHANGED
     f["fits"] = fits | ran_there
     o_agg, o_agg_count = _aggregate_columns(f, job, hw, other_hw, other_lpd, aggregates, sa)
     # the prior hardware's side of the booster inputs (NaN / unknown without a prior)

@@ -179,7 +179,6 @@ SUPPORT_COLUMNS = (
 SUPPORT_QUANTILES = (0.005, 0.995)
 OOD_MARGIN = float(np.log(2.0))
 KIND_SELF, KIND_TRANSFER, KIND_MODEL = 0, 1, 2
-DEVICES_CHANGED = 1e-9  # |log(devices now / devices of the prior)| past which they differ
 
 
 def anchor_kind(frame: Frame, groups: Sequence[str]) -> np.ndarray:
@@ -1363,7 +1362,7 @@ def _factor(z: np.ndarray, row_scale: np.ndarray) -> float | None:
 
 def devices_changed(frame: Frame) -> np.ndarray:
     """Per row: the lineage's own prior there was measured on another device count."""
-    return np.asarray(np.abs(f64(frame, "self_log_dev_ratio")) > DEVICES_CHANGED)
+    return np.asarray(np.abs(f64(frame, "self_log_dev_ratio")) > F.DEVICES_CHANGED)
 
 
 def _conformal(z: np.ndarray) -> float:
