@@ -600,16 +600,16 @@ def run_backtest(
             result[v] = {k: r["model"][k] for k in ABLATION_KEYS}
         if on_night is not None:
             night = Night(
-                len(per_night),
-                train_frame,
-                train_sps,
-                train_lineages,
-                seed,
-                models["full"],
-                base,
-                tr,
-                day.submissions,
-                snap,
+                index=len(per_night),
+                train_frame=train_frame,
+                train_samples_per_s=train_sps,
+                train_lineages=train_lineages,
+                seed=seed,
+                model=models["full"],
+                scored=base,
+                truth=tr,
+                submissions=day.submissions,
+                snapshot=snap,
             )
             on_night(night)
         per_night.append(result)
