@@ -59,6 +59,8 @@ class HardwareSpec:
     generation_year: int | None = None
     peak_fp8_tflops: float | None = None
     peak_fp32_tflops: float | None = None
+    scale_up_domain: int | None = None
+    network_gbps: float | None = None
     aliases: tuple[str, ...] = ()
 
 
@@ -129,9 +131,12 @@ class HardwareCatalog:
         rows = [{c: float(getattr(s, c)) for c in NUMERIC_COLUMNS} for s in self]
         frame = pd.DataFrame(rows, index=pd.Index(self.types, name="type_id"))
         frame["vendor"] = [s.vendor for s in self]
-        # optional specs: NaN when the datasheet gives none (no fp8 path, year unknown)
+        # optional specs: NaN when the datasheet gives none (no fp8 path, year unknown) or the
+        # catalog does not say how the part is deployed
         frame["peak_fp8_tflops"] = [float(s.peak_fp8_tflops or "nan") for s in self]
         frame["generation_year"] = [float(s.generation_year or "nan") for s in self]
+        frame["scale_up_domain"] = [float(s.scale_up_domain or "nan") for s in self]
+        frame["network_gbps"] = [float(s.network_gbps or "nan") for s in self]
         return frame
 
     def to_dict(self) -> dict[str, Any]:

@@ -195,6 +195,8 @@ class HardwareEntry(TypedDict):
     aliases: NotRequired[list[str]]
     memory_bandwidth_gbps: float
     interconnect_gbps: float
+    scale_up_domain: NotRequired[int]
+    network_gbps: NotRequired[float]
     cost_per_device_hour: float
     source: str
 

@@ -63,6 +63,8 @@ def test_spec_matrix_shape_and_sanity() -> None:
         "vendor",
         "peak_fp8_tflops",
         "generation_year",
+        "scale_up_domain",
+        "network_gbps",
     ]
     assert m.index.name == "type_id"
     num = m.drop(columns=["vendor", "peak_fp8_tflops"])
@@ -76,6 +78,12 @@ def test_spec_matrix_shape_and_sanity() -> None:
     assert m.loc["h200", "memory_bandwidth_gbps"] > m.loc["h100-sxm", "memory_bandwidth_gbps"]
     assert m.loc["mi300x", "device_memory_gib"] > m.loc["h100-sxm", "device_memory_gib"]
     assert m.loc["h100-sxm", "cost_per_device_hour"] > m.loc["l4", "cost_per_device_hour"]
+    # every built-in part says how the fleet deploys it; the scale-out network is slower than
+    # the scale-up link, and an NVL72 rack or a TPU pod is a larger domain than an HGX node
+    assert m[["scale_up_domain", "network_gbps"]].notna().all().all()
+    assert (m["network_gbps"] < m["interconnect_gbps"]).all()
+    assert m.loc["gb200", "scale_up_domain"] > m.loc["h100-sxm", "scale_up_domain"] == 8
+    assert m.loc["tpu-v5p", "scale_up_domain"] > m.loc["gb200", "scale_up_domain"]
 
 
 def test_default_is_cached_and_explicit_path_loads(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from leap_stream.catalog import load_catalog
+from leap_stream.catalog import HardwareCatalog, load_catalog
 from leap_stream.contracts.schemas import validator
 from leap_stream.core.rows import SUBMISSION_COLUMNS
 from leap_stream.store.offline import DATASET_COLUMNS
@@ -214,6 +214,22 @@ def test_large_dense_llm_faster_per_device_on_h100_than_a100() -> None:
     both = wide[["h100-sxm", "a100-80g"]].dropna()
     assert len(both) >= 20
     assert np.log(both["h100-sxm"] / both["a100-80g"]).mean() > np.log(1.5)
+
+
+def test_the_simulator_deploys_parts_as_the_catalog_says() -> None:
+    """One source for the fleet's nodes and networks: the catalog the model's features read
+    (a catalog that does not say gets a guess from the part)."""
+    cat = load_catalog()
+    hw = HardwareArrays.from_catalog(cat)
+    for i, t in enumerate(hw.types):
+        assert hw.node_size[i] == cat[t].scale_up_domain
+        assert hw.network_gbps[i] == cat[t].network_gbps
+    bare = HardwareCatalog(
+        [replace(cat[t], scale_up_domain=None, network_gbps=None) for t in ("h100-sxm", "tpu-v4")]
+    )
+    guessed = HardwareArrays.from_catalog(bare)
+    assert guessed.node_size.tolist() == [8, 4096]
+    assert guessed.network_gbps.tolist() == [50.0, 12.5]
 
 
 def _scaled(hw: HardwareArrays, i: int, *, flops: float = 1.0, bw: float = 1.0) -> HardwareArrays:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from leap_stream.catalog import HardwareCatalog
+from leap_stream.catalog import HardwareCatalog, HardwareSpec
 from leap_stream.contracts.vocab import OPTIMIZERS, VENDORS
 
 F64 = npt.NDArray[np.float64]
@@ -121,27 +121,14 @@ class HardwareArrays:
 
     @classmethod
     def from_catalog(cls, catalog: HardwareCatalog) -> HardwareArrays:
+        """The catalog's types; their deployment (`scale_up_domain`, `network_gbps`) from the
+        catalog, guessed from the part where a catalog does not say (`_deployment`)."""
         specs = [catalog[t] for t in catalog.types]
         vendor = np.array([VENDORS.index(s.vendor) for s in specs], dtype=np.int64)
         ic = np.array([s.interconnect_gbps for s in specs], dtype=np.float64)
-        node = np.full(len(specs), 8, dtype=np.int64)
-        net = np.where(ic >= 300, 50.0, np.where(ic >= 100, 25.0, 6.25))
-        for i, s in enumerate(specs):
-            if s.vendor == "google":  # ICI spans the slice: the whole job is one domain
-                node[i] = 256 if s.type_id == "tpu-v5e" or s.type_id == "tpu-v6e" else 4096
-                net[i] = 12.5  # data-centre network between slices
-            elif s.vendor == "aws":
-                node[i] = 16
-                net[i] = 12.5 if s.type_id == "trn1" else 25.0
-            elif s.vendor == "intel":
-                net[i] = 37.5 if s.type_id != "gaudi3" else 75.0
-            elif s.type_id in ("b200",):
-                net[i] = 100.0
-            elif s.type_id == "gb200":
-                node[i] = 72
-                net[i] = 100.0
-            elif ic[i] < 300:  # PCIe cards: a few per host, slow NICs
-                node[i] = 4 if ic[i] >= 64 else 2
+        deployed = [_deployment(s) for s in specs]
+        node = np.array([d[0] for d in deployed], dtype=np.int64)
+        net = np.array([d[1] for d in deployed], dtype=np.float64)
         bf16 = np.array(
             [not (s.vendor == "nvidia" and (s.generation_year or 2020) < 2020) for s in specs]
         )
@@ -152,13 +139,27 @@ class HardwareArrays:
             fp8_tflops=np.array([s.peak_fp8_tflops or 0.0 for s in specs], dtype=np.float64),
             bandwidth_gbps=np.array([s.memory_bandwidth_gbps for s in specs], dtype=np.float64),
             interconnect_gbps=ic,
-            network_gbps=net.astype(np.float64),
+            network_gbps=net,
             memory_gib=np.array([s.device_memory_gib for s in specs], dtype=np.float64),
             node_size=node,
             bf16_native=bf16,
             cost=np.array([s.cost_per_device_hour for s in specs], dtype=np.float64),
             sustained=np.array([SUSTAINED_PEAK.get(s.type_id, 1.0) for s in specs]),
         )
+
+
+def _deployment(spec: HardwareSpec) -> tuple[int, float]:
+    """(devices per scale-up domain, scale-out GB/s per device): the catalog's; where a catalog
+    does not say, a guess from the part: a TPU's ICI spans its pod on a slow data-centre
+    network between pods, NVLink-class parts sit 8 to a node on 400 Gb/s per device, PCIe
+    cards 2-4 to a host on 50-200 Gb/s."""
+    ic = spec.interconnect_gbps
+    if spec.vendor == "google":
+        node, net = 4096, 12.5
+    else:
+        node = 8 if ic >= 300 else 4 if ic >= 64 else 2
+        net = 50.0 if ic >= 300 else 25.0 if ic >= 100 else 6.25
+    return spec.scale_up_domain or node, spec.network_gbps or net
 
 
 @dataclass
