@@ -95,6 +95,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "log_t_comm",
         "log_phys_rate",
         "log_ideal_micro_s",
+        "log_domains",
+        "log_network",
     ),
     # Per (model_type × hardware) EWMA aggregates of the candidate.
     "agg": ("agg_cand", "agg_cand_count"),
@@ -317,15 +319,20 @@ class SpecArrays:
     cost: np.ndarray
     fp8: np.ndarray  # fp8 peak TFLOP/s, NaN without an fp8 path
     bf16_native: np.ndarray  # bool: bf16 runs on the matrix units (not pre-Ampere NVIDIA)
+    # how the fleet deploys the part: devices per scale-up domain and scale-out GB/s per
+    # device between domains (NaN where the catalog does not say)
+    domain: np.ndarray
+    network: np.ndarray
     # the logs the features use, once per catalog rather than once per batch and side
     log_flops: np.ndarray = field(init=False)
     log_bw: np.ndarray = field(init=False)
     log_mem: np.ndarray = field(init=False)
     log_ic: np.ndarray = field(init=False)
     log_cost: np.ndarray = field(init=False)
+    log_network: np.ndarray = field(init=False)
 
     def __post_init__(self) -> None:
-        for name in ("flops", "bw", "mem", "ic", "cost"):
+        for name in ("flops", "bw", "mem", "ic", "cost", "network"):
             object.__setattr__(self, f"log_{name}", _log(getattr(self, name)))
 
     @classmethod
@@ -336,6 +343,9 @@ class SpecArrays:
 
         def col(name: str) -> np.ndarray:
             return np.append(specs[name].to_numpy(np.float64), np.nan)
+
+        def optional(name: str) -> np.ndarray:
+            return col(name) if name in specs else np.full(len(types) + 1, np.nan)
 
         none = np.asarray([None], dtype=object)
         return cls(
@@ -348,10 +358,10 @@ class SpecArrays:
             mem=col("device_memory_gib"),
             ic=col("interconnect_gbps"),
             cost=col("cost_per_device_hour"),
-            fp8=col("peak_fp8_tflops")
-            if "peak_fp8_tflops" in specs
-            else np.full(len(types) + 1, np.nan),
+            fp8=optional("peak_fp8_tflops"),
             bf16_native=np.append(_bf16_native(specs), True),
+            domain=optional("scale_up_domain"),
+            network=optional("network_gbps"),
         )
 
 
@@ -405,6 +415,8 @@ class _JobPhysics:
     micro_flops: np.ndarray  # FLOPs of one micro-batch per device
     is_fp8: np.ndarray
     is_bf16: np.ndarray
+    devices: np.ndarray
+    tp: np.ndarray
 
     @classmethod
     def of(cls, jobs: Jobs, elem: np.ndarray) -> _JobPhysics:
@@ -431,6 +443,8 @@ class _JobPhysics:
             micro_flops=mbs * fps / (tp * pp),
             is_fp8=np.asarray(jobs["precision"], object) == "fp8",
             is_bf16=np.asarray(jobs["precision"], object) == "bf16",
+            devices=f64(jobs, "num_devices"),
+            tp=tp,
         )
 
 
@@ -539,14 +553,21 @@ def _hw_columns(
     # seconds per sample per device: compute, memory traffic, gradient and TP all-reduces
     t_c = phys.fps[job] / (_peak_tflops(sa, codes, job, phys) * 1e12 * COMPUTE_SHARE)
     t_m = phys.traffic[job] / (sa.bw[codes] * 1e9 * MEMORY_SHARE)
-    t_dp = phys.grad[job] / (sa.ic[codes] * 1e9)
-    t_tp = phys.tp_bytes[job] / (sa.ic[codes] * 1e9)
+    # all-reduces that span more devices than a scale-up domain cross the slower network
+    domain, ic = sa.domain[codes], sa.ic[codes]
+    across = np.fmin(ic, sa.network[codes])  # the scale-up link where the catalog says nothing
+    t_dp = phys.grad[job] / (np.where(phys.devices[job] <= domain, ic, across) * 1e9)
+    t_tp = phys.tp_bytes[job] / (np.where(phys.tp[job] <= domain, ic, across) * 1e9)
     t = np.maximum(t_c, t_m) + OVERLAP_RESIDUE * np.minimum(t_c, t_m) + DP_EXPOSED * t_dp + t_tp
     f[prefix + "log_t_compute"] = _log(t_c)
     f[prefix + "log_t_memory"] = _log(t_m)
     f[prefix + "log_t_comm"] = _log(t_dp + t_tp + 1e-12)
     f[prefix + "log_phys_rate"] = -_log(t)
     f[prefix + "log_ideal_micro_s"] = _log(phys.micro_flops[job] / (sa.flops[codes] * 1e12))
+    # scale-up domains the job spans (0: one; NaN: the catalog does not say), and the network
+    # between them
+    f[prefix + "log_domains"] = _log(np.maximum(1.0, phys.devices[job] / domain))
+    f[prefix + "log_network"] = sa.log_network[codes]
 
 
 def _peak_tflops(

@@ -130,6 +130,8 @@ RATIO_DIFFS = (
     "log_device_mem",
     "log_ideal_micro_s",
     "log_roofline",
+    "log_domains",
+    "log_network",
 )
 BOOSTER_RATIO = "booster_ratio"  # f(job, candidate) − f(job, B): the main booster's own ratio
 # prior_B − f(job, B): how far the lineage runs from what its configuration predicts on B. A job

@@ -105,6 +105,32 @@ def test_memory_fit_check_excludes_small_devices() -> None:
     assert fr["fits"].tolist() == [True, True]
 
 
+def _comm(specs: pd.DataFrame, devices: int) -> pd.DataFrame:
+    jobs = _jobs(1, num_devices=devices, data_parallel=devices, tensor_parallel=1)
+    jobs["pipeline_parallel"] = 1
+    return F.build(jobs, [["h100-sxm"]], [None], [None], specs, np.asarray([NOW]))
+
+
+def test_an_all_reduce_past_the_scale_up_domain_crosses_the_network() -> None:
+    """8 devices of an 8-GPU node all-reduce over NVLink; 16 span two nodes and the gradient
+    crosses the 50 GB/s network instead. Per sample, the ring's volume grows by 15/16 over 7/8
+    and each device's share of the same global batch halves."""
+    specs = S.SPECS.assign(scale_up_domain=8.0, network_gbps=50.0)
+    inside, across = _comm(specs, 8), _comm(specs, 16)
+    assert inside["log_domains"].item() == 0.0
+    assert across["log_domains"].item() == pytest.approx(math.log(2))
+    assert across["log_network"].item() == pytest.approx(math.log(50))
+    gap = across["log_t_comm"].item() - inside["log_t_comm"].item()
+    assert gap == pytest.approx(math.log(900 / 50 * (15 / 16) / (7 / 8) * 2), rel=1e-5)
+    assert across["log_phys_rate"].item() < inside["log_phys_rate"].item()
+    # a catalog that does not say how the part is deployed: the scale-up link throughout
+    old = _comm(S.SPECS, 16)
+    assert math.isnan(old["log_domains"].item()) and math.isnan(old["log_network"].item())
+    assert old["log_t_comm"].item() == pytest.approx(
+        inside["log_t_comm"].item() + gap - math.log(18), rel=1e-5
+    )
+
+
 def _state_gib(**over: object) -> float:
     """`min_memory_per_device_gib` of one job whose activations are negligible."""
     tiny = {
