@@ -106,8 +106,9 @@ def test_memory_fit_check_excludes_small_devices() -> None:
 
 
 def _comm(specs: pd.DataFrame, devices: int) -> pd.DataFrame:
-    jobs = _jobs(1, num_devices=devices, data_parallel=devices, tensor_parallel=1)
-    jobs["pipeline_parallel"] = 1
+    jobs = _jobs(
+        1, num_devices=devices, data_parallel=devices, tensor_parallel=1, pipeline_parallel=1
+    )
     return F.build(jobs, [["h100-sxm"]], [None], [None], specs, np.asarray([NOW]))
 
 
