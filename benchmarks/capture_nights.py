@@ -5,6 +5,7 @@ Asserts nothing.
     .venv/bin/python benchmarks/capture_nights.py capture --seed 1 --nights 6 --out /tmp/nights1
     .venv/bin/python benchmarks/capture_nights.py recalibrate /tmp/nights1
     .venv/bin/python benchmarks/capture_nights.py ratio /tmp/nights1 --nights 1,5
+    .venv/bin/python benchmarks/capture_nights.py choice /tmp/nights1
 
 `capture` runs the backtest's nightly loop (full rate, default settings unless told) and writes,
 per night, a pickle of: the rows the nightly model was fitted on (frame, samples/s, lineage
@@ -17,7 +18,11 @@ lineages of its own training rows (the unseen-type scale kept from the capture: 
 refit), and prints 80 % coverage and mean width (log) by anchor kind over every candidate with
 a truth. `ratio` refits only the ratio model with the current code on each night's rows and
 prints transfer rows within ±10 %. Run either from a checkout with a change to compare it with
-the capture's own figures (printed first).
+the capture's own figures (printed first). `choice` takes the captured predictions as they are
+and asks what the first choice costs: top-1, savings and regret as the backtest scores them,
+where the regret is (by the job's device count and the anchor of the candidate chosen), and the
+same figures when the ranking weighs each candidate's uncertainty (throughput per cost ×
+e^(−kσ²/2), σ from its 80 % interval; k = 1 ranks by the expected cost under a log-normal error).
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ def capture(seed: int, nights: int, rate: int | None, out: Path) -> None:
                       {"seed": night.seed}),
             "model": (model.model_text(), model.ratio_text(), model.metadata),
             "base": night.scored, "meas": tr.meas, "in_truth": tr.in_truth, "is_ran": tr.is_ran,
+            "truth": tr,
         }  # fmt: skip
         with open(out / f"night{night.index}.pkl", "wb") as fh:
             pickle.dump(record, fh)
@@ -130,6 +136,69 @@ def ratio(d: Path, which: str | None) -> None:
               f"refitted {figures[1]:.4f} ({len(sub)} rows)")  # fmt: skip
 
 
+RISK_K = (-1.0, 1.0, 2.0)
+DEVICE_BINS = [0, 1, 8, 16, 64, np.inf]
+
+
+def _choice_figures(night: dict[str, Any], p: np.ndarray) -> tuple[dict[str, float], pd.DataFrame]:
+    """(top-1, savings, regret as the backtest scores them, per-job frame of the regret) for the
+    predictions `p` of a captured night's candidates."""
+    from leap_stream.core.ranker import SRC_NONE
+    from leap_stream.tools.backtest import _predictor_metrics, _top_choice
+
+    base, tr = night["base"], night["truth"]
+    usable = (base["source"].to_numpy() != SRC_NONE) & np.isfinite(p) & (p > 0)
+    usable &= base["fits"].to_numpy(bool)
+    m = _predictor_metrics(tr, p, usable, None, None)
+    top = _top_choice(tr, p, usable)
+    chosen = np.where(top >= 0, tr.row_cost[np.maximum(top, 0)], tr.cost_default)
+    best = np.where(tr.best_row >= 0, tr.row_cost[np.maximum(tr.best_row, 0)], np.nan)
+    e = tr.eligible & np.isfinite(chosen) & np.isfinite(best)
+    devices = np.zeros(tr.n_jobs)
+    devices[tr.job] = tr.nd
+    anchor = np.full(tr.n_jobs, -1)
+    anchor[top >= 0] = night["kind"][top[top >= 0]]
+    jobs = pd.DataFrame(
+        {"regret": chosen - best, "cost": tr.cost_default, "devices": devices, "anchor": anchor}
+    )[e]
+    return {k: m[k] for k in ("top1", "savings", "regret")}, jobs
+
+
+def choice(d: Path, which: str | None) -> None:
+    from leap_stream.core.predictor import KINDS
+
+    for path in _nights(d, which):
+        night = _load(path)
+        if "truth" not in night:
+            print(f"{path.stem}: captured without the night's truth; capture it again")
+            continue
+        base = night["base"]
+        p = base["pred"].to_numpy(np.float64)
+        figures, jobs = _choice_figures(night, p)
+        line = ", ".join(f"{k} {v:.4f}" for k, v in figures.items())
+        print(f"{path.stem}: as captured: {line}")
+        total, cost = jobs["regret"].sum(), jobs["cost"].sum()
+        by_size = jobs.groupby(pd.cut(jobs["devices"], DEVICE_BINS), observed=True)
+        shares = by_size.agg(n=("regret", "size"), regret=("regret", "sum"), cost=("cost", "sum"))
+        print("  by devices, jobs / share of the regret / of the default cost: " + ", ".join(
+            f"{iv} {r['n']:.0f} / {r['regret'] / total:.3f} / {r['cost'] / cost:.3f}"
+            for iv, r in shares.iterrows()
+        ))  # fmt: skip
+        kinds = jobs.groupby("anchor")["regret"].sum() / total
+        print("  regret by the anchor of the candidate chosen: " + ", ".join(
+            f"{KINDS[int(k)] if k >= 0 else 'none'} {v:.3f}" for k, v in kinds.items()
+        ))  # fmt: skip
+        top = np.sort(jobs["regret"].to_numpy())[::-1]
+        held = top[: len(top) // 100].sum() / total
+        print(f"  the 1 % of jobs with the most regret hold {held:.3f} of it")
+        with np.errstate(invalid="ignore", divide="ignore"):
+            sigma = np.log(base["high"].to_numpy() / base["low"].to_numpy()) / (2 * 1.2816)
+        for k in RISK_K:
+            risk, _jobs = _choice_figures(night, p * np.exp(-k * np.nan_to_num(sigma) ** 2 / 2))
+            line = ", ".join(f"{name} {v:.4f}" for name, v in risk.items())
+            print(f"  ranked by throughput per cost × e^({-k:+g}σ²/2): {line}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -138,7 +207,7 @@ def main() -> int:
     cap.add_argument("--nights", type=int, default=6)
     cap.add_argument("--rate", type=int, default=None)
     cap.add_argument("--out", type=Path, required=True)
-    for name in ("recalibrate", "ratio"):
+    for name in ("recalibrate", "ratio", "choice"):
         p = sub.add_parser(name)
         p.add_argument("dir", type=Path)
         p.add_argument("--nights", default=None, help="comma-separated night numbers")
@@ -147,6 +216,8 @@ def main() -> int:
         capture(a.seed, a.nights, a.rate, a.out)
     elif a.cmd == "recalibrate":
         recalibrate(a.dir, a.nights)
+    elif a.cmd == "choice":
+        choice(a.dir, a.nights)
     else:
         ratio(a.dir, a.nights)
     return 0
