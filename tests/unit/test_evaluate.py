@@ -235,6 +235,21 @@ def test_the_readable_table_says_what_the_model_chose(capsys: pytest.CaptureFixt
     assert "model, over " in capsys.readouterr().out
 
 
+def test_gavels_colocated_table_is_refused_not_read_as_single_jobs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the header and two rows of Gavel's space-sharing table (../shared/data, MIT): two jobs on
+    # one GPU per row, which says nothing about one job moved to another type
+    (tmp_path / "colocated.csv").write_text(
+        "job_type,num_gpus,hardware,placement,other_job_type,other_num_gpus,"
+        "throughput_steps_per_s,other_throughput_steps_per_s\n"
+        "A3C,1,k80,consolidated,A3C,1,1.62224017930913,1.62224017930913\n"
+        "A3C,1,k80,consolidated,CycleGAN,1,1.465712052727541,0.2929245217707302\n"
+    )
+    assert main(["evaluate", "--table", str(tmp_path / "colocated.csv")]) == 2
+    assert "expected the columns workload, accelerator_type" in capsys.readouterr().err
+
+
 def test_cli_specs_add_a_type_and_a_bad_table_exits_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
