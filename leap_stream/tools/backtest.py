@@ -44,6 +44,10 @@ TRAIN_WINDOW_DAYS = 14
 TRAIN_ROWS = 150_000
 DEFAULT_RATE = 30000
 ABLATION_KEYS = ("accuracy", "accuracy_ran", "mape", "top1", "savings")
+# Resamples of a night's jobs behind the savings share's interval. The share is decided by the
+# few largest jobs (docs/model.md, "Where the savings are lost"), so it says how far the figure
+# would move on another draw of the same fleet's jobs.
+SAVINGS_REPLICATES = 200
 
 
 @dataclass
@@ -168,6 +172,29 @@ def _top_choice(tr: NightTruth, p: np.ndarray, usable: np.ndarray) -> np.ndarray
     return _argmax_per_job(tr.job, score, tr.n_jobs)
 
 
+def _choice_costs(tr: NightTruth, top: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per job, (the cost of the row chosen, or of the default where none is; the cost of the
+    measured best; whether the job is scored: it has both and a default cost)."""
+    chosen = np.where(top >= 0, tr.row_cost[np.maximum(top, 0)], tr.cost_default)
+    best = np.where(tr.best_row >= 0, tr.row_cost[np.maximum(tr.best_row, 0)], np.nan)
+    return chosen, best, tr.eligible & np.isfinite(chosen) & np.isfinite(best)
+
+
+def savings_replicates(
+    default: np.ndarray,
+    chosen: dict[str, np.ndarray],
+    rng: np.random.Generator,
+    replicates: int = SAVINGS_REPLICATES,
+) -> dict[str, np.ndarray]:
+    """Per predictor, its savings (1 − chosen cost ÷ default cost) on `replicates` resamples of
+    the jobs, the same resamples for every predictor (Poisson bootstrap: each job drawn a
+    Poisson(1) number of times). Jobs are the rows of `default` and of each `chosen`."""
+    weights = rng.poisson(1.0, (replicates, len(default))).astype(np.float64)
+    total = weights @ default
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return {name: 1.0 - (weights @ cost) / total for name, cost in chosen.items()}
+
+
 def _noise_set(
     tr: NightTruth, p: np.ndarray, hi: np.ndarray, usable: np.ndarray, e: np.ndarray
 ) -> dict[str, float]:
@@ -216,9 +243,7 @@ def _predictor_metrics(
         m["interval_coverage_ran"] = mr["interval_coverage"]
     top = _top_choice(tr, p, usable)
     covered = top >= 0
-    chosen_cost = np.where(covered, tr.row_cost[np.maximum(top, 0)], tr.cost_default)
-    best_cost = np.where(tr.best_row >= 0, tr.row_cost[np.maximum(tr.best_row, 0)], np.nan)
-    e = tr.eligible & np.isfinite(chosen_cost) & np.isfinite(best_cost)
+    chosen_cost, best_cost, e = _choice_costs(tr, top)
     m["top1"] = float(np.mean((top == tr.best_row)[e])) if e.any() else float("nan")
     if hi is not None:
         m.update(_noise_set(tr, p, hi, usable, e))
@@ -256,9 +281,12 @@ def _night_eval(
     model: ThroughputModel | None,
     lookup: LookupTable | None,
     watch: str | None = None,
+    rng: np.random.Generator | None = None,
 ) -> tuple[dict[str, Any], pd.DataFrame]:
     """Metrics of one night's scored rows for model, lookup and oracle, and the rows with a
-    truth (for plots); with `watch`, how the model treats that (new) hardware type."""
+    truth (for plots); with `watch`, how the model treats that (new) hardware type; with
+    `rng`, the model's and the oracle's savings on resampled jobs (`savings_replicates`, arrays:
+    the caller takes them out before the night is reported)."""
     only_lookup = _lookup_only(base, subs, lookup)
     preds = {
         "model": base["pred"].to_numpy(np.float64),
@@ -273,6 +301,8 @@ def _night_eval(
     fits = base["fits"].to_numpy(bool)
     out: dict[str, Any] = {}
     lo, hi = base["low"].to_numpy(np.float64), base["high"].to_numpy(np.float64)
+    chosen: dict[str, np.ndarray] = {}  # per job, the cost of each predictor's first choice
+    scored_jobs: dict[str, np.ndarray] = {}
     for name in PREDICTORS:
         p = preds[name]
         usable = (sources[name] != SRC_NONE) & np.isfinite(p) & (p > 0)
@@ -281,6 +311,13 @@ def _night_eval(
         is_model = name == "model"
         out[name] = _predictor_metrics(
             tr, p, usable, lo if is_model else None, hi if is_model else None
+        )
+        if rng is not None and name != "lookup":
+            chosen[name], _best, scored_jobs[name] = _choice_costs(tr, _top_choice(tr, p, usable))
+    if rng is not None and chosen:
+        jobs = scored_jobs["model"] & scored_jobs["oracle"]  # every eligible job with a best
+        out["savings_replicates"] = savings_replicates(
+            tr.cost_default[jobs], {k: v[jobs] for k, v in chosen.items()}, rng
         )
     usable_m = (sources["model"] != SRC_NONE) & np.isfinite(preds["model"]) & fits
     inside = (tr.meas >= lo) & (tr.meas <= hi)
@@ -505,6 +542,7 @@ def run_backtest(
     datasets: list[pd.DataFrame] = []
     variants = ["full"] + [f"-{g}" for g in (ablate or [])]
     per_night: list[dict[str, Any]] = []
+    replicates: list[dict[str, np.ndarray]] = []  # per night, savings on resampled jobs
     scored_all: list[pd.DataFrame] = []
     t_start = time.perf_counter()
     train_s = 0.0
@@ -589,7 +627,16 @@ def run_backtest(
             day.submissions, day.truth, day.completions, snap, specs, models["full"], lookup
         )
         watch = None if new_hardware is None else new_hardware[0]
-        result, scored = _night_eval(day.submissions, base, tr, models["full"], lookup, watch)
+        result, scored = _night_eval(
+            day.submissions,
+            base,
+            tr,
+            models["full"],
+            lookup,
+            watch,
+            np.random.default_rng([seed, len(per_night)]),
+        )
+        replicates.append(result.pop("savings_replicates"))
         result["date"] = str(day.day)
         result["train_rows"] = int(known.sum())
         for v in variants[1:]:
@@ -619,7 +666,7 @@ def run_backtest(
             acc=f"{result['model']['accuracy']:.3f}", top1=f"{result['model']['top1']:.3f}"
         )
     bar.close()
-    summary = _summarise(per_night, variants)
+    summary = _summarise(per_night, variants, replicates)
     summary["drift_recovery"] = drift_recovery(per_night, sim.drift_events, warmup_days)
     summary["history_verdicts"] = dict(sorted(verdicts.items()))
     if new_hardware is not None:
@@ -639,7 +686,24 @@ def run_backtest(
     return summary, scored_all
 
 
-def _summarise(per_night: list[dict[str, Any]], variants: list[str]) -> dict[str, Any]:
+def _savings_share(out: dict[str, Any], replicates: list[dict[str, np.ndarray]]) -> dict[str, Any]:
+    """The model's savings as a share of the oracle's (each the mean over nights), and its 95 %
+    interval over the nights' resampled jobs (None without resamples)."""
+    oracle = out["oracle"]["savings"]
+    share = round(out["model"]["savings"] / oracle, 4) if oracle > 0 else None
+    interval = None
+    if replicates and share is not None:
+        model = np.nanmean([r["model"] for r in replicates], axis=0)
+        ratio = model / np.nanmean([r["oracle"] for r in replicates], axis=0)
+        interval = [round(float(q), 4) for q in np.nanquantile(ratio, [0.025, 0.975])]
+    return {"savings_share_of_oracle": share, "savings_share_of_oracle_95": interval}
+
+
+def _summarise(
+    per_night: list[dict[str, Any]],
+    variants: list[str],
+    replicates: list[dict[str, np.ndarray]] | None = None,
+) -> dict[str, Any]:
     out: dict[str, Any] = {}
     keys = (
         "accuracy",
@@ -661,6 +725,7 @@ def _summarise(per_night: list[dict[str, Any]], variants: list[str]) -> dict[str
         ("best_in_noise_set", "best_in_noise_set"),
     ):
         out["model"][k] = round(float(np.nanmean([n["model"][src] for n in per_night])), 4)
+    out["model"].update(_savings_share(out, replicates or []))
     ablation: dict[str, Any] = {}
     for v in variants[1:]:
         ablation[v[1:]] = {
@@ -925,5 +990,12 @@ def run(args: argparse.Namespace, _settings: Settings) -> int:
         f"holding the measured best {m['best_in_noise_set']:.3f}",
         file=sys.stderr,
     )
+    if m["savings_share_of_oracle"] is not None:
+        lo_hi = m["savings_share_of_oracle_95"]
+        band = f" (95 % over resampled jobs {lo_hi[0]:.3f}–{lo_hi[1]:.3f})" if lo_hi else ""
+        print(
+            f"model   savings {m['savings_share_of_oracle']:.3f} of the oracle's{band}",
+            file=sys.stderr,
+        )
     print(orjson.dumps(summary, option=orjson.OPT_SERIALIZE_NUMPY).decode())
     return 0

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from leap_stream.tools.backtest import Night, _argmax_per_job, run_backtest
+from leap_stream.tools.backtest import Night, _argmax_per_job, run_backtest, savings_replicates
 
 
 def test_argmax_per_job_ignores_non_finite_and_keeps_ties_first() -> None:
@@ -36,6 +36,35 @@ def test_tiny_backtest_reports_every_predictor() -> None:
     assert summary["model"]["best_in_noise_set"] >= summary["model"]["top1"]
     assert "prior" in summary["ablation_delta"]
     assert len(summary["per_night"]) == 1 and len(scored) == 1
+    # the savings share and its interval over resampled jobs; the resamples stay out of the
+    # reported nights
+    m = summary["model"]
+    assert m["savings_share_of_oracle"] == round(m["savings"] / summary["oracle"]["savings"], 4)
+    low, high = m["savings_share_of_oracle_95"]
+    assert low <= m["savings_share_of_oracle"] <= high and low < high
+    assert "savings_replicates" not in summary["per_night"][0]
+
+
+def test_savings_replicates_resample_jobs_alike_for_every_predictor() -> None:
+    default = np.asarray([1.0, 2.0, 3.0, 100.0])
+    out = savings_replicates(
+        default,
+        {"same": default, "half": default / 2, "big_miss": np.asarray([0.5, 1.0, 1.5, 100.0])},
+        np.random.default_rng(0),
+        replicates=500,
+    )
+    assert out["same"].shape == (500,)
+    np.testing.assert_allclose(out["same"][np.isfinite(out["same"])], 0.0)
+    np.testing.assert_allclose(out["half"][np.isfinite(out["half"])], 0.5)
+    # the large job decides: where it is drawn the savings are small, where it is not, half
+    big = out["big_miss"][np.isfinite(out["big_miss"])]
+    assert big.min() < 0.05 and big.max() == pytest.approx(0.5)
+    assert np.mean(big > 0.4) == pytest.approx(np.exp(-1.0), abs=0.06)  # P(Poisson(1) = 0)
+    # one draw of the jobs for every predictor: two equal choices get equal replicates
+    chosen = np.asarray([0.9, 1.0, 2.5, 80.0])
+    twice = savings_replicates(default, {"a": chosen, "b": chosen.copy()}, np.random.default_rng(1))
+    np.testing.assert_array_equal(twice["a"], twice["b"])
+    assert np.nanstd(twice["a"]) > 0.01
 
 
 def test_backtest_breaks_accuracy_down_by_anchor() -> None:
