@@ -17,7 +17,7 @@ import dataclasses
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,9 +44,9 @@ TRAIN_WINDOW_DAYS = 14
 TRAIN_ROWS = 150_000
 DEFAULT_RATE = 30000
 ABLATION_KEYS = ("accuracy", "accuracy_ran", "mape", "top1", "savings")
-# Resamples of a night's jobs behind the savings share's interval. The share is decided by the
-# few largest jobs (docs/model.md, "Where the savings are lost"), so it says how far the figure
-# would move on another draw of the same fleet's jobs.
+# Resamples of the fleet's lineages behind the savings share's interval. The share is decided
+# by the few largest jobs (docs/model.md, "Where the savings are lost"), and a lineage's jobs
+# recur night after night, so it says how far the figure would move on another draw of them.
 SAVINGS_REPLICATES = 200
 
 
@@ -180,19 +180,38 @@ def _choice_costs(tr: NightTruth, top: np.ndarray) -> tuple[np.ndarray, np.ndarr
     return chosen, best, tr.eligible & np.isfinite(chosen) & np.isfinite(best)
 
 
+class LineageResamples:
+    """Poisson(1) weights per (resample, lineage), drawn the first time a lineage is seen and
+    kept, so that a lineage weighs the same in every night of a run (Poisson bootstrap of
+    lineages: its jobs recur, and are not independent draws)."""
+
+    def __init__(self, rng: np.random.Generator, replicates: int = SAVINGS_REPLICATES) -> None:
+        self._rng = rng
+        self._index: dict[str, int] = {}
+        self._weights = np.zeros((replicates, 0), np.uint8)
+
+    def weights(self, lineages: Sequence[str]) -> np.ndarray:
+        """(resamples × jobs) weights of jobs of `lineages` (one lineage id per job)."""
+        new = [x for x in dict.fromkeys(lineages) if x not in self._index]
+        if new:
+            first = len(self._index)
+            self._index.update((x, first + i) for i, x in enumerate(new))
+            drawn = self._rng.poisson(1.0, (self._weights.shape[0], len(new)))
+            self._weights = np.hstack([self._weights, np.minimum(drawn, 255).astype(np.uint8)])
+        idx = np.fromiter((self._index[x] for x in lineages), np.int64, len(lineages))
+        return self._weights[:, idx]
+
+
 def savings_replicates(
-    default: np.ndarray,
-    chosen: dict[str, np.ndarray],
-    rng: np.random.Generator,
-    replicates: int = SAVINGS_REPLICATES,
+    default: np.ndarray, chosen: dict[str, np.ndarray], weights: np.ndarray
 ) -> dict[str, np.ndarray]:
-    """Per predictor, its savings (1 − chosen cost ÷ default cost) on `replicates` resamples of
-    the jobs, the same resamples for every predictor (Poisson bootstrap: each job drawn a
-    Poisson(1) number of times). Jobs are the rows of `default` and of each `chosen`."""
-    weights = rng.poisson(1.0, (replicates, len(default))).astype(np.float64)
-    total = weights @ default
+    """Per predictor, its savings (1 − chosen cost ÷ default cost) on each resample of the
+    jobs, every predictor on the same resamples. Jobs are the rows of `default` and of each
+    `chosen`; `weights` (resamples × jobs) says how often each resample draws each job."""
+    w = weights.astype(np.float64)
+    total = w @ default
     with np.errstate(invalid="ignore", divide="ignore"):
-        return {name: 1.0 - (weights @ cost) / total for name, cost in chosen.items()}
+        return {name: 1.0 - (w @ cost) / total for name, cost in chosen.items()}
 
 
 def _noise_set(
@@ -281,12 +300,12 @@ def _night_eval(
     model: ThroughputModel | None,
     lookup: LookupTable | None,
     watch: str | None = None,
-    rng: np.random.Generator | None = None,
+    resamples: LineageResamples | None = None,
 ) -> tuple[dict[str, Any], pd.DataFrame]:
     """Metrics of one night's scored rows for model, lookup and oracle, and the rows with a
     truth (for plots); with `watch`, how the model treats that (new) hardware type; with
-    `rng`, the model's and the oracle's savings on resampled jobs (`savings_replicates`, arrays:
-    the caller takes them out before the night is reported)."""
+    `resamples`, the model's and the oracle's savings on resampled lineages
+    (`savings_replicates`, arrays: the caller takes them out before the night is reported)."""
     only_lookup = _lookup_only(base, subs, lookup)
     preds = {
         "model": base["pred"].to_numpy(np.float64),
@@ -312,12 +331,15 @@ def _night_eval(
         out[name] = _predictor_metrics(
             tr, p, usable, lo if is_model else None, hi if is_model else None
         )
-        if rng is not None and name != "lookup":
+        if resamples is not None and name != "lookup":
             chosen[name], _best, scored_jobs[name] = _choice_costs(tr, _top_choice(tr, p, usable))
-    if rng is not None and chosen:
+    if resamples is not None and chosen:
         jobs = scored_jobs["model"] & scored_jobs["oracle"]  # every eligible job with a best
+        lineages = subs["lineage_id"].to_numpy(object)[jobs].tolist()
         out["savings_replicates"] = savings_replicates(
-            tr.cost_default[jobs], {k: v[jobs] for k, v in chosen.items()}, rng
+            tr.cost_default[jobs],
+            {k: v[jobs] for k, v in chosen.items()},
+            resamples.weights(lineages),
         )
     usable_m = (sources["model"] != SRC_NONE) & np.isfinite(preds["model"]) & fits
     inside = (tr.meas >= lo) & (tr.meas <= hi)
@@ -542,7 +564,8 @@ def run_backtest(
     datasets: list[pd.DataFrame] = []
     variants = ["full"] + [f"-{g}" for g in (ablate or [])]
     per_night: list[dict[str, Any]] = []
-    replicates: list[dict[str, np.ndarray]] = []  # per night, savings on resampled jobs
+    resamples = LineageResamples(np.random.default_rng([seed, 7]))
+    replicates: list[dict[str, np.ndarray]] = []  # per night, savings on resampled lineages
     scored_all: list[pd.DataFrame] = []
     t_start = time.perf_counter()
     train_s = 0.0
@@ -634,7 +657,7 @@ def run_backtest(
             models["full"],
             lookup,
             watch,
-            np.random.default_rng([seed, len(per_night)]),
+            resamples,
         )
         replicates.append(result.pop("savings_replicates"))
         result["date"] = str(day.day)
@@ -688,7 +711,7 @@ def run_backtest(
 
 def _savings_share(out: dict[str, Any], replicates: list[dict[str, np.ndarray]]) -> dict[str, Any]:
     """The model's savings as a share of the oracle's (each the mean over nights), and its 95 %
-    interval over the nights' resampled jobs (None without resamples)."""
+    interval over resampled lineages (None without resamples)."""
     oracle = out["oracle"]["savings"]
     share = round(out["model"]["savings"] / oracle, 4) if oracle > 0 else None
     interval = None
@@ -992,7 +1015,7 @@ def run(args: argparse.Namespace, _settings: Settings) -> int:
     )
     if m["savings_share_of_oracle"] is not None:
         lo_hi = m["savings_share_of_oracle_95"]
-        band = f" (95 % over resampled jobs {lo_hi[0]:.3f}–{lo_hi[1]:.3f})" if lo_hi else ""
+        band = f" (95 % over resampled lineages {lo_hi[0]:.3f}–{lo_hi[1]:.3f})" if lo_hi else ""
         print(
             f"model   savings {m['savings_share_of_oracle']:.3f} of the oracle's{band}",
             file=sys.stderr,

@@ -7,7 +7,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from leap_stream.tools.backtest import Night, _argmax_per_job, run_backtest, savings_replicates
+from leap_stream.tools.backtest import (
+    LineageResamples,
+    Night,
+    _argmax_per_job,
+    run_backtest,
+    savings_replicates,
+)
 
 
 def test_argmax_per_job_ignores_non_finite_and_keeps_ties_first() -> None:
@@ -45,26 +51,34 @@ def test_tiny_backtest_reports_every_predictor() -> None:
     assert "savings_replicates" not in summary["per_night"][0]
 
 
-def test_savings_replicates_resample_jobs_alike_for_every_predictor() -> None:
+def test_savings_replicates_weigh_jobs_alike_for_every_predictor() -> None:
     default = np.asarray([1.0, 2.0, 3.0, 100.0])
+    weights = np.random.default_rng(0).poisson(1.0, (500, 4))
     out = savings_replicates(
         default,
         {"same": default, "half": default / 2, "big_miss": np.asarray([0.5, 1.0, 1.5, 100.0])},
-        np.random.default_rng(0),
-        replicates=500,
+        weights,
     )
     assert out["same"].shape == (500,)
     np.testing.assert_allclose(out["same"][np.isfinite(out["same"])], 0.0)
     np.testing.assert_allclose(out["half"][np.isfinite(out["half"])], 0.5)
     # the large job decides: where it is drawn the savings are small, where it is not, half
-    big = out["big_miss"][np.isfinite(out["big_miss"])]
-    assert big.min() < 0.05 and big.max() == pytest.approx(0.5)
-    assert np.mean(big > 0.4) == pytest.approx(np.exp(-1.0), abs=0.06)  # P(Poisson(1) = 0)
-    # one draw of the jobs for every predictor: two equal choices get equal replicates
-    chosen = np.asarray([0.9, 1.0, 2.5, 80.0])
-    twice = savings_replicates(default, {"a": chosen, "b": chosen.copy()}, np.random.default_rng(1))
-    np.testing.assert_array_equal(twice["a"], twice["b"])
-    assert np.nanstd(twice["a"]) > 0.01
+    big = out["big_miss"]
+    assert np.nanmin(big) < 0.05 and np.nanmax(big) == pytest.approx(0.5)
+    drawn = np.isfinite(big)  # a resample without any job has no savings
+    np.testing.assert_array_equal((big > 0.4)[drawn], (weights[:, 3] == 0)[drawn])
+
+
+def test_a_lineage_weighs_the_same_in_every_night() -> None:
+    resamples = LineageResamples(np.random.default_rng(0), replicates=50)
+    night1 = resamples.weights(["a", "b", "a"])
+    night2 = resamples.weights(["c", "a", "b", "b"])
+    assert night1.shape == (50, 3) and night2.shape == (50, 4)
+    np.testing.assert_array_equal(night1[:, 0], night1[:, 2])  # one lineage, two jobs
+    np.testing.assert_array_equal(night1[:, 0], night2[:, 1])  # and on the next night
+    np.testing.assert_array_equal(night1[:, 1], night2[:, 3])
+    assert not np.array_equal(night1[:, 0], night1[:, 1])  # two lineages drawn apart
+    assert night2[:, 0].mean() == pytest.approx(1.0, abs=0.35)
 
 
 def test_backtest_breaks_accuracy_down_by_anchor() -> None:
