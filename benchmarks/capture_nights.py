@@ -144,16 +144,14 @@ def _choice_figures(night: dict[str, Any], p: np.ndarray) -> tuple[dict[str, flo
     """(top-1, savings, regret as the backtest scores them, per-job frame of the regret) for the
     predictions `p` of a captured night's candidates."""
     from leap_stream.core.ranker import SRC_NONE
-    from leap_stream.tools.backtest import _predictor_metrics, _top_choice
+    from leap_stream.tools.backtest import _choice_costs, _predictor_metrics, _top_choice
 
     base, tr = night["base"], night["truth"]
     usable = (base["source"].to_numpy() != SRC_NONE) & np.isfinite(p) & (p > 0)
     usable &= base["fits"].to_numpy(bool)
     m = _predictor_metrics(tr, p, usable, None, None)
     top = _top_choice(tr, p, usable)
-    chosen = np.where(top >= 0, tr.row_cost[np.maximum(top, 0)], tr.cost_default)
-    best = np.where(tr.best_row >= 0, tr.row_cost[np.maximum(tr.best_row, 0)], np.nan)
-    e = tr.eligible & np.isfinite(chosen) & np.isfinite(best)
+    chosen, best, e = _choice_costs(tr, top)
     devices = np.zeros(tr.n_jobs)
     devices[tr.job] = tr.nd
     anchor = np.full(tr.n_jobs, -1)
