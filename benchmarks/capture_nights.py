@@ -149,8 +149,8 @@ def _choice_figures(night: dict[str, Any], p: np.ndarray) -> tuple[dict[str, flo
     base, tr = night["base"], night["truth"]
     usable = (base["source"].to_numpy() != SRC_NONE) & np.isfinite(p) & (p > 0)
     usable &= base["fits"].to_numpy(bool)
-    m = _predictor_metrics(tr, p, usable, None, None)
     top = _top_choice(tr, p, usable)
+    m = _predictor_metrics(tr, p, usable, None, None, top)
     chosen, best, e = _choice_costs(tr, top)
     devices = np.zeros(tr.n_jobs)
     devices[tr.job] = tr.nd

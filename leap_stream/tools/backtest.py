@@ -243,9 +243,11 @@ def _predictor_metrics(
     usable: np.ndarray,
     lo: np.ndarray | None,
     hi: np.ndarray | None,
+    top: np.ndarray,
 ) -> dict[str, Any]:
     """Accuracy (every candidate and where the job ran), top-1, regret, savings and coverage of
-    one predictor whose predictions ``p`` are usable where ``usable``."""
+    one predictor whose predictions ``p`` are usable where ``usable``; ``top`` is its first
+    choice per job (`_top_choice`, which the caller needs too)."""
 
     def on(rows: np.ndarray) -> dict[str, Any]:
         return metrics(
@@ -260,7 +262,6 @@ def _predictor_metrics(
     m["accuracy_ran"] = mr["accuracy"]
     if "interval_coverage" in mr:
         m["interval_coverage_ran"] = mr["interval_coverage"]
-    top = _top_choice(tr, p, usable)
     covered = top >= 0
     chosen_cost, best_cost, e = _choice_costs(tr, top)
     m["top1"] = float(np.mean((top == tr.best_row)[e])) if e.any() else float("nan")
@@ -328,11 +329,12 @@ def _night_eval(
         if name != "oracle":
             usable &= fits
         is_model = name == "model"
+        top = _top_choice(tr, p, usable)
         out[name] = _predictor_metrics(
-            tr, p, usable, lo if is_model else None, hi if is_model else None
+            tr, p, usable, lo if is_model else None, hi if is_model else None, top
         )
         if resamples is not None and name != "lookup":
-            chosen[name], _best, scored_jobs[name] = _choice_costs(tr, _top_choice(tr, p, usable))
+            chosen[name], _best, scored_jobs[name] = _choice_costs(tr, top)
     if resamples is not None and chosen:
         jobs = scored_jobs["model"] & scored_jobs["oracle"]  # every eligible job with a best
         lineages = subs["lineage_id"].to_numpy(object)[jobs].tolist()
@@ -725,7 +727,7 @@ def _savings_share(out: dict[str, Any], replicates: list[dict[str, np.ndarray]])
 def _summarise(
     per_night: list[dict[str, Any]],
     variants: list[str],
-    replicates: list[dict[str, np.ndarray]] | None = None,
+    replicates: list[dict[str, np.ndarray]],
 ) -> dict[str, Any]:
     out: dict[str, Any] = {}
     keys = (
@@ -748,7 +750,7 @@ def _summarise(
         ("best_in_noise_set", "best_in_noise_set"),
     ):
         out["model"][k] = round(float(np.nanmean([n["model"][src] for n in per_night])), 4)
-    out["model"].update(_savings_share(out, replicates or []))
+    out["model"].update(_savings_share(out, replicates))
     ablation: dict[str, Any] = {}
     for v in variants[1:]:
         ablation[v[1:]] = {

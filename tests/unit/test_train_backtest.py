@@ -42,7 +42,7 @@ def test_tiny_backtest_reports_every_predictor() -> None:
     assert summary["model"]["best_in_noise_set"] >= summary["model"]["top1"]
     assert "prior" in summary["ablation_delta"]
     assert len(summary["per_night"]) == 1 and len(scored) == 1
-    # the savings share and its interval over resampled jobs; the resamples stay out of the
+    # the savings share and its interval over resampled lineages; the resamples stay out of the
     # reported nights
     m = summary["model"]
     assert m["savings_share_of_oracle"] == round(m["savings"] / summary["oracle"]["savings"], 4)
