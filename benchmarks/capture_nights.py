@@ -6,6 +6,7 @@ Asserts nothing.
     .venv/bin/python benchmarks/capture_nights.py recalibrate /tmp/nights1
     .venv/bin/python benchmarks/capture_nights.py ratio /tmp/nights1 --nights 1,5
     .venv/bin/python benchmarks/capture_nights.py choice /tmp/nights1
+    .venv/bin/python benchmarks/capture_nights.py neighbours /tmp/nights1
 
 `capture` runs the backtest's nightly loop (full rate, default settings unless told) and writes,
 per night, a pickle of: the rows the nightly model was fitted on (frame, samples/s, lineage
@@ -22,7 +23,15 @@ the capture's own figures (printed first). `choice` takes the captured predictio
 and asks what the first choice costs: top-1, savings and regret as the backtest scores them,
 where the regret is (by the job's device count and the anchor of the candidate chosen), and the
 same figures when the ranking weighs each candidate's uncertainty (throughput per cost ×
-e^(−kσ²/2), σ from its 80 % interval; k = 1 ranks by the expected cost under a log-normal error).
+e^(−kσ²/2), σ from its 80 % interval; k = 1 ranks by the expected cost under a log-normal error),
+and when each candidate's log throughput per cost is shrunk toward its job's median by
+τ²/(τ² + σ²) (the posterior mean under a normal prior of spread τ over a job's candidates: the
+winner's curse of picking the largest of noisy estimates). `neighbours` asks whether what a
+fleet has measured of *other* moves corrects a transfer row's move: the lineage's own moves to
+the other types it ran on (an elasticity b of the ratio model's move m, fitted per lineage as
+Σ r·m / (Σ m² + λ) over its other types, the prediction moved by b·m; or their mean residual
+added), and the ratio model's mean residual over the training pairs of the same (model type,
+prior type, candidate type), either direction, shrunk by s pseudo-pairs.
 """
 
 from __future__ import annotations
@@ -137,6 +146,7 @@ def ratio(d: Path, which: str | None) -> None:
 
 
 RISK_K = (-1.0, 1.0, 2.0)
+SHRINK_TAU = (0.3, 0.5, 0.8, 1.2)
 DEVICE_BINS = [0, 1, 8, 16, 64, np.inf]
 
 
@@ -184,7 +194,8 @@ def choice(d: Path, which: str | None) -> None:
         ))  # fmt: skip
         kinds = jobs.groupby("anchor")["regret"].sum() / total
         print("  regret by the anchor of the candidate chosen: " + ", ".join(
-            f"{KINDS[int(k)] if k >= 0 else 'none'} {v:.3f}" for k, v in kinds.items()
+            f"{KINDS[k] if k >= 0 else 'none'} {v:.3f}"
+            for k, v in zip(kinds.index.astype(int).tolist(), kinds.tolist(), strict=True)
         ))  # fmt: skip
         top = np.sort(jobs["regret"].to_numpy())[::-1]
         held = top[: len(top) // 100].sum() / total
@@ -195,6 +206,123 @@ def choice(d: Path, which: str | None) -> None:
             risk, _jobs = _choice_figures(night, p * np.exp(-k * np.nan_to_num(sigma) ** 2 / 2))
             line = ", ".join(f"{name} {v:.4f}" for name, v in risk.items())
             print(f"  ranked by throughput per cost × e^({-k:+g}σ²/2): {line}")
+        for tau in SHRINK_TAU:
+            shrunk, _jobs = _choice_figures(night, p * _toward_median(night, p, sigma, tau))
+            line = ", ".join(f"{name} {v:.4f}" for name, v in shrunk.items())
+            print(f"  shrunk toward the job's median, τ {tau}: {line}")
+
+
+def _toward_median(
+    night: dict[str, Any], p: np.ndarray, sigma: np.ndarray, tau: float
+) -> np.ndarray:
+    """Per candidate, the factor that moves its log throughput per cost toward its job's
+    median over the usable candidates by 1 − τ²/(τ² + σ²)."""
+    from leap_stream.core.ranker import SRC_NONE
+    from leap_stream.core.ranking import throughput_per_cost
+
+    base, tr = night["base"], night["truth"]
+    usable = (base["source"].to_numpy() != SRC_NONE) & np.isfinite(p) & (p > 0)
+    usable &= base["fits"].to_numpy(bool) & tr.in_truth
+    with np.errstate(invalid="ignore", divide="ignore"):
+        s = np.log(throughput_per_cost(p, tr.cost, tr.nd))
+    median = pd.Series(s[usable]).groupby(tr.job[usable]).median()
+    centre = np.full(tr.n_jobs, np.nan)
+    centre[median.index.to_numpy()] = median.to_numpy()
+    sig = np.nan_to_num(sigma)
+    w = tau**2 / (tau**2 + sig**2)
+    return np.exp(np.nan_to_num((1.0 - w) * (centre[tr.job] - s)))
+
+
+ELASTICITY_LAMBDA = (0.05, 0.3)
+RESIDUAL_WEIGHT = (0.25, 0.5)
+PAIR_SHRINK = (3.0, 10.0)
+
+
+def _within(truth: np.ndarray, pred: np.ndarray) -> float:
+    return float(np.mean(np.abs(np.expm1(truth - pred)) <= 0.10))
+
+
+def neighbours(d: Path, which: str | None) -> None:
+    from leap_stream.core.columns import f64
+
+    for path in _nights(d, which):
+        night = _load(path)
+        model, base, kind = night["model"], night["base"], night["kind"]
+        _blind, moved = model._log_pd_parts(base)
+        truth = np.log(night["meas"]) - f64(base, "log_devices")
+        rows = night["ok"] & (kind == 1) & np.isfinite(moved)
+        print(f"{path.stem}: transfer rows within ±10 %, as shipped {_within(truth[rows], moved[rows]):.4f}"
+              f" ({rows.sum()} rows)")  # fmt: skip
+        _lineage_moves(base, kind, moved, truth, rows)
+        _pair_residuals(night, moved, truth, rows)
+
+
+def _lineage_moves(
+    base: pd.DataFrame, kind: np.ndarray, moved: np.ndarray, truth: np.ndarray, rows: np.ndarray
+) -> None:
+    """The lineage's own other moves: each type it ran on besides the prior (a `self` row of
+    the same job, whose own prior is elsewhere) is a move the ratio model made and history
+    measured."""
+    from leap_stream.core.columns import f64
+
+    other, own = f64(base, "other_log_pd"), f64(base, "self_log_pd")
+    m = moved - other
+    seen = (kind == 0) & np.isfinite(m) & np.isfinite(own)
+    r, mm = np.where(seen, own - moved, 0.0), np.where(seen, m, 0.0)
+    job = np.asarray(base["job"], np.int64)
+    n = int(job.max()) + 1
+    srm, smm = np.bincount(job, r * mm, n)[job], np.bincount(job, mm * mm, n)[job]
+    count = np.bincount(job, seen.astype(np.float64), n)[job]
+    mean_r = np.bincount(job, r, n)[job] / np.maximum(count, 1.0)
+    has = rows & (count > 0)
+    err = truth - moved
+    print(f"  rows whose lineage ran on another type besides the prior: {has.sum() / rows.sum():.3f},"
+          f" within ±10 % {_within(truth[has], moved[has]):.4f}; correlation of their error with"
+          f" the lineage's mean residual {np.corrcoef(err[has], mean_r[has])[0, 1]:.3f}")  # fmt: skip
+    for lam in ELASTICITY_LAMBDA:
+        p = moved + srm / (smm + lam) * m
+        print(f"    elasticity, λ {lam}: all {_within(truth[rows], p[rows]):.4f},"
+              f" those {_within(truth[has], p[has]):.4f}")  # fmt: skip
+    for w in RESIDUAL_WEIGHT:
+        p = moved + w * mean_r
+        print(f"    {w} × the mean residual: all {_within(truth[rows], p[rows]):.4f},"
+              f" those {_within(truth[has], p[has]):.4f}")  # fmt: skip
+
+
+def _pair_residuals(
+    night: dict[str, Any], moved: np.ndarray, truth: np.ndarray, rows: np.ndarray
+) -> None:
+    """The ratio model's mean residual on the night's training pairs of the same (model type,
+    prior type, candidate type), either direction (a reversed pair's residual negated)."""
+    from leap_stream.core.columns import f64
+
+    model, base = night["model"], night["base"]
+    frame = night["train"][0]
+    pair = np.flatnonzero(np.isfinite(f64(frame, "other_log_pd")))
+    pf = frame.iloc[pair].reset_index(drop=True)
+    _b, pair_moved = model._log_pd_parts(pf)
+    resid = night["y"][pair] - pair_moved
+
+    def key(f: pd.DataFrame, a: str, b: str) -> pd.Series:
+        return f["model_type"].astype(str) + "|" + f[a].astype(str) + ">" + f[b].astype(str)
+
+    keys = pd.concat(
+        [key(pf, "o_hardware_type", "hardware_type"), key(pf, "hardware_type", "o_hardware_type")]
+    )
+    r = pd.Series(np.concatenate([resid, -resid]), index=keys.to_numpy())
+    r = r[np.isfinite(r.to_numpy())]
+    sums, counts = r.groupby(level=0).sum(), r.groupby(level=0).size()
+    test = key(base, "o_hardware_type", "hardware_type").to_numpy()
+    found = pd.Index(sums.index).get_indexer(test)
+    hit = found >= 0
+    print(f"  rows with a training pair of the same (model type, prior type, candidate type):"
+          f" {np.mean(hit[rows]):.3f} ({len(pair)} training pairs)")  # fmt: skip
+    for s in PAIR_SHRINK:
+        mean = np.where(hit, sums.to_numpy()[found] / (counts.to_numpy()[found] + s), 0.0)
+        p = moved + mean
+        print(
+            f"    mean residual of those pairs, {s:g} pseudo-pairs: {_within(truth[rows], p[rows]):.4f}"
+        )
 
 
 def main() -> int:
@@ -205,7 +333,7 @@ def main() -> int:
     cap.add_argument("--nights", type=int, default=6)
     cap.add_argument("--rate", type=int, default=None)
     cap.add_argument("--out", type=Path, required=True)
-    for name in ("recalibrate", "ratio", "choice"):
+    for name in ("recalibrate", "ratio", "choice", "neighbours"):
         p = sub.add_parser(name)
         p.add_argument("dir", type=Path)
         p.add_argument("--nights", default=None, help="comma-separated night numbers")
@@ -216,6 +344,8 @@ def main() -> int:
         recalibrate(a.dir, a.nights)
     elif a.cmd == "choice":
         choice(a.dir, a.nights)
+    elif a.cmd == "neighbours":
+        neighbours(a.dir, a.nights)
     else:
         ratio(a.dir, a.nights)
     return 0
