@@ -8,9 +8,10 @@ build needs (no `slots=True` on frozen dataclasses; `Ok` not generic), compiles 
 mypyc (it ships with mypy, a dev dependency), then runs `benchmarks/pipeline_phases.py --runs 1`
 interpreted and compiled in turn and prints each run's CPU per job, the trees' and the
 in-process overhead ratio. The build takes about ten minutes on two cores (mypy checks the
-whole package first); `--keep DIR` reuses one. The interpreted runs use the working tree, the
-compiled ones HEAD: commit first, or the two compare different code. Asserts nothing;
-docs/benchmarks.md records why this is not the shipped build.
+whole package first); `--keep DIR` reuses one made from the same commit and rebuilds one made
+from another. The interpreted runs use the working tree, the compiled ones HEAD: commit first,
+or the two compare different code. Asserts nothing; docs/benchmarks.md records why this is not
+the shipped build.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -47,6 +49,11 @@ setup(name="leap-stream-mypyc-ab", packages=[], py_modules=[],
 RUN_LINE = re.compile(
     r"([\d.]+) us CPU per job, trees ([\d.]+) us: in-process overhead ratio ([\d.]+)"
 )
+
+
+def head_commit() -> str:
+    done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, check=True, capture_output=True)
+    return done.stdout.decode().strip()
 
 
 def copy_tree(dest: Path) -> None:
@@ -103,18 +110,23 @@ def main() -> None:
     ap.add_argument(
         "--keep",
         type=Path,
-        help="build the compiled tree here and keep it; an existing build there is reused",
+        help="build the compiled tree here and keep it; a build there of the same commit is reused",
     )
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="leap-mypyc-") as scratch:
         tree = args.keep or Path(scratch)
-        built = tree / ".mypyc_ab_built"
-        if not built.exists():
+        built, commit = tree / ".mypyc_ab_built", head_commit()  # the marker names the commit
+        if not built.exists() or built.read_text().strip() != commit:
+            if tree.exists() and args.keep is not None and any(tree.iterdir()):
+                if not built.exists():
+                    sys.exit(f"{tree} is not empty and holds no build of this script: refusing")
+                print(f"{tree} holds a build of another commit: rebuilding", flush=True)
+                shutil.rmtree(tree)
             tree.mkdir(parents=True, exist_ok=True)
             copy_tree(tree)
             make_compilable(tree)
             compile_modules(tree)
-            built.touch()
+            built.write_text(commit + "\n")
         print("pair  build        CPU/job   trees   overhead ratio")
         for pair in range(1, args.pairs + 1):
             for name, compiled in (("interpreted", None), ("compiled", tree)):
