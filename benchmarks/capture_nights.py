@@ -150,15 +150,21 @@ SHRINK_TAU = (0.3, 0.5, 0.8, 1.2)
 DEVICE_BINS = [0, 1, 8, 16, 64, np.inf]
 
 
+def _usable(base: pd.DataFrame, p: np.ndarray) -> np.ndarray:
+    """The candidates a ranking could choose: predicted (> 0), by a source, and fitting."""
+    from leap_stream.core.ranker import SRC_NONE
+
+    usable = (base["source"].to_numpy() != SRC_NONE) & np.isfinite(p) & (p > 0)
+    return np.asarray(usable & base["fits"].to_numpy(bool))
+
+
 def _choice_figures(night: dict[str, Any], p: np.ndarray) -> tuple[dict[str, float], pd.DataFrame]:
     """(top-1, savings, regret as the backtest scores them, per-job frame of the regret) for the
     predictions `p` of a captured night's candidates."""
-    from leap_stream.core.ranker import SRC_NONE
     from leap_stream.tools.backtest import _choice_costs, _predictor_metrics, _top_choice
 
     base, tr = night["base"], night["truth"]
-    usable = (base["source"].to_numpy() != SRC_NONE) & np.isfinite(p) & (p > 0)
-    usable &= base["fits"].to_numpy(bool)
+    usable = _usable(base, p)
     top = _top_choice(tr, p, usable)
     m = _predictor_metrics(tr, p, usable, None, None, top)
     chosen, best, e = _choice_costs(tr, top)
@@ -217,12 +223,10 @@ def _toward_median(
 ) -> np.ndarray:
     """Per candidate, the factor that moves its log throughput per cost toward its job's
     median over the usable candidates by 1 − τ²/(τ² + σ²)."""
-    from leap_stream.core.ranker import SRC_NONE
     from leap_stream.core.ranking import throughput_per_cost
 
     base, tr = night["base"], night["truth"]
-    usable = (base["source"].to_numpy() != SRC_NONE) & np.isfinite(p) & (p > 0)
-    usable &= base["fits"].to_numpy(bool) & tr.in_truth
+    usable = _usable(base, p) & tr.in_truth
     with np.errstate(invalid="ignore", divide="ignore"):
         s = np.log(throughput_per_cost(p, tr.cost, tr.nd))
     median = pd.Series(s[usable]).groupby(tr.job[usable]).median()
