@@ -111,3 +111,33 @@ def test_the_pipeline_stage_runs_under_the_workers_collector_policy() -> None:
     with worker_gc(Settings.from_env({"LEAP_GC_FREEZE": "0"})):
         assert gc.get_threshold()[0] == 50_000
         assert gc.get_freeze_count() == 0
+
+
+def test_profile_without_pyinstrument_is_a_clear_error_before_any_service(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The profiler is a developer's dependency, not the service's: without it `--profile` says
+    so (exit 2) instead of failing with a traceback after the broker has started."""
+    import argparse
+    import importlib.util
+
+    import leap_stream.tools.dev as dev
+    from leap_stream.settings import Settings
+    from leap_stream.tools.bench import cli
+
+    parser = argparse.ArgumentParser()
+    cli.register(parser)
+    args = parser.parse_args(["--profile", "profile.html"])
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "pyinstrument" else real(name, *a),
+    )
+
+    def started(**_kw: object) -> None:
+        pytest.fail("services started before the missing profiler was reported")
+
+    monkeypatch.setattr(dev, "ensure_services", started)
+    assert cli.run(args, Settings.from_env({})) == 2
+    assert "--profile needs pyinstrument" in capsys.readouterr().err

@@ -7,13 +7,17 @@ these tests fail instead of a deployment failing at 3 a.m.
 
 from __future__ import annotations
 
+import ast
 import base64
 import fnmatch
+import importlib.metadata
 import json
 import os
 import re
 import shutil
 import subprocess
+import sys
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -398,6 +402,63 @@ def test_dockerfile_copies_exist_and_dockerignore_keeps_them() -> None:
     for data in ("leap_stream/catalog/hardware.json", "schemas/job-submitted.schema.json"):
         for pat in patterns:
             assert not fnmatch.fnmatch(data, pat), f".dockerignore {pat!r} drops {data}"
+
+
+# third-party modules the package imports that the image need not carry, and the one file
+# that imports each: it says how to get the module when it is missing (test_bench.py pins it)
+DEV_ONLY_IMPORTS = {"pyinstrument": "leap_stream/tools/bench/cli.py"}
+
+
+def _dist_name(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()  # PEP 503
+
+
+def _requirement_names(requirements: list[str]) -> set[str]:
+    names = (re.match(r"[A-Za-z0-9._-]+", r) for r in requirements)
+    return {_dist_name(m.group(0)) for m in names if m}
+
+
+def _third_party_imports() -> dict[str, set[str]]:
+    """Top-level module → the package files that import it (lazily, inside a function, too)."""
+    found: dict[str, set[str]] = {}
+    for path in sorted((ROOT / "leap_stream").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [node.module]
+            else:
+                continue
+            for top in {n.split(".")[0] for n in names}:
+                if top not in sys.stdlib_module_names and top != "leap_stream":
+                    found.setdefault(top, set()).add(path.relative_to(ROOT).as_posix())
+    return found
+
+
+def test_the_image_installs_every_module_the_package_imports() -> None:
+    """What the image installs (`leap-stream[<extra>]`, DOCKERFILE) names every third-party
+    module the package imports as a dependency of its own. A lazily imported module that is
+    missing fails only when the command that needs it runs (the Kueue gate's HTTP client was
+    in the dev extra alone), and one that arrives through another package's dependencies can
+    go with that package's next release."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extra = re.search(r'"leap-stream\[(\w+)\]"', DOCKERFILE.read_text())
+    assert extra, "the Dockerfile no longer installs leap-stream[<extra>]"
+    declared = _requirement_names(
+        project["dependencies"] + project["optional-dependencies"][extra.group(1)]
+    )
+    providers = importlib.metadata.packages_distributions()
+    imports = _third_party_imports()
+    assert {"numpy", "httpx", "lleaves"} <= set(imports)  # the walk reads lazy imports too
+    missing: dict[str, list[str]] = {}
+    for module, files in imports.items():
+        if module in DEV_ONLY_IMPORTS:
+            assert files == {DEV_ONLY_IMPORTS[module]}, f"{module} is imported elsewhere too"
+            continue
+        dists = {_dist_name(d) for d in providers.get(module, [module])}
+        if not dists & declared:
+            missing[module] = sorted(files)
+    assert not missing, f"imported but not a dependency of leap-stream[{extra.group(1)}]: {missing}"
 
 
 # --------------------------------------------------------------------------- Kubernetes

@@ -7,6 +7,7 @@ Figures go to stderr as the stages finish; the last stdout line is one JSON obje
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 import time
 from typing import Any
@@ -70,6 +71,10 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     from leap_stream.tools.dev import ensure_services, stop_services
 
     stages = {s.strip() for s in args.only.split(",") if s.strip()}
+    if args.profile and importlib.util.find_spec("pyinstrument") is None:
+        # a developer's option: the profiler comes with the dev extra, not with the service
+        print("bench: --profile needs pyinstrument (pip install pyinstrument)", file=sys.stderr)
+        return 2
     cluster = settings.redis_cluster  # LEAP_REDIS_CLUSTER=1: the store on a Redis Cluster
     services = ensure_services(
         kafka=True, redis=not cluster, redis_cluster=cluster, lease=True, cfg=settings
