@@ -56,9 +56,9 @@ def head_commit() -> str:
     return done.stdout.decode().strip()
 
 
-def copy_tree(dest: Path) -> None:
-    """The committed tree, without the venv or build products."""
-    archive = subprocess.run(["git", "archive", "HEAD"], cwd=ROOT, check=True, capture_output=True)
+def copy_tree(dest: Path, commit: str) -> None:
+    """The tree of `commit`, without the venv or build products."""
+    archive = subprocess.run(["git", "archive", commit], cwd=ROOT, check=True, capture_output=True)
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
 
 
@@ -123,7 +123,7 @@ def main() -> None:
                 print(f"{tree} holds a build of another commit: rebuilding", flush=True)
                 shutil.rmtree(tree)
             tree.mkdir(parents=True, exist_ok=True)
-            copy_tree(tree)
+            copy_tree(tree, commit)  # the commit the marker will name
             make_compilable(tree)
             compile_modules(tree)
             built.write_text(commit + "\n")
