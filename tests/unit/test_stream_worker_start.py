@@ -78,7 +78,7 @@ def test_the_cli_holds_stop_signals_only_while_the_worker_loads(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """`leap-stream worker` blocks SIGTERM/SIGINT until the worker has its handlers (the e2e
-    test stops a worker 0.05 s after start); a worker that fails before that (a bad setting,
+    test stops a worker 0.05 s after it holds them); a worker that fails before that (a bad setting,
     exit 2) leaves them unblocked, and other commands never block them."""
     from leap_stream import cli
 
