@@ -152,6 +152,20 @@ class WorkerProcess:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def blocked_signals(self) -> set[signal.Signals]:
+        """The signals the process holds blocked now, from Linux's /proc (empty once it ended):
+        what lets a test send a signal after the worker has started holding it."""
+        if self.proc is None:
+            return set()
+        try:
+            status = Path(f"/proc/{self.proc.pid}/status").read_text()
+        except (FileNotFoundError, ProcessLookupError):
+            return set()
+        mask = next(
+            int(line.split()[1], 16) for line in status.splitlines() if line[:7] == "SigBlk:"
+        )
+        return {s for s in signal.Signals if mask >> (s.value - 1) & 1}
+
     def log_tail(self, n: int = 60) -> str:
         if not self.log_path.exists():
             return ""
@@ -270,6 +284,9 @@ class WorkerStack:
 
     def alive(self) -> bool:
         return self.worker is not None and self.worker.alive()
+
+    def blocked_signals(self) -> set[signal.Signals]:
+        return self._started().blocked_signals()
 
     def log_tail(self, n: int = 60) -> str:
         return self.worker.log_tail(n) if self.worker is not None else ""
