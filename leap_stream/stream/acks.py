@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -127,6 +127,39 @@ class ExplicitAcks:
             self._giving.on = False
 
 
+def seek_every_partition(consumer: Any) -> Any:
+    """Make Faust's seek to the committed offsets move every partition, also one without a
+    commit; returns ``consumer``.
+
+    After each rebalance Faust seeks the partitions to their commits (``perform_seek``) before
+    its streams resume, and counts on that to deliver again what it skipped. aiokafka, though,
+    seeks only to a commit above 0 and leaves any other partition where its fetcher is; if
+    Faust dropped records fetched right after the assignment (below a read offset its previous
+    generation left behind, the family of faust-streaming#216), nothing would bring them back
+    and the new generation's first acks would commit past them (docs/worker.md). Such a
+    partition is sought to its earliest offset, where a consumer without a commit starts
+    anyway (``auto_offset_reset`` earliest)."""
+    seek_to_committed = consumer.seek_to_committed
+
+    async def seek_from_commit_or_start() -> Mapping[Any, int | None]:
+        committed: Mapping[Any, int | None] = await seek_to_committed()
+        uncommitted = [tp for tp, offset in committed.items() if not offset]
+        if uncommitted:
+            earliest = await consumer.earliest_offsets(*uncommitted)
+            for tp, offset in earliest.items():
+                await consumer.seek(tp, offset)
+            log.info(
+                "no commit yet: sought to the earliest offsets %s",
+                ", ".join(
+                    f"{tp.topic}[{tp.partition}]@{offset}" for tp, offset in earliest.items()
+                ),
+            )
+        return committed
+
+    consumer.seek_to_committed = seek_from_commit_or_start
+    return consumer
+
+
 class HeldAcks:
     """Acks of submission batches: in offset order, and held while a batch's submissions are not
     in Redis for the completion join (`SubmissionBatchResult.remembered` false, Redis down), so
@@ -164,4 +197,4 @@ class HeldAcks:
         return self.gate.forget()
 
 
-__all__ = ["ExplicitAcks", "HeldAcks", "OrderedAcks"]
+__all__ = ["ExplicitAcks", "HeldAcks", "OrderedAcks", "seek_every_partition"]

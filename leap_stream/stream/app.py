@@ -32,7 +32,7 @@ import orjson
 
 from leap_stream.contracts import DeadLetter, HardwareRanking
 from leap_stream.settings import Settings
-from leap_stream.stream.acks import ExplicitAcks, OrderedAcks
+from leap_stream.stream.acks import ExplicitAcks, OrderedAcks, seek_every_partition
 from leap_stream.stream.batch import (
     Backoff,
     CompletionBatchResult,
@@ -175,7 +175,8 @@ class LeanApp(faust.App):
     The Monitor keeps Faust's own per-message statistics (for its web view, which is off);
     it runs several hooks per message on the event loop, on the same GIL as the batch thread.
     The worker's metrics are its own (stream/metrics.py). Its consumer records only the acks
-    the worker gives (``explicit_acks``)."""
+    the worker gives (``explicit_acks``), and after a rebalance it seeks every partition, also one
+    without a commit (``seek_every_partition``)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.explicit_acks = ExplicitAcks()
@@ -187,7 +188,7 @@ class LeanApp(faust.App):
         return services
 
     def _new_consumer(self) -> Any:
-        return self.explicit_acks.install(super()._new_consumer())
+        return seek_every_partition(self.explicit_acks.install(super()._new_consumer()))
 
 
 def tune_consumer(min_bytes: int, max_wait_ms: int) -> None:

@@ -353,6 +353,44 @@ def test_consumer_fetch_settings_reach_the_aiokafka_consumer(
     assert made._isolation_level == "read_committed"  # aborted transactions stay unseen
 
 
+def test_after_a_rebalance_a_partition_without_a_commit_is_sought_to_its_start() -> None:
+    """aiokafka's seek to the committed offsets moves only partitions with a commit above 0;
+    the records Faust dropped right after the assignment would never come again on the others
+    (lost: the new generation commits past them). The worker's consumer seeks those to their
+    earliest offsets, and leaves a partition with a commit to aiokafka's own seek."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from faust.types import TP
+
+    from leap_stream.stream.acks import seek_every_partition
+    from leap_stream.stream.app import LeanApp
+
+    never, at_zero, committed_tp = TP("c", 0), TP("c", 1), TP("c", 2)
+    seeks: list[tuple[TP, int]] = []
+
+    async def seek_to_committed() -> dict[TP, int | None]:
+        return {never: None, at_zero: 0, committed_tp: 7}
+
+    async def earliest_offsets(*tps: TP) -> dict[TP, int]:
+        return {tp: 3 for tp in tps}
+
+    async def seek(tp: TP, offset: int) -> None:
+        seeks.append((tp, offset))
+
+    consumer = seek_every_partition(
+        SimpleNamespace(
+            seek_to_committed=seek_to_committed, earliest_offsets=earliest_offsets, seek=seek
+        )
+    )
+    committed = asyncio.run(consumer.seek_to_committed())
+    assert committed == {never: None, at_zero: 0, committed_tp: 7}  # Faust's read offsets
+    assert seeks == [(never, 3), (at_zero, 3)]
+
+    app = LeanApp("leap-test-seek", broker="kafka://127.0.0.1:1", autodiscover=False)
+    assert cast(Any, app.consumer).seek_to_committed.__name__ == "seek_from_commit_or_start"
+
+
 def test_lean_app_has_no_faust_monitor_sensor() -> None:
     from leap_stream.stream.app import LeanApp
 
