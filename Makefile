@@ -4,9 +4,17 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv skypilot-venv test unit integration lint demo dev-up dev-down dev-status topics clean
+.PHONY: venv skypilot-venv system-deps-test system-deps-demo test unit integration lint demo dev-up dev-down dev-status topics clean
 
 venv: $(STAMP)
+
+# System packages (Java, Maven, redis-server; for the tests also Slurm, munge, promtool): installed
+# when missing as root or with passwordless sudo; otherwise the exact apt-get line, before anything runs.
+system-deps-test:
+	@scripts/system-deps test
+
+system-deps-demo:
+	@scripts/system-deps demo
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -21,6 +29,9 @@ $(STAMP): pyproject.toml
 # pytest's own exit code (make itself only ever exits 2), which .ci/run reports.
 # SkyPilot's client pins its own uvicorn and weighs ~450 MB: it gets a venv of its own, with
 # leap-stream's `skypilot` extra, for the tests that run SkyPilot's classes (marker `skypilot`).
+# Test processes (pytest-xdist): every test has its own topics, consumer group, key prefix and
+# folders, and the tests that stop a service stop their own, so they share the broker and Redis.
+PYTEST_WORKERS ?= 2
 SKY_VENV ?= .venv-skypilot
 SKY_STAMP := $(SKY_VENV)/.installed
 
@@ -32,14 +43,21 @@ $(SKY_STAMP): pyproject.toml
 	$(SKY_VENV)/bin/pip install -q -e '.[skypilot]'
 	touch $(SKY_STAMP)
 
-test: venv skypilot-venv
-	@rc=0; $(BIN)/pytest -q $(PYTEST_ARGS) || rc=$$?; \
+# Every run prints its 30 slowest tests and its wall time against the suite's budget (docs/development.md).
+TEST_BUDGET_S ?= 480
+
+test: system-deps-test venv skypilot-venv
+	@rc=0; t0=$$(date +%s); \
+	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist worksteal --durations=30 $(PYTEST_ARGS) || rc=$$?; \
+	took=$$(( $$(date +%s) - t0 )); \
+	if [ $$took -le $(TEST_BUDGET_S) ]; then echo "make test: pytest took $$took s of its $(TEST_BUDGET_S) s budget"; \
+	else echo "make test: OVER BUDGET: pytest took $$took s, budget $(TEST_BUDGET_S) s: see the slowest tests above" >&2; fi; \
 	if [ -n "$(PYTEST_RC_FILE)" ]; then echo $$rc > "$(PYTEST_RC_FILE)"; fi; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5)" >&2; fi; \
 	exit $$rc
 
 unit: venv
-	$(BIN)/pytest -q tests/unit
+	$(BIN)/pytest -q -n $(PYTEST_WORKERS) tests/unit
 
 integration: venv
 	$(BIN)/pytest -q tests/integration
@@ -60,7 +78,7 @@ topics: venv
 
 # One command, fresh machine: venv + install, native Kafka/Redis, a simulated week, the worker,
 # one streamed day, the nightly retrain, report in ./demo-report/. DEMO_ARGS=--fast for a ~30 s run.
-demo: venv
+demo: system-deps-demo venv
 	$(BIN)/leap-stream demo $(DEMO_ARGS)
 
 lint: venv

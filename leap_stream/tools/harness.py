@@ -232,7 +232,11 @@ class WorkerProcess:
 @dataclass
 class WorkerStack:
     """One worker's world in a test: topics (sub, comp, rank, dlq), group, key prefix and
-    folders under ``tmp``; ``start`` runs a worker on it (again after a stop, on the same state)."""
+    folders under ``tmp``; ``start`` runs a worker on it (again after a stop, on the same state).
+
+    Its workers serve with LightGBM's own trees (``LEAP_COMPILED_TREES=0``): compiling them is a
+    few CPU-seconds per model load that no test of the stream needs; tests of the compiled trees
+    set ``extra_env["LEAP_COMPILED_TREES"]`` themselves."""
 
     bootstrap: str
     redis_url: str
@@ -257,7 +261,7 @@ class WorkerStack:
             dataset_dir=self.tmp / "dataset",
             registry_dir=self.tmp / "registry",
             metrics_port=self.metrics_port,
-            settings=self.extra_env,
+            settings={"LEAP_COMPILED_TREES": "0", **self.extra_env},
         )
 
     @property
