@@ -47,7 +47,7 @@ def test_each_public_shape_is_read(path: Path, fmt: str, min_rows: int) -> None:
 def test_zeus_keeps_only_the_uncapped_power_limit() -> None:
     raw = pd.read_csv(FIXTURES / "zeus_cut.csv")
     t = read_table(FIXTURES / "zeus_cut.csv", CATALOG)
-    assert len(t.rows) == int(raw["is_max_power_limit"].sum())
+    assert len(t.rows) + t.repeats_folded == int(raw["is_max_power_limit"].sum())
 
 
 def test_types_without_specs_are_reported_not_guessed() -> None:
@@ -58,6 +58,30 @@ def test_types_without_specs_are_reported_not_guessed() -> None:
     assert list(t.rows["type_id"]) == ["h100-sxm"]
     assert t.skipped == {"no_specs": 2}
     assert t.unknown_types == {"IPU-Bow": 1, "ipu-bow": 1}
+
+
+def test_repeated_measurements_fold_into_their_median_before_pairs() -> None:
+    """Three repeats on one side and two on the other are one pair each way, at the medians
+    of the log throughputs; another device count of the same type is another configuration, not a repeat."""
+    t = normalise(
+        pd.DataFrame(
+            {
+                "workload": ["w"] * 6,
+                "accelerator_type": ["a100-80g"] * 3 + ["h100-sxm"] * 2 + ["a100-80g"],
+                "accelerator_count": [1, 1, 1, 1, 1, 8],
+                "throughput": [10.0, 11.0, 30.0, 20.0, 24.0, 64.0],
+            }
+        ),
+        CATALOG,
+    )
+    assert t.repeats_folded == 3
+    by = {(r.type_id, r.count): r for r in t.rows.itertuples()}
+    assert set(by) == {("a100-80g", 1.0), ("h100-sxm", 1.0), ("a100-80g", 8.0)}
+    assert by[("a100-80g", 1.0)].log_pd == pytest.approx(np.log(11.0))
+    assert by[("h100-sxm", 1.0)].log_pd == pytest.approx(np.log(np.sqrt(20.0 * 24.0)))
+    assert [by[k].repeats for k in sorted(by)] == [3, 1, 2]
+    p = pairs(t.rows, CATALOG)
+    assert len(p) == 4  # (a100 x1, h100), (a100 x8, h100) and back
 
 
 def test_time_to_train_is_a_rate_and_counts_make_it_per_device() -> None:
@@ -105,6 +129,29 @@ def test_held_out_workload_is_never_learned_from() -> None:
     assert got == pytest.approx(
         {"w0": np.sqrt(2.0 * 3.0), "w1": np.sqrt(1.5 * 3.0), "w2": np.sqrt(1.5 * 2.0)}
     )
+
+
+def test_the_inner_selection_fits_a_bounded_number_of_folds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Twenty training workloads: INNER_FOLDS folds of them, never a held-out workload in its
+    own training set, and each workload held out exactly once."""
+    rows = []
+    for i in range(20):
+        rows += [(f"w{i}", "a100-80g", 1.0), (f"w{i}", "h100-sxm", 1.5 + i / 10)]
+    p = pairs(normalise(_standard(rows), CATALOG).rows, CATALOG)
+    held: list[frozenset[str]] = []
+    real = M._Model.on.__func__  # type: ignore[attr-defined]
+
+    def on(cls: type, train: pd.DataFrame, *args: object, **kw: object) -> object:
+        held.append(frozenset(p["workload"]) - frozenset(train["workload"]))
+        return real(cls, train, *args, **kw)
+
+    monkeypatch.setattr(M._Model, "on", classmethod(on))
+    M.fit("model", p)
+    inner = {h for h in held if h}  # the final fit on every workload holds none out
+    assert len(inner) == M.INNER_FOLDS
+    assert sorted(w for h in inner for w in h) == sorted(set(p["workload"]))
 
 
 def test_order_accuracy_counts_right_wrong_and_ties() -> None:

@@ -1,8 +1,8 @@
 """`leap-stream evaluate --table FILE.csv [--specs CATALOG.json] [--json]`.
 
 Prints a table of figures per method; with `--json` the last stdout line is one JSON object:
-``{"table", "rows", "predictions", "skipped", "methods": {name: {mape, median_ape, within_10,
-order_accuracy}}}`` (docs/evaluate.md). Exit 2 on a table or catalog it cannot read.
+``{"table", "rows", "repeats_folded", "predictions", "skipped", "methods": {name: {mape,
+median_ape, within_10, order_accuracy}}}`` (docs/evaluate.md). Exit 2 on a table or catalog it cannot read.
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ def report(table: Table, catalog: HardwareCatalog, by_group: bool = False) -> di
         "table": table.name,
         "rows": len(table.rows),
         "predictions": result["predictions"],
+        "repeats_folded": table.repeats_folded,
         "skipped": {**table.skipped, "types_without_specs": table.unknown_types},
         "methods": result["methods"],
         "model_choices": result["model_choices"],
@@ -82,8 +83,9 @@ def _print_choices(choices: dict[str, dict[str, Any]]) -> None:
 
 def _print_table(out: dict[str, Any]) -> None:
     print(
-        f"{out['table']}: {out['rows']} rows, {out['predictions']} predictions "
-        f"(leave one workload out); skipped {out['skipped']}"
+        f"{out['table']}: {out['rows']} rows after folding {out['repeats_folded']} repeated "
+        f"measurements (median), {out['predictions']} predictions (leave one workload out); "
+        f"skipped {out['skipped']}"
     )
     print(f"  {'method':22s} {'MAPE':>7s} {'median APE':>10s} {'±10 %':>7s} {'order':>7s}")
     for name in METHODS:

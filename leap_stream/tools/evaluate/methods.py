@@ -16,14 +16,15 @@ Pair frames have `workload`, `a`, `a_type`, `b_type`, `a_vendor`, `b_vendor`, `f
   family × type pair), so a pair measured often moves far from physics and a pair never
   measured stays on it. Which physics prior (the fitted blend, the bandwidth ratio or the
   geometric mean, each with or without the exponent) and how hard to shrink are chosen by an
-  inner leave-one-workload-out over the training workloads (never the held-out one), on MAPE
-  and order accuracy together: on a table of few workloads that vary a lot it ends near
+  inner cross-validation over the training workloads (never the held-out one; one workload
+  a fold up to INNER_FOLDS of them, then that many folds), on MAPE and order accuracy together: on a table of few workloads that vary a lot it ends near
   physics, on one of many similar workloads near the measured pairs. The same inner pass sets
   how far below the median the estimate sits (`SHIFTS`): the MAPE-optimal point.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -57,18 +58,37 @@ class Fitted(Protocol):
     def predict(self, pairs: pd.DataFrame) -> np.ndarray: ...
 
 
+# a pair frame, or its columns as arrays (the inner selection slices arrays, not frames)
+Pairs = pd.DataFrame | Mapping[str, np.ndarray]
+# the columns an estimator reads (protocol.pairs builds them)
+USED_COLUMNS = ("workload", "a", "b_type", "log_ratio", *SPEC_COLUMNS, *KEYS)
+
+
+def _col(pairs: Pairs, name: str, dtype: Any) -> np.ndarray:
+    return np.asarray(pairs[name], dtype)
+
+
 @dataclass(frozen=True)
 class _Specs:
     flops: float
     bandwidth: float
     scaling: float = 0.0  # per-device throughput ∝ devices^scaling (≤ 0: scaling costs)
 
-    def predict(self, pairs: pd.DataFrame) -> np.ndarray:
+    def predict(self, pairs: Pairs) -> np.ndarray:
         return np.asarray(
-            self.flops * pairs["d_log_flops"].to_numpy(np.float64)
-            + self.bandwidth * pairs["d_log_bw"].to_numpy(np.float64)
-            + self.scaling * pairs["log_count_ratio"].to_numpy(np.float64)
+            self.flops * _col(pairs, "d_log_flops", np.float64)
+            + self.bandwidth * _col(pairs, "d_log_bw", np.float64)
+            + self.scaling * _col(pairs, "log_count_ratio", np.float64)
         )
+
+
+# one float sort orders pairs by key, then value: key × span + value scaled into [0, 0.5]
+_KEY_SPAN = 1.0
+
+
+def _value_span(v: np.ndarray) -> float:
+    """The divisor that puts `v` - min(v) into [0, 0.5]: below one key step."""
+    return 2.0 * float(np.ptp(v)) + 1e-300 if len(v) else 1.0
 
 
 @dataclass(frozen=True)
@@ -83,7 +103,7 @@ class _Table:
         """Per key, the median of its finite `values` times n / (n + shrink)."""
         ok = np.isfinite(values)
         k, v = keys[ok], values[ok]
-        order = np.lexsort((v, k))
+        order = np.argsort(k * _KEY_SPAN + (v - v.min(initial=0.0)) / _value_span(v))
         k, v = k[order], v[order]
         uniq, start, n = np.unique(k, return_index=True, return_counts=True)
         median = 0.5 * (v[start + (n - 1) // 2] + v[start + n // 2])
@@ -102,11 +122,11 @@ class _MedianOthers:
 
     @classmethod
     def fit(cls, train: pd.DataFrame) -> _MedianOthers:
-        keys = train["k_type_pair"].to_numpy(np.int64)
-        return cls(_Table.of(keys, train["log_ratio"].to_numpy(np.float64), 0.0))
+        keys = _col(train, "k_type_pair", np.int64)
+        return cls(_Table.of(keys, _col(train, "log_ratio", np.float64), 0.0))
 
     def predict(self, pairs: pd.DataFrame) -> np.ndarray:
-        return self.table.look_up(pairs["k_type_pair"].to_numpy(np.int64))
+        return self.table.look_up(_col(pairs, "k_type_pair", np.int64))
 
 
 # candidate multipliers of SHRINK for the inner selection (inf: physics only), and candidate
@@ -114,6 +134,10 @@ class _MedianOthers:
 SHRINK_SCALES = (0.25, 1.0, 4.0, 16.0, float("inf"))
 PRIORS = {"bandwidth": _Specs(0.0, 1.0), "geomean": _Specs(0.5, 0.5)}
 INNER_MIN_WORKLOADS = 3
+# the inner selection predicts at most this many folds of the training workloads (round robin
+# in order of appearance); with fewer workloads each fold is one workload (leave one out).
+# Bounded, so a table of W workloads costs W × INNER_FOLDS fits, not W².
+INNER_FOLDS = 8
 # log shifts of the point estimate: APE punishes an over-prediction without bound and an
 # under-prediction at most 100 %, so the estimate with the least MAPE sits below the median
 # ratio, the more the more uncertain; 0 first, so ties keep the median
@@ -139,18 +163,18 @@ class _Model:
     @classmethod
     def on(
         cls,
-        train: pd.DataFrame,
+        train: Pairs,
         physics: _Specs,
         scale: float,
         shift: float = 0.0,
         prior: str = "fitted",
     ) -> _Model:
         """The residual levels of `train` around `physics`, shrunk by SHRINK × `scale`."""
-        resid = train["log_ratio"].to_numpy(np.float64) - physics.predict(train)
+        resid = _col(train, "log_ratio", np.float64) - physics.predict(train)
         levels: list[tuple[str, _Table]] = []
         if np.isfinite(scale):
             for column, k0 in SHRINK:
-                keys = train[column].to_numpy(np.int64)
+                keys = _col(train, column, np.int64)
                 table = _Table.of(keys, resid, k0 * scale)
                 resid = resid - table.look_up(keys)
                 levels.append((column, table))
@@ -168,33 +192,36 @@ class _Model:
             "shift": round(self.shift, 3),
         }
 
-    def predict(self, pairs: pd.DataFrame) -> np.ndarray:
+    def predict(self, pairs: Pairs) -> np.ndarray:
         out = self.physics.predict(pairs) + self.shift
         for column, table in self.levels:
-            out = out + table.look_up(pairs[column].to_numpy(np.int64))
+            out = out + table.look_up(_col(pairs, column, np.int64))
         return np.asarray(out)
 
 
 def _inner_choice(train: pd.DataFrame) -> tuple[str, float, float]:
     """(physics prior of PRIOR_NAMES, SHRINK_SCALES entry, SHIFTS entry), chosen by predicting
-    each training workload from the others: the (prior, scale) best on MAPE and order accuracy
-    together (least sum of its two ranks among the choices, MAPE breaking ties), then the
-    shift with the least MAPE for it (order does not depend on a shift). ("fitted", 1.0, 0.0)
-    when there are too few workloads."""
-    wl = train["workload"].to_numpy(object)
-    names = pd.unique(wl)
+    each fold of the training workloads (INNER_FOLDS) from the others: the (prior, scale) best
+    on MAPE and order accuracy together (least sum of its two ranks among the choices, MAPE
+    breaking ties), then the shift with the least MAPE for it (order does not depend on a
+    shift). ("fitted", 1.0, 0.0) when there are too few workloads."""
+    codes, names = pd.factorize(_col(train, "workload", object))
     if len(names) < INNER_MIN_WORKLOADS:
         return "fitted", 1.0, 0.0
+    folds = codes % INNER_FOLDS
     choices = [(p, s) for p in PRIOR_NAMES for s in SHRINK_SCALES]
-    y = train["log_ratio"].to_numpy(np.float64)
+    y = _col(train, "log_ratio", np.float64)
     err = {c: np.zeros(len(SHIFTS)) for c in choices}  # summed APE at each shift
     right = dict.fromkeys(choices, 0.0)  # (A; B, C) comparisons ordered right
-    for w in names:
-        test = wl == w
-        inner, held = train[~test], train[test]
-        comparisons = OrderPairs.of_frame(held)
+    grids = {prior: _GridErrors.of(train, prior) for prior in PRIOR_NAMES}
+    columns = {c: train[c].to_numpy() for c in USED_COLUMNS}
+    for fold in range(min(len(names), INNER_FOLDS)):
+        test = folds == fold
+        inner = {c: v[~test] for c, v in columns.items()}
+        held = {c: v[test] for c, v in columns.items()}
+        comparisons = OrderPairs.of(held["a"], held["log_ratio"], held["b_type"])
         for prior in PRIOR_NAMES:
-            physics = _physics(inner, prior)
+            physics = grids[prior].best(~test)
             for scale in SHRINK_SCALES:
                 pred = _Model.on(inner, physics, scale).predict(held)
                 err[(prior, scale)] += ape(pred[:, None] + SHIFTS, y[test][:, None]).sum(axis=0)
@@ -205,46 +232,58 @@ def _inner_choice(train: pd.DataFrame) -> tuple[str, float, float]:
     return prior, scale, float(SHIFTS[int(np.argmin(err[(prior, scale)]))])
 
 
-def _fit_weights(train: pd.DataFrame, grids: tuple[np.ndarray, ...]) -> _Specs | None:
-    """The (FLOP/s, bandwidth, device count) weights from `grids` (one grid per column) with
-    the least MAPE on the training pairs; None without enough pairs. No intercept: the same
-    type at the same count has ratio 1."""
-    X = train[list(SPEC_COLUMNS)].to_numpy(np.float64)
-    y = train["log_ratio"].to_numpy(np.float64)
-    ok = np.flatnonzero(np.isfinite(X).all(axis=1) & np.isfinite(y))
-    if len(ok) < 4:
-        return None
-    if len(ok) > BLEND_SAMPLE:  # evenly spaced: deterministic, and spread over workloads
-        ok = ok[np.linspace(0, len(ok) - 1, BLEND_SAMPLE).astype(np.int64)]
-    # a small grid is exact enough and cannot go negative or explode on collinear specs;
-    # the first of equally good weights wins (a grid lists 0 scaling first)
-    w = np.stack([g.ravel() for g in np.meshgrid(*grids, indexing="ij")])  # (3, grid)
-    err = ape(X[ok] @ w, y[ok, None]).mean(axis=0)
-    best = w[:, int(np.argmin(err))]
-    return _Specs(float(best[0]), float(best[1]), float(best[2]))
+@dataclass(frozen=True)
+class _GridErrors:
+    """The APE of every weight vector of a grid on an evenly spaced sample of pairs, so that
+    the best weights on any subset of those pairs (an inner fold's training set) cost a sum,
+    not a refit. `fallback`: the prior's weights without enough pairs."""
+
+    rows: np.ndarray  # sampled pair indices
+    weights: np.ndarray  # (3, grid)
+    errors: np.ndarray  # (sample, grid)
+    fallback: _Specs
+
+    @classmethod
+    def of(cls, train: pd.DataFrame, prior: str) -> _GridErrors:
+        grids, fallback = _grids(prior)
+        X = np.stack([_col(train, c, np.float64) for c in SPEC_COLUMNS], axis=1)
+        y = _col(train, "log_ratio", np.float64)
+        ok = np.flatnonzero(np.isfinite(X).all(axis=1) & np.isfinite(y))
+        if len(ok) > BLEND_SAMPLE:  # evenly spaced: deterministic, and spread over workloads
+            ok = ok[np.linspace(0, len(ok) - 1, BLEND_SAMPLE).astype(np.int64)]
+        # a small grid is exact enough and cannot go negative or explode on collinear specs
+        w = np.stack([g.ravel() for g in np.meshgrid(*grids, indexing="ij")])  # (3, grid)
+        return cls(ok, w, ape(X[ok] @ w, y[ok, None]), fallback)
+
+    def best(self, use: np.ndarray | None = None) -> _Specs:
+        """The weights with the least MAPE on the sampled pairs where `use` (a mask over the
+        training pairs) holds; the first of equally good ones wins (a grid lists 0 scaling
+        first). The fallback with fewer than 4 pairs. No intercept: the same type at the
+        same count has ratio 1."""
+        pick = np.ones(len(self.rows), bool) if use is None else use[self.rows]
+        if pick.sum() < 4:
+            return self.fallback
+        if len(self.weights[0]) == 1:
+            return _Specs(*map(float, self.weights[:, 0]))
+        best = self.weights[:, int(np.argmin(pick.astype(np.float64) @ self.errors))]
+        return _Specs(float(best[0]), float(best[1]), float(best[2]))
 
 
-def _blend(train: pd.DataFrame, scaling: np.ndarray = SCALING_GRID) -> _Specs:
-    """Weights in [0, 1] of the two spec ratios and the device-count exponent from `scaling`
-    fitted on the training pairs; the bandwidth ratio alone without enough pairs."""
-    return _fit_weights(train, (BLEND_GRID, BLEND_GRID, scaling)) or _Specs(0.0, 1.0)
+def _grids(prior: str) -> tuple[tuple[np.ndarray, ...], _Specs]:
+    """The weight grids of the physics prior named in PRIOR_NAMES (FLOP/s, bandwidth, device
+    count) and its weights without enough pairs: the fitted blend has weights in [0, 1] of the
+    two spec ratios, a fixed prior only the device-count exponent (none when unscaled)."""
+    scaling = np.zeros(1) if prior.endswith("_unscaled") else SCALING_GRID
+    name = prior.removesuffix("_unscaled")
+    if name == "fitted":
+        return (BLEND_GRID, BLEND_GRID, scaling), _Specs(0.0, 1.0)
+    fixed = PRIORS[name]
+    return (np.array([fixed.flops]), np.array([fixed.bandwidth]), scaling), fixed
 
 
 def _physics(train: pd.DataFrame, prior: str) -> _Specs:
     """The physics prior named in PRIOR_NAMES, its free weights fitted on `train`."""
-    if prior == "fitted":
-        return _blend(train)
-    if prior == "fitted_unscaled":
-        return _blend(train, np.zeros(1))
-    if prior.endswith("_unscaled"):
-        return PRIORS[prior.removesuffix("_unscaled")]
-    return _scaled(train, PRIORS[prior])
-
-
-def _scaled(train: pd.DataFrame, prior: _Specs) -> _Specs:
-    """A fixed spec prior with the device-count exponent fitted on the training pairs."""
-    grids = (np.array([prior.flops]), np.array([prior.bandwidth]), SCALING_GRID)
-    return _fit_weights(train, grids) or prior
+    return _GridErrors.of(train, prior).best()
 
 
 def describe(fitted: Fitted) -> dict[str, Any] | None:

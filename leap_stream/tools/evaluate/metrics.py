@@ -3,6 +3,7 @@ inner selection (scoring a choice on the training workloads); pure."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -12,6 +13,12 @@ import pandas as pd
 def ape(pred: np.ndarray, truth: np.ndarray) -> np.ndarray:
     """Absolute percentage error of each predicted log ratio against the measured one."""
     return np.abs(np.expm1(np.asarray(pred, np.float64) - np.asarray(truth, np.float64)))
+
+
+@functools.cache
+def _upper_pairs(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every (i, j) with i < j < n (a job has few types: a handful of sizes, asked often)."""
+    return np.triu_indices(n, 1)
 
 
 @dataclass(frozen=True)
@@ -34,7 +41,7 @@ class OrderPairs:
         for block in np.split(order, bounds):
             if len(block) < 2:
                 continue
-            i, j = np.triu_indices(len(block), 1)
+            i, j = _upper_pairs(len(block))
             use = (types[block[i]] != types[block[j]]) & (truth[block[i]] != truth[block[j]])
             firsts.append(block[i[use]])
             seconds.append(block[j[use]])

@@ -33,13 +33,16 @@ class TableError(ValueError):
 class Table:
     """Measurements with a known accelerator type: `group`, `workload`, `job` (rows compared
     only within one), `type_id`, `vendor`, `precision`, `family`, `log_pd` (log per-device
-    throughput), `count` (devices). `skipped` counts what was left out, by reason; `unknown_types` names the
-    accelerator types without specs (reported, never guessed)."""
+    throughput), `count` (devices), `repeats` (measurements folded into the row). `skipped`
+    counts what was left out, by reason; `unknown_types` names the accelerator types without
+    specs (reported, never guessed); `repeats_folded` counts the measurements that repeated
+    another of the same job, type and device count (their median is the row)."""
 
     name: str
     rows: pd.DataFrame
     skipped: dict[str, int] = field(default_factory=dict)
     unknown_types: dict[str, int] = field(default_factory=dict)
+    repeats_folded: int = 0
 
 
 def _gavel(raw: pd.DataFrame) -> pd.DataFrame:
@@ -181,12 +184,26 @@ def normalise(table: pd.DataFrame, catalog: HardwareCatalog, name: str = "table"
     )
     keys = [_text(t, c) for c in JOB_KEYS]
     rows["job"] = pd.factorize(pd.Series(["\x1f".join(k) for k in zip(*keys, strict=True)]))[0]
+    folded = fold_repeats(rows)
     return Table(
         name,
-        rows,
+        folded,
         {k: v for k, v in skipped.items() if v},
         {str(k): int(v) for k, v in unknown_types.items()},
+        repeats_folded=len(rows) - len(folded),
     )
+
+
+def fold_repeats(rows: pd.DataFrame) -> pd.DataFrame:
+    """One row per (job, type, device count): the median log throughput of its repeated
+    measurements, `repeats` how many there were. Pairs are then formed once per measured
+    configuration, not once per repeat (k repeats on each side would weigh a pair k² times)."""
+    by = ["job", "type_id", "count"]
+    grouped = rows.groupby(by, sort=False)
+    out = grouped.first().reset_index()
+    out["log_pd"] = grouped["log_pd"].median().to_numpy()
+    out["repeats"] = grouped.size().to_numpy()
+    return out[[*rows.columns, "repeats"]]
 
 
 def _rate(t: pd.DataFrame) -> np.ndarray:
