@@ -35,6 +35,7 @@ ErrorKind = Literal[
     "orphan_completion",
     "time_out_of_bounds",
     "completion_mismatch",
+    "attempt_completed",
     "internal",
 ]
 Vendor = Literal["nvidia", "amd", "google", "aws", "intel"]

@@ -227,7 +227,8 @@ def apply_aggregate(previous: TypeAggregate | None, x: float, measured_at: float
     return TypeAggregate(ewma, previous.count + 1, max(previous.last_at, measured_at))
 
 
-Outcome = Verdict | Literal["none"]  # "none": the completion carries no measurement
+# "none": the completion carries no measurement; "repeat": its job attempt completed before
+Outcome = Verdict | Literal["none", "repeat"]
 
 
 class HistoryBook:
@@ -241,6 +242,8 @@ class HistoryBook:
         # their state depends on the order the measurements came in
         self.disputed: set[str] = set()
         self.disputed_types: set[str] = set()  # their model types (the aggregates move too)
+        # the event taken for each (job_id, attempt): an attempt completes once
+        self._completed: dict[tuple[str, int], str] = {}
 
     def apply_completion(
         self,
@@ -249,7 +252,12 @@ class HistoryBook:
         ceiling: float | None = None,
     ) -> Outcome:
         """Apply one job-completed event (measured at its ``ended_at``) as the online store's
-        Lua script does (``submitted_devices`` and ``ceiling`` as in `apply`)."""
+        Lua script does (``submitted_devices`` and ``ceiling`` as in `apply`): a second
+        completion of one job attempt (another event) is a ``repeat`` and changes nothing."""
+        attempt = (str(completion["job_id"]), int(completion["attempt"]))
+        taken = self._completed.setdefault(attempt, str(completion["event_id"]))
+        if taken != completion["event_id"]:
+            return "repeat"
         return self.apply(
             completion["lineage_id"],
             completion["model_type"],

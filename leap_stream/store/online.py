@@ -69,6 +69,7 @@ _OUTCOMES = {
     7: "physics",
     8: "mismatch",
     9: "no_submission",
+    10: "repeat",
 }
 
 
@@ -77,8 +78,10 @@ class ApplyResult:
     """One completion's fate. ``outcome``: ``none`` (no measurement), ``accepted``,
     ``corroborated``, ``devices`` / ``lineage`` / ``aggregate`` (quarantined by that rule),
     ``mismatch`` (its
-    stored submission names another lineage or model type) or ``no_submission`` (none stored
-    and orphans are not allowed); for a duplicate, what the first delivery got."""
+    stored submission names another lineage or model type), ``no_submission`` (none stored
+    and orphans are not allowed) or ``repeat`` (another completion of the same job attempt
+    was taken before: an attempt completes once); for a duplicate, what the first delivery
+    got."""
 
     event_id: str
     new: bool  # False: seen before (duplicate), nothing changed
@@ -98,7 +101,7 @@ class ApplyResult:
     def applied(self) -> bool:
         """The completion was taken (now or before): not a mismatch, not waiting for its
         submission."""
-        return self.outcome not in ("mismatch", "no_submission")
+        return self.outcome not in ("mismatch", "no_submission", "repeat")
 
 
 def _result(event_id: str, code: int) -> ApplyResult:
@@ -122,8 +125,11 @@ def decode_measurement(v: Sequence[Any]) -> Measurement:
 # apply_measurement, apply_aggregate). Global ARGV: alpha, dedup TTL, history TTL, recent window,
 # lineage and aggregate limits (log space), aggregate min count, whether a completion without a
 # stored submission still counts ('1'), and where lineage_id / model_type / num_devices /
-# candidate_hardware sit in a stored submission array. A completion that names another lineage
-# or model type, or hardware its submission did not list as a candidate, is a mismatch. Per event: KEYS seen, lin, agg, sub; ARGV measured flag, hardware,
+# candidate_hardware sit in a stored submission array, the physics limit, and how long an
+# attempt's completion marker lives. A completion that names another lineage or model type, or
+# hardware its submission did not list as a candidate, is a mismatch; one of a job attempt that
+# already completed (its `done` marker holds another event) is a repeat. Per event: KEYS seen,
+# lin, agg, sub, done; ARGV measured flag, hardware,
 # num_devices, measured_at, log(samples_per_s/num_devices) (computed in Python so both sides use
 # the same libm), lineage_id, model_type. Floats leave as %.17g: exact round trip.
 # A stored submission gives the device count the job asked for (the `devices` rule).
@@ -131,7 +137,8 @@ def decode_measurement(v: Sequence[Any]) -> Measurement:
 # (at, value) of the recent window, oldest first...].
 # Returns per event: 1 no measurement, 2 accepted, 3 corroborated, 4 quarantined by the
 # lineage, 5 by the aggregate, 6 by the device count, 7 by physics, 8 submission mismatch,
-# 9 no submission (nothing changed for 8 and 9), 100 + the first outcome for a duplicate.
+# 9 no submission, 10 a repeat of a completed attempt (nothing changed for 8 to 10), 100 + the
+# first outcome for a duplicate. The `done` marker ("code event_id") is set with the `seen` one.
 APPLY_LUA = """
 local alpha = tonumber(ARGV[1])
 local seen_ttl = ARGV[2]
@@ -146,7 +153,8 @@ local mi = tonumber(ARGV[10])
 local di = tonumber(ARGV[11])
 local ci = tonumber(ARGV[12])
 local plim = tonumber(ARGV[13])
-local G = 13
+local done_ttl = ARGV[14]
+local G = 14
 local function median(r)
   local s = {}
   for j = 1, #r do s[j] = r[j][2] end
@@ -181,13 +189,23 @@ local function encode(nd, at, count, recent, pend)
   return '[' .. table.concat(parts, ',') .. ']'
 end
 local out = {}
-local n = #KEYS / 4
+local n = #KEYS / 5
 for i = 0, n - 1 do
-  local k = 4 * i
-  local a = G + 1 + 8 * i
+  local k = 5 * i
+  local a = G + 1 + 9 * i
   local first = redis.call('GET', KEYS[k+1])
+  local done = nil
+  if not first then
+    done = redis.call('GET', KEYS[k+5])
+    if done then
+      local sp = string.find(done, ' ', 1, true)
+      if string.sub(done, sp + 1) == ARGV[a+8] then first = string.sub(done, 1, sp - 1) end
+    end
+  end
   if first then
     out[i+1] = 100 + tonumber(first)
+  elseif done then
+    out[i+1] = 10
   else
     local code = nil
     local snd = nil
@@ -265,7 +283,10 @@ for i = 0, n - 1 do
         redis.call('EXPIRE', KEYS[k+3], hist_ttl)
       end
     end
-    if code <= 7 then redis.call('SET', KEYS[k+1], code, 'EX', seen_ttl) end
+    if code <= 7 then
+      redis.call('SET', KEYS[k+1], code, 'EX', seen_ttl)
+      redis.call('SET', KEYS[k+5], code .. ' ' .. ARGV[a+8], 'EX', done_ttl)
+    end
     out[i+1] = code
   end
 end
@@ -485,6 +506,10 @@ class KeyLayout:
 
     def sub(self, job_id: str, attempt: int, model_type: str) -> str:
         return f"{self._head(model_type)}sub:{job_id}:{attempt}"
+
+    def done(self, job_id: str, attempt: int, model_type: str) -> str:
+        """The marker of a job attempt whose completion was taken: an attempt completes once."""
+        return f"{self._head(model_type)}done:{job_id}:{attempt}"
 
     def pred(self, job_id: str, attempt: int, model_type: str) -> str:
         return f"{self._head(model_type)}pred:{job_id}:{attempt}"
@@ -861,6 +886,7 @@ class OnlineStore:
             _SUB_DEVICES,
             _SUB_CANDIDATES,
             repr(r.physics_limit),
+            self.submission_ttl_s,
         ]
 
     def _apply_order(self, completions: Sequence[Mapping[str, Any]]) -> list[list[int]]:
@@ -895,6 +921,7 @@ class OnlineStore:
                     self.keys.lin(c["lineage_id"], mt),
                     self.keys.agg(mt),
                     self.keys.sub(c["job_id"], int(c["attempt"]), mt),
+                    self.keys.done(c["job_id"], int(c["attempt"]), mt),
                 ]
                 sps_raw = (c.get("throughput") or {}).get("samples_per_s")
                 sps = None if sps_raw is None else float(sps_raw)
@@ -909,6 +936,7 @@ class OnlineStore:
                     args += ["1", c["hardware_type"], nd, repr(at), repr(x), *ids]
                 else:
                     args += ["0", c["hardware_type"], nd, "0", "0", *ids]
+                args.append(c["event_id"])
             pipe.evalsha(self._apply_sha, len(keys), *keys, *args)
 
     def _apply_results(
@@ -995,13 +1023,13 @@ class OnlineStore:
         """Recreate lineage/aggregate history (and dedup markers) from scratch, e.g. from
         `offline.completions_from_frame(read_dataset(...))` after Redis lost its data.
 
-        Deletes this prefix's ``lin``, ``agg`` and ``seen`` keys first (submissions stay; on a
-        cluster, on every master). Returns (events applied, measurements). Run it with the
+        Deletes this prefix's ``lin``, ``agg``, ``seen`` and ``done`` keys first (submissions
+        stay; on a cluster, on every master). Returns (events applied, measurements). Run it with the
         completions agent stopped.
         """
 
         def clear() -> None:
-            for kind in ("lin", "agg", "seen"):
+            for kind in ("lin", "agg", "seen", "done"):
                 batch: list[Any] = []
                 for key in self.r.scan_iter(match=self.keys.pattern(kind), count=1000):
                     batch.append(key)

@@ -368,6 +368,7 @@ class CompletionBatchResult:
     measured: int = 0
     orphans: int = 0
     mismatches: int = 0
+    repeats: int = 0  # completions of an attempt that had completed before: dead letters
     quarantined: Counter[str] = field(default_factory=Counter)  # by rule, new ones only
     # (hardware type, anchor, predicted / measured per-device - 1) where the model ranked the
     # job and the completion's measurement was accepted: the online accuracy
@@ -388,7 +389,9 @@ class CompletionProcessor:
 
     A completion must agree with the submission stored for its job attempt (lineage, model
     type, a hardware type among its candidates), else it is a ``completion_mismatch`` dead
-    letter and changes nothing. Without a stored
+    letter and changes nothing. An attempt completes once: a completion of an attempt whose
+    completion (another event) was taken before is an ``attempt_completed`` dead letter and
+    changes nothing, whatever its ``event_id``. Without a stored
     submission it changes nothing either (unless the store allows orphans): it waits for the
     join, and is applied when its submission arrives, or dead-lettered as an orphan.
     """
@@ -455,6 +458,10 @@ class CompletionProcessor:
                 out.mismatches += 1
                 decided.append((item, "dead", self.mismatch(rec, comp, sub, now)))
                 continue
+            if res.outcome == "repeat":
+                out.repeats += 1
+                decided.append((item, "dead", self.repeat(rec, comp, now)))
+                continue
             if res.outcome == "no_submission" or sub is None:
                 if stop:
                     out.orphans += 1
@@ -515,6 +522,17 @@ class CompletionProcessor:
             "orphan_completion",
             f"no submission stored for job {comp['job_id']} attempt {comp['attempt']}; "
             f"{effect}, no dataset row",
+            now,
+            COMPLETION_SCHEMA,
+        )
+
+    @staticmethod
+    def repeat(rec: Record, comp: Mapping[str, Any], now: datetime) -> DeadLetter:
+        return _dead_letter(
+            rec,
+            "attempt_completed",
+            f"job {comp['job_id']} attempt {comp['attempt']} completed before (another event): "
+            "an attempt completes once; history not updated, no dataset row",
             now,
             COMPLETION_SCHEMA,
         )

@@ -82,6 +82,71 @@ def _rank_all(stack: Stack, feeder: Feeder, subs: list[dict[str, Any]]) -> None:
     rankings.close()
 
 
+def test_one_attempt_completes_once_whatever_its_event_id(stack: Stack) -> None:
+    """One job attempt's completion replayed under new event ids: three plain replays and a
+    walk of six, each ×2.9 the last (under the ×3 lineage limit). The first completion is the
+    measurement; every later one is an `attempt_completed` dead letter, counted, with no
+    history and no dataset row. Before: every replay was accepted and the walk moved the prior
+    ×2.9 per step. A redelivery of the first event stays a duplicate, not a dead letter."""
+    stack.extra_env.update(WINDOW)
+    now = time.time()
+    t = stack.topics
+    honest = [_comp(f"h{i}", now - 5 * HOUR + i * 60, 14.62 * (1 + 0.02 * i)) for i in range(3)]
+    target = _comp("walked", now - 4 * HOUR, 14.62)
+    subs = [_sub(c["job_id"].removeprefix("job-t-"), now - 6 * HOUR) for c in [*honest, target]]
+    stack.start()
+    feeder = Feeder(stack.bootstrap)
+    _rank_all(stack, feeder, subs)
+    for c in [*honest, target]:
+        feeder.send(t["comp"], c["job_id"], orjson.dumps(c))
+    feeder.send(t["comp"], target["job_id"], orjson.dumps(target))  # a producer's retry
+    replays = [dict(target, event_id=f"cmp-t-replay-{k}") for k in range(3)]
+    replays += [
+        dict(
+            target,
+            event_id=f"cmp-t-walk-{k}",
+            ended_at=format_ts(now - 4 * HOUR + 60 * k),
+            throughput={"samples_per_s": 14.62 * 2.9**k},
+        )
+        for k in range(1, 7)
+    ]
+    for i, c in enumerate(replays):
+        feeder.send(t["comp"], c["job_id"], orjson.dumps(c), tag=f"replay {i}")
+    feeder.flush()
+
+    def all_dead() -> bool:
+        assert stack.alive(), stack.log_tail()
+        return len(dead_letters(stack.bootstrap, t["dlq"])) >= len(replays)
+
+    wait_for("the replays dead-lettered", all_dead, 60, every=0.5)
+    dead = dead_letters(stack.bootstrap, t["dlq"])
+    assert len(dead) == len(replays)
+    kinds = {dead[feeder.placed[f"replay {i}"]]["error"]["kind"] for i in range(len(replays))}
+    assert kinds == {"attempt_completed"}
+
+    def rows_written() -> bool:
+        return len(read_dataset(stack.tmp / "dataset")) >= 4
+
+    wait_for("the dataset rows", rows_written, 30)
+    time.sleep(1.5)  # past LEAP_DATASET_FLUSH_S (1 s): a replay's row would have landed by now
+    frame = read_dataset(stack.tmp / "dataset")
+    assert sorted(frame["event_id"]) == sorted(c["event_id"] for c in [*honest, target])
+    store = OnlineStore(connect(stack.redis_url), prefix=stack.prefix)
+    [hist], _aggs = store.read_batch(["lin-t"], [])
+    prior = hist["h100-sxm"]
+    assert prior.count == 4  # three honest completions and the walked attempt's first
+    assert prior.samples_per_s == pytest.approx(math.sqrt(14.62 * 14.62 * 1.02), rel=1e-9)
+    store.r.close()
+    assert stack.metric("leap_dead_letter", topic=t["comp"], kind="attempt_completed") == len(
+        replays
+    )
+    assert stack.stop(signal.SIGTERM) == 0, stack.log_tail()
+    print(
+        f"\n--- one attempt, {len(replays) + 2} completions: 1 measurement, 1 duplicate, "
+        f"{len(replays)} attempt_completed dead letters; prior {prior.samples_per_s:.3f}"
+    )
+
+
 def test_poisoned_untimely_and_stray_telemetry(stack: Stack) -> None:
     stack.extra_env.update(WINDOW, LEAP_ORPHAN_GRACE_S="3")
     now = time.time()

@@ -187,6 +187,44 @@ def test_down_redis_raises_quickly() -> None:
     assert time.monotonic() - t0 < 5.0
 
 
+def test_an_attempt_completes_once_whatever_its_event_id(store: OnlineStore) -> None:
+    """Replays of one job attempt's completion under new event ids (×2.9 each, under the
+    lineage limit) are repeats: nothing changes, in Lua as in HistoryBook. A redelivery of the
+    taken event after its dedup marker expired is still that event (a duplicate)."""
+    pairs = synthetic.pairs(30, seed=5, lineages=3)
+    store.remember_submissions([s for s, _c in pairs])
+    first = [c for _s, c in pairs]
+    taken = store.apply_completions(first, require_submission=True)
+    assert all(r.applied for r in taken)
+    before = _read(store, sorted({c["lineage_id"] for c in first}), synthetic.MODEL_TYPES)
+    measured = [c for c in first if c["status"] == "succeeded"][:5]
+    replays = [
+        dict(
+            c,
+            event_id=f"{c['event_id']}-replay-{k}",
+            throughput=dict(
+                c["throughput"], samples_per_s=c["throughput"]["samples_per_s"] * 2.9**k
+            ),
+        )
+        for c in measured
+        for k in (1, 2, 3)
+    ]
+    got = store.apply_completions(replays, require_submission=True)
+    assert [r.outcome for r in got] == ["repeat"] * len(replays)
+    assert not any(r.applied or r.measured for r in got)
+    after = _read(store, sorted({c["lineage_id"] for c in first}), synthetic.MODEL_TYPES)
+    assert after == before
+    book = HistoryBook()
+    for c in first:
+        book.apply_completion(c)
+    assert [book.apply_completion(c) for c in replays] == ["repeat"] * len(replays)
+    # the seen marker gone (its TTL is shorter than the attempt's): still a duplicate
+    c = measured[0]
+    store.r.delete(store.keys.seen(c["event_id"], c["model_type"]))
+    [again] = store.apply_completions([c], require_submission=True)
+    assert not again.new and again.outcome == taken[first.index(c)].outcome
+
+
 def test_rebuild_history_from_the_dataset(store: OnlineStore, tmp_path) -> None:
     from leap_stream.store.offline import DatasetSink, completions_from_frame, read_dataset
 

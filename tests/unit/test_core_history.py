@@ -198,3 +198,16 @@ def test_the_aggregate_table_reads_as_the_dicts_it_holds() -> None:
     assert ewma[0] == -2.0 and count[0] == 7
     assert np.isnan(ewma[1]) and np.isnan(count[1])  # a model type without aggregates
     assert ewma[2] == 1.5 and count[2] == 3
+
+
+def test_a_second_completion_of_one_attempt_is_a_repeat_and_changes_nothing() -> None:
+    [c] = [c for _s, c in synthetic.pairs(40, seed=9, lineages=1) if c["status"] == "succeeded"][:1]
+    book = HistoryBook()
+    assert book.apply_completion(c) in ("accepted", "corroborated")
+    state = book.lineage(c["lineage_id"])
+    sps = c["throughput"]["samples_per_s"]
+    replay = dict(c, event_id="another", throughput={"samples_per_s": sps * 1.5})
+    assert book.apply_completion(replay) == "repeat"
+    assert book.lineage(c["lineage_id"]) == state
+    other = dict(replay, attempt=c["attempt"] + 1)  # the next attempt is a new measurement
+    assert book.apply_completion(other) != "repeat"
