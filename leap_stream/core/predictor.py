@@ -65,6 +65,8 @@ COMPILED_KIND = "compiled"
 BoosterCompiler = Callable[[lgb.Booster, Mapping[str, Sequence[str]]], Scorer | None]
 
 INTERVAL_LEVEL = 0.8
+# the largest log a bound may take: exp of it is finite (a ranking's numbers must be JSON numbers)
+LOG_FLOAT_MAX = float(np.log(np.finfo(np.float64).max)) - 1.0
 _QLO, _QHI = (1 - INTERVAL_LEVEL) / 2, 1 - (1 - INTERVAL_LEVEL) / 2
 MIN_BUCKET_ROWS = 30
 # Held-out rows a hardware type needs for an interval scale of its own; a type with fewer (a
@@ -626,7 +628,9 @@ class ThroughputModel:
             far = _transfer_width(frame, moved, self._transfer_move, self._cross_vendor)
             scale = np.where(kind == KIND_TRANSFER, scale * far, scale)
         low = np.exp(log_total + self._qlo[kind] * scale - widen)
-        return p50, low, np.exp(log_total + self._qhi[kind] * scale + widen)
+        # a job far outside the support (widen ~ 700 log units) must still get a number
+        high = np.exp(np.fmin(log_total + self._qhi[kind] * scale + widen, LOG_FLOAT_MAX))
+        return p50, low, high
 
     def interval_scale(self, frame: Frame, kind: np.ndarray | None = None) -> np.ndarray:
         """Per row, its hardware type's interval scale (`IntervalScale`), times the unseen-pair

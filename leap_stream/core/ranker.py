@@ -319,9 +319,11 @@ class _RankedRows:
         tpc = np.asarray(frame["tpc"], np.float64)
         high_all = np.asarray(frame["high"], np.float64)
         cost_all = np.asarray(frame["cost"], np.float64)
-        near = within_noise_of_best(
-            job, tpc, throughput_per_cost(high_all, cost_all, num_devices[job]), usable, n_sub
-        )
+        # a high bound far outside the training support can exceed the float range as samples
+        # per USD: infinity compares as it should (within noise of anything)
+        with np.errstate(over="ignore"):
+            high_tpc = throughput_per_cost(high_all, cost_all, num_devices[job])
+        near = within_noise_of_best(job, tpc, high_tpc, usable, n_sub)
         # intervals clipped at 0: a throughput is never negative
         low = np.fmax(np.asarray(frame["low"], np.float64)[o_ok], 0.0).tolist()
         high = np.fmax(high_all[o_ok], 0.0).tolist()
