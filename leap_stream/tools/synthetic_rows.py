@@ -14,6 +14,9 @@ import numpy as np
 import pandas as pd
 
 from leap_stream.contracts.timestamps import format_ts
+from leap_stream.core import features as F
+from leap_stream.core.predictor import ThroughputModel
+from leap_stream.train import pit
 
 SPECS = pd.DataFrame(
     {
@@ -169,3 +172,21 @@ def submission_event(row: Any, candidates: list[str] | None = None) -> dict[str,
         "candidate_hardware": cands,
         "default_hardware": str(r["default_hardware"]),
     }
+
+
+def fitted_model(train: pd.DataFrame, num_rounds: int) -> ThroughputModel:
+    """A model fitted on `train`'s measured rows with their point-in-time history, as the
+    trainer builds them, on `SPECS`: a model for tests that need *a* model."""
+    measured = pit.measured(train)
+    snap = pit.replay(measured, measured)
+    frame = F.build(
+        measured,
+        [[h] for h in measured["hardware_type"]],
+        snap.histories,
+        snap.aggregates,
+        SPECS,
+        snap.now,
+    )
+    return ThroughputModel.fit(
+        frame, measured["samples_per_s"].to_numpy(), measured["lineage_id"], num_rounds=num_rounds
+    )

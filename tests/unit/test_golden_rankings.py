@@ -20,10 +20,8 @@ import pytest
 
 from leap_stream.catalog import load_catalog
 from leap_stream.contracts import Ok, decode, encode
-from leap_stream.core import features as F
 from leap_stream.core.history import AggregateTable, TypeAggregates
 from leap_stream.core.lookup import LookupTable
-from leap_stream.core.predictor import ThroughputModel
 from leap_stream.core.ranker import Ranker
 from leap_stream.tools import synthetic_rows as S
 from leap_stream.train import pit
@@ -37,18 +35,7 @@ def _rank_fixed_set(table: bool = False) -> list[bytes]:
     data = S.dataset(4000, seed=7)
     train, serve = data.iloc[:3000], data.iloc[3000 : 3000 + JOBS]
     measured = pit.measured(train)
-    snap = pit.replay(measured, measured)
-    frame = F.build(
-        measured,
-        [[h] for h in measured["hardware_type"]],
-        snap.histories,
-        snap.aggregates,
-        S.SPECS,
-        snap.now,
-    )
-    model = ThroughputModel.fit(
-        frame, measured["samples_per_s"].to_numpy(), measured["lineage_id"], num_rounds=40
-    )
+    model = S.fitted_model(train, num_rounds=40)
     model.metadata["version"] = "golden"  # the fitted version carries the wall clock
     ranker = Ranker(load_catalog(), model, LookupTable.fit(train))
     # the serving rows see every training completion: lineages seen before get their history

@@ -18,12 +18,9 @@ from hypothesis import strategies as st
 
 from leap_stream.catalog import load_catalog
 from leap_stream.contracts import Ok, decode, encode
-from leap_stream.core import features as F
 from leap_stream.core.lookup import LookupTable
-from leap_stream.core.predictor import ThroughputModel
 from leap_stream.core.ranker import Ranker
 from leap_stream.tools import synthetic_rows as S
-from leap_stream.train import pit
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = jsonschema.Draft202012Validator(
@@ -39,19 +36,7 @@ def ranker() -> Ranker:
     """A small model on the seeded synthetic dataset (any model will do: the claim is about
     the encoding of what it predicts, not its accuracy)."""
     train = S.dataset(3000, seed=7)
-    measured = pit.measured(train)
-    snap = pit.replay(measured, measured)
-    frame = F.build(
-        measured,
-        [[h] for h in measured["hardware_type"]],
-        snap.histories,
-        snap.aggregates,
-        S.SPECS,
-        snap.now,
-    )
-    model = ThroughputModel.fit(
-        frame, measured["samples_per_s"].to_numpy(), measured["lineage_id"], num_rounds=20
-    )
+    model = S.fitted_model(train, num_rounds=20)
     return Ranker(CATALOG, model, LookupTable.fit(train))
 
 
