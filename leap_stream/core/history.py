@@ -164,10 +164,13 @@ def judge(
     - ``lineage``: off its lineage's recent median on the type, at the same device count (per-
       device throughput moves with the count, so another count is judged as below);
     - ``aggregate``: off the model type's aggregate on the type, once that is established;
-    - ``physics``: nothing measured this yet: faster than the physics ``ceiling``
-      (`features.log_rate_ceiling`) allows.
+    - ``physics``: faster than the physics ``ceiling`` (`features.log_rate_ceiling`) allows,
+      checked on every measurement the rules above let through: a lineage walked up in steps
+      each within its limit, or a type's aggregate moved, still cannot pass what the
+      hardware can do.
 
-    A suspicious value within the lineage factor of the pending one is ``corroborated``.
+    A suspicious value within the lineage factor of the pending one is ``corroborated``,
+    unless it is past the physics ceiling: nothing corroborates the impossible.
     """
     rule: Verdict | None = None
     if submitted_devices is not None and num_devices != submitted_devices:
@@ -178,12 +181,15 @@ def judge(
     elif aggregate is not None and aggregate.count >= rules.aggregate_min_count:
         off = abs(x - aggregate.ewma_log_per_device)
         rule = "aggregate" if off > rules.aggregate_limit else None
-    elif ceiling is not None and math.isfinite(ceiling):
-        rule = "physics" if x - ceiling > rules.physics_limit else None
+    impossible = (
+        ceiling is not None and math.isfinite(ceiling) and x - ceiling > rules.physics_limit
+    )
+    if rule is None and impossible:
+        rule = "physics"
     if rule is None:
         return "accepted"
     pending = None if previous is None else previous.pending
-    if pending is not None and abs(x - pending[1]) <= rules.lineage_limit:
+    if not impossible and pending is not None and abs(x - pending[1]) <= rules.lineage_limit:
         return "corroborated"
     return rule
 

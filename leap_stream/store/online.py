@@ -241,11 +241,11 @@ for i = 0, n - 1 do
         if math.abs(x - median(recent)) > llim then rule = 4 end
       elseif q and q[2] >= amin then
         if math.abs(x - q[1]) > alim then rule = 5 end
-      elseif ARGV[a+7] ~= '' then
-        if x - tonumber(ARGV[a+7]) > plim then rule = 7 end
       end
+      local impossible = ARGV[a+7] ~= '' and x - tonumber(ARGV[a+7]) > plim
+      if rule == nil and impossible then rule = 7 end
       if rule then
-        if pend and math.abs(x - pend[2]) <= llim then code = 3 else code = rule end
+        if not impossible and pend and math.abs(x - pend[2]) <= llim then code = 3 else code = rule end
       end
       local this = {at, x}
       local entry

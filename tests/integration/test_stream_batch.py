@@ -3,6 +3,7 @@ against a real broker."""
 
 from __future__ import annotations
 
+import math
 import socket
 import time
 from datetime import UTC, datetime
@@ -406,7 +407,8 @@ def test_the_physics_reference_is_the_same_in_the_script_and_the_replay(
     redis_url: str, redis_prefix: str, redis_client: Any
 ) -> None:
     """A first-ever measurement of a (model type, type) pair has no lineage value and no
-    aggregate to be judged by: only the physics can say that x10 000 is impossible."""
+    aggregate to be judged by: only the physics can say that x10 000 is impossible. Two
+    impossible values of one lineage do not corroborate each other."""
     import pandas as pd
 
     from leap_stream.core.features import SpecArrays, log_rate_ceiling
@@ -426,19 +428,38 @@ def test_the_physics_reference_is_the_same_in_the_script_and_the_replay(
         for c in completion_events(completions_in_arrival_order(sim.completions))
         if (c["job_id"], c["attempt"]) in keys and (c.get("throughput") or {}).get("samples_per_s")
     ]
-    poisoned = dict(
-        comps[0], throughput={"samples_per_s": comps[0]["throughput"]["samples_per_s"] * 1e4}
-    )
-    comps = [poisoned, *comps[1:]]
+
+    def x1e4(c: dict[str, Any]) -> dict[str, Any]:
+        return dict(c, throughput={"samples_per_s": c["throughput"]["samples_per_s"] * 1e4})
+
+    def ceiling_of(c: dict[str, Any]) -> float:
+        flat = keys[(c["job_id"], c["attempt"])]
+        return float(log_rate_ceiling(pd.DataFrame([flat]), [c["hardware_type"]], specs)[0])
+
+    def past_physics(c: dict[str, Any], times: float) -> dict[str, Any]:
+        """`times` the physics ceiling (the guard's limit is x100)."""
+        sps = math.exp(ceiling_of(c)) * c["num_devices"] * times
+        return dict(c, throughput={"samples_per_s": sps})
+
+    # a lineage with three completions on one type: an honest one, then two at x1000 and
+    # x1200 the ceiling, which agree with each other (within x3) and used to corroborate
+    by_pair: dict[tuple[str, str, int], list[int]] = {}
+    for i, c in enumerate(comps[1:], start=1):
+        by_pair.setdefault((c["lineage_id"], c["hardware_type"], c["num_devices"]), []).append(i)
+    pair = next(ix for ix in by_pair.values() if len(ix) >= 3)
+    comps = [x1e4(comps[0]), *comps[1:]]
+    comps[pair[1]] = past_physics(comps[pair[1]], 1000.0)
+    comps[pair[2]] = past_physics(comps[pair[2]], 1200.0)
+    poisoned = [comps[0]["event_id"], comps[pair[1]]["event_id"], comps[pair[2]]["event_id"]]
     cres = cp.process(_records("comps", comps), NOW)
     flags = {r["event_id"]: r["quarantine"] for r in cres.rows}
-    assert flags[poisoned["event_id"]] == "physics"
-    assert cres.quarantined["physics"] == 1 and sum(cres.quarantined.values()) == 1
+    assert flags[poisoned[0]] == "physics"
+    assert flags[poisoned[1]] is not None and flags[poisoned[2]] is not None
+    assert sum(cres.quarantined.values()) == 3
     book = HistoryBook()
     for c in comps:
         flat = keys[(c["job_id"], c["attempt"])]
-        ceiling = float(log_rate_ceiling(pd.DataFrame([flat]), [c["hardware_type"]], specs)[0])
-        book.apply_completion(c, flat["num_devices"], ceiling)
+        book.apply_completion(c, flat["num_devices"], ceiling_of(c))
     lineages = book.lineage_ids
     hist, aggs = store.read_batch(lineages, book.model_types)
     assert hist == [book.lineage(x) for x in lineages]

@@ -163,7 +163,7 @@ def test_honest_telemetry_gives_the_same_priors_in_any_arrival_order() -> None:
     assert [t for t, _x in a.recent] == [4.0, 5.0, 6.0, 7.0, 8.0] and a.num_devices == 16
 
 
-def test_physics_judges_only_what_nothing_measured_yet() -> None:
+def test_physics_judges_every_measurement_the_other_rules_let_through() -> None:
     book = _book(HistoryRules(aggregate_min_count=3))
     ceiling = math.log(500.0)  # per device, at the full matrix peak
     run = lambda sps, lin, at=0.0: book.apply(  # noqa: E731
@@ -172,11 +172,18 @@ def test_physics_judges_only_what_nothing_measured_yet() -> None:
     assert run(8 * 500.0 * 1000, "first") == "physics"  # x1000 past the ceiling: impossible
     assert "h100" not in book.lineage("first") and book.aggregates("mt") == {}
     assert run(8 * 500.0 * 50, "second") == "accepted"  # x50: a rough FLOPs estimate allows it
-    # once the aggregate is established it decides, not the physics
+    # an established aggregate does not make the impossible possible
     for i in range(3):
         run(8 * 500.0 * 60, f"other-{i}")
     assert book.aggregates("mt")["h100"].count == 4
-    assert run(8 * 500.0 * 1000, "third") == "accepted"  # x17 from the aggregate
+    assert run(8 * 500.0 * 1000, "third") == "physics"  # x17 from the aggregate, x1000 physics
+    assert run(8 * 500.0 * 90, "fourth") == "accepted"
+    # a lineage walked up x1.5 a step (within its x3 limit) stops at the ceiling (x100):
+    # x20, x30, x45, x67.5 accepted; x101 past physics, and nothing past it corroborates it
+    steps = [run(8 * 500.0 * 20 * 1.5**k, "walked", at=float(k)) for k in range(8)]
+    assert steps[:4] == ["accepted"] * 4 and steps[4] == "physics"
+    assert not {"accepted", "corroborated"} & set(steps[4:])
+    assert book.lineage("walked")["h100"].samples_per_s < 8 * 500.0 * 100
     with pytest.raises(ValueError):
         HistoryRules(physics_factor=1.0)
 
