@@ -252,6 +252,18 @@ def test_a_level_is_the_shrunk_median_of_finite_residuals_and_0_where_unseen() -
     assert M._Table.of(keys[:0], values[:0], 1.0).look_up(keys).tolist() == [0.0] * 7
 
 
+@pytest.mark.parametrize("shift", [-50.0, 0.0, 0.3, 50.0])
+def test_a_level_median_is_the_same_whatever_the_values_sign(shift: float) -> None:
+    """The per-key medians of one float sort equal those of a two-key lexsort, for values all
+    negative, mixed, or all positive and far from 0."""
+    rng = np.random.default_rng(3)
+    keys = rng.integers(0, 40, 2000)
+    values = rng.normal(shift, 0.2, 2000)
+    table = M._Table.of(keys, values, 0.0)
+    for key, effect in zip(table.keys, table.effects, strict=True):
+        assert effect == pytest.approx(np.median(values[keys == key]))
+
+
 def test_unknown_method_is_an_error() -> None:
     with pytest.raises(ValueError, match="unknown method"):
         M.fit("magic", pd.DataFrame())

@@ -82,13 +82,13 @@ class _Specs:
         )
 
 
-# one float sort orders pairs by key, then value: key × span + value scaled into [0, 0.5]
-_KEY_SPAN = 1.0
-
-
-def _value_span(v: np.ndarray) -> float:
-    """The divisor that puts `v` - min(v) into [0, 0.5]: below one key step."""
-    return 2.0 * float(np.ptp(v)) + 1e-300 if len(v) else 1.0
+def _by_key_then_value(k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """The order of `np.lexsort((v, k))` from one float sort: integer key + value scaled
+    into [0, 0.5), below one key step."""
+    if not len(v):
+        return np.zeros(0, np.int64)
+    scaled = (v - v.min()) / (2.0 * float(np.ptp(v)) + 1e-300)
+    return np.argsort(k + np.minimum(scaled, 0.49999))
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,7 @@ class _Table:
         """Per key, the median of its finite `values` times n / (n + shrink)."""
         ok = np.isfinite(values)
         k, v = keys[ok], values[ok]
-        order = np.argsort(k * _KEY_SPAN + (v - v.min(initial=0.0)) / _value_span(v))
+        order = _by_key_then_value(k, v)
         k, v = k[order], v[order]
         uniq, start, n = np.unique(k, return_index=True, return_counts=True)
         median = 0.5 * (v[start + (n - 1) // 2] + v[start + n // 2])
