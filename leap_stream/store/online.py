@@ -1024,8 +1024,8 @@ class OnlineStore:
         `offline.completions_from_frame(read_dataset(...))` after Redis lost its data.
 
         Deletes this prefix's ``lin``, ``agg``, ``seen`` and ``done`` keys first (submissions
-        stay; on a cluster, on every master). Returns (events applied, measurements). Run it with the
-        completions agent stopped.
+        stay; on a cluster, on every master). Returns (events applied, measurements). Run it
+        with the completions agent stopped.
         """
 
         def clear() -> None:

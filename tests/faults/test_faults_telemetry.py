@@ -82,6 +82,17 @@ def _rank_all(stack: Stack, feeder: Feeder, subs: list[dict[str, Any]]) -> None:
     rankings.close()
 
 
+def _wait_dead_letters(stack: Stack, n: int) -> dict[tuple[str, int, int], dict[str, Any]]:
+    """The dead-letter topic once it holds at least `n` (the worker alive meanwhile)."""
+
+    def all_dead() -> bool:
+        assert stack.alive(), stack.log_tail()
+        return len(dead_letters(stack.bootstrap, stack.topics["dlq"])) >= n
+
+    wait_for(f"{n} dead letters", all_dead, 60, every=0.5)
+    return dead_letters(stack.bootstrap, stack.topics["dlq"])
+
+
 def test_one_attempt_completes_once_whatever_its_event_id(stack: Stack) -> None:
     """One job attempt's completion replayed under new event ids: three plain replays and a
     walk of six, each ×2.9 the last (under the ×3 lineage limit). The first completion is the
@@ -114,12 +125,7 @@ def test_one_attempt_completes_once_whatever_its_event_id(stack: Stack) -> None:
         feeder.send(t["comp"], c["job_id"], orjson.dumps(c), tag=f"replay {i}")
     feeder.flush()
 
-    def all_dead() -> bool:
-        assert stack.alive(), stack.log_tail()
-        return len(dead_letters(stack.bootstrap, t["dlq"])) >= len(replays)
-
-    wait_for("the replays dead-lettered", all_dead, 60, every=0.5)
-    dead = dead_letters(stack.bootstrap, t["dlq"])
+    dead = _wait_dead_letters(stack, len(replays))
     assert len(dead) == len(replays)
     kinds = {dead[feeder.placed[f"replay {i}"]]["error"]["kind"] for i in range(len(replays))}
     assert kinds == {"attempt_completed"}
@@ -193,12 +199,7 @@ def test_poisoned_untimely_and_stray_telemetry(stack: Stack) -> None:
     expected["orphan"] = "orphan_completion"
     feeder.flush()
 
-    def all_dead() -> bool:
-        assert stack.alive(), stack.log_tail()
-        return len(dead_letters(stack.bootstrap, t["dlq"])) >= len(expected)
-
-    wait_for("the dead letters", all_dead, 60, every=1.0)
-    dead = dead_letters(stack.bootstrap, t["dlq"])
+    dead = _wait_dead_letters(stack, len(expected))
     for name, kind in expected.items():
         assert dead[feeder.placed[name]]["error"]["kind"] == kind, name
     assert len(dead) == len(expected)

@@ -2,7 +2,8 @@
 
 Prints a table of figures per method; with `--json` the last stdout line is one JSON object:
 ``{"table", "rows", "repeats_folded", "predictions", "skipped", "methods": {name: {mape,
-median_ape, within_10, order_accuracy}}}`` (docs/evaluate.md). Exit 2 on a table or catalog it cannot read.
+median_ape, within_10, order_accuracy}}}`` (docs/evaluate.md). Exit 2 on a table or catalog
+it cannot read.
 """
 
 from __future__ import annotations

@@ -17,9 +17,10 @@ Pair frames have `workload`, `a`, `a_type`, `b_type`, `a_vendor`, `b_vendor`, `f
   measured stays on it. Which physics prior (the fitted blend, the bandwidth ratio or the
   geometric mean, each with or without the exponent) and how hard to shrink are chosen by an
   inner cross-validation over the training workloads (never the held-out one; one workload
-  a fold up to INNER_FOLDS of them, then that many folds), on MAPE and order accuracy together: on a table of few workloads that vary a lot it ends near
-  physics, on one of many similar workloads near the measured pairs. The same inner pass sets
-  how far below the median the estimate sits (`SHIFTS`): the MAPE-optimal point.
+  a fold up to INNER_FOLDS of them, then that many folds), on MAPE and order accuracy
+  together: on a table of few workloads that vary a lot it ends near physics, on one of many
+  similar workloads near the measured pairs. The same inner pass sets how far below the
+  median the estimate sits (`SHIFTS`): the MAPE-optimal point.
 """
 
 from __future__ import annotations
@@ -263,8 +264,6 @@ class _GridErrors:
         pick = np.ones(len(self.rows), bool) if use is None else use[self.rows]
         if pick.sum() < 4:
             return self.fallback
-        if len(self.weights[0]) == 1:
-            return _Specs(*map(float, self.weights[:, 0]))
         best = self.weights[:, int(np.argmin(pick.astype(np.float64) @ self.errors))]
         return _Specs(float(best[0]), float(best[1]), float(best[2]))
 
