@@ -13,7 +13,13 @@ from leap_stream.catalog import load_reference_catalog
 from leap_stream.cli import main
 from leap_stream.tools.evaluate import methods as M
 from leap_stream.tools.evaluate.metrics import OrderPairs
-from leap_stream.tools.evaluate.protocol import evaluate, order_accuracy, pairs, predict_held_out
+from leap_stream.tools.evaluate.protocol import (
+    evaluate,
+    order_accuracy,
+    pairs,
+    predict_held_out,
+    predict_left_out_types,
+)
 from leap_stream.tools.evaluate.table import TableError, normalise, read_table
 from leap_stream.tools.sim.real import TABLES
 
@@ -129,6 +135,48 @@ def test_held_out_workload_is_never_learned_from() -> None:
     assert got == pytest.approx(
         {"w0": np.sqrt(2.0 * 3.0), "w1": np.sqrt(1.5 * 3.0), "w2": np.sqrt(1.5 * 2.0)}
     )
+
+
+def test_a_left_out_type_is_never_learned_from() -> None:
+    """mi300x runs every workload 1.8× faster than h100-sxm, which its datasheet does not
+    say: with workloads left out the other workloads teach it; with the type left out nothing
+    does: no pair left to learn from has mi300x on either side."""
+    rows = []
+    for i in range(4):
+        rows += [(f"w{i}", "h100-sxm", 10.0), (f"w{i}", "mi300x", 18.0), (f"w{i}", "a100-80g", 5.0)]
+    p = pairs(normalise(_standard(rows), CATALOG).rows, CATALOG)
+    into = p["b_type"].to_numpy() == "mi300x"
+    by_workload = predict_held_out(p, "median_ratio_others")
+    by_type = predict_left_out_types(p, "median_ratio_others")
+    np.testing.assert_allclose(by_workload[into], p["log_ratio"][into])
+    # a type pair never seen looks up 0: the ratio 1, whatever mi300x really does
+    np.testing.assert_allclose(by_type[into], 0.0)
+
+
+def test_leaving_types_out_reports_each_type_and_skips_a_lone_one(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Per type: its predictions and every method's figures; two types only: a type left out
+    leaves nothing to learn from, so nothing is predicted and no figure is made up."""
+    rows = [(f"w{i}", t, v * (1 + i)) for i in range(3) for t, v in
+            (("h100-sxm", 10.0), ("mi300x", 18.0), ("a100-80g", 5.0))]  # fmt: skip
+    _standard(rows).to_csv(tmp_path / "t.csv", index=False)
+    assert (
+        main(["evaluate", "--table", str(tmp_path / "t.csv"), "--leave-out", "type", "--json"]) == 0
+    )
+    text = capsys.readouterr().out
+    out = orjson.loads(text.strip().splitlines()[-1])
+    assert out["leave_out"] == "type"
+    assert set(out["by_type"]) == {"h100-sxm", "mi300x", "a100-80g"}
+    assert sum(r["predictions"] for r in out["by_type"].values()) == out["predictions"] == 18
+    assert set(out["by_type"]["mi300x"]["methods"]) == set(M.METHODS)
+    assert "type left out" in text
+    two = normalise(_standard([("w0", "h100-sxm", 1.0), ("w0", "a100-80g", 2.0)]), CATALOG)
+    lone = evaluate(two.rows, CATALOG, leave_out="type")
+    assert lone["by_type"] == {}
+    assert lone["methods"]["model"] == {}  # nothing predicted, no figure
+    with pytest.raises(ValueError, match="leave_out"):
+        evaluate(two.rows, CATALOG, leave_out="group")
 
 
 def test_the_inner_selection_fits_a_bounded_number_of_folds(

@@ -1,9 +1,9 @@
-"""`leap-stream evaluate --table FILE.csv [--specs CATALOG.json] [--json]`.
+"""`leap-stream evaluate --table FILE.csv [--specs CATALOG.json] [--leave-out type] [--json]`.
 
 Prints a table of figures per method; with `--json` the last stdout line is one JSON object:
-``{"table", "rows", "repeats_folded", "predictions", "skipped", "methods": {name: {mape,
-median_ape, within_10, order_accuracy}}}`` (docs/evaluate.md). Exit 2 on a table or catalog
-it cannot read.
+``{"table", "rows", "repeats_folded", "leave_out", "predictions", "skipped", "methods": {name:
+{mape, median_ape, within_10, order_accuracy}}}``, with `by_type` when leaving types out
+(docs/evaluate.md). Exit 2 on a table or catalog it cannot read.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import orjson
 from leap_stream.catalog import CatalogError, HardwareCatalog, load_catalog, load_reference_catalog
 from leap_stream.settings import Settings
 from leap_stream.tools.evaluate.methods import METHODS
-from leap_stream.tools.evaluate.protocol import evaluate
+from leap_stream.tools.evaluate.protocol import LEAVE_OUT, evaluate
 from leap_stream.tools.evaluate.table import FORMATS, Table, TableError, read_table
 
 
@@ -39,6 +39,13 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--by-group", action="store_true", help="also the figures of each group (e.g. round)"
     )
+    parser.add_argument(
+        "--leave-out",
+        default="workload",
+        choices=LEAVE_OUT,
+        help="what each prediction never learned from: its workload (default), or its "
+        "accelerator type (every pair into a type predicted with that type unseen)",
+    )
     parser.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
 
 
@@ -48,20 +55,25 @@ def catalog_for(specs: Path | None) -> HardwareCatalog:
     return catalog if specs is None else catalog.merged(load_catalog(specs))
 
 
-def report(table: Table, catalog: HardwareCatalog, by_group: bool = False) -> dict[str, Any]:
-    result = evaluate(table.rows, catalog)
+def report(
+    table: Table, catalog: HardwareCatalog, by_group: bool = False, leave_out: str = "workload"
+) -> dict[str, Any]:
+    result = evaluate(table.rows, catalog, leave_out=leave_out)
     out: dict[str, Any] = {
         "table": table.name,
         "rows": len(table.rows),
+        "leave_out": leave_out,
         "predictions": result["predictions"],
         "repeats_folded": table.repeats_folded,
         "skipped": {**table.skipped, "types_without_specs": table.unknown_types},
         "methods": result["methods"],
         "model_choices": result["model_choices"],
     }
+    if "by_type" in result:
+        out["by_type"] = result["by_type"]
     if by_group:
         out["groups"] = {
-            str(g): evaluate(rows, catalog)
+            str(g): evaluate(rows, catalog, leave_out=leave_out)
             for g, rows in table.rows.groupby("group", sort=True)
             if rows["workload"].nunique() > 1
         }
@@ -82,10 +94,23 @@ def _print_choices(choices: dict[str, dict[str, Any]]) -> None:
     )
 
 
+def _print_types(by_type: dict[str, Any]) -> None:
+    """Per type left out: median APE of the model against the geometric-mean ratio."""
+    if not by_type:
+        return
+    print(f"  {'type left out':22s} {'preds':>6s} {'model':>7s} {'geomean':>8s}  median APE")
+    for t, r in by_type.items():
+        model = r["methods"]["model"]["median_ape"]
+        base = r["methods"].get("geomean_ratio", {}).get("median_ape", float("nan"))
+        flag = "  worse than geomean" if model > base else ""
+        print(f"  {t:22s} {r['predictions']:6d} {model:7.3f} {base:8.3f}{flag}")
+
+
 def _print_table(out: dict[str, Any]) -> None:
     print(
         f"{out['table']}: {out['rows']} rows after folding {out['repeats_folded']} repeated "
-        f"measurements (median), {out['predictions']} predictions (leave one workload out); "
+        f"measurements (median), {out['predictions']} predictions (leave one "
+        f"{out['leave_out']} out); "
         f"skipped {out['skipped']}"
     )
     print(f"  {'method':22s} {'MAPE':>7s} {'median APE':>10s} {'±10 %':>7s} {'order':>7s}")
@@ -98,6 +123,7 @@ def _print_table(out: dict[str, Any]) -> None:
             f"{m['within_10']:7.3f} {m['order_accuracy']:7.3f}"
         )
     _print_choices(out["model_choices"])
+    _print_types(out.get("by_type") or {})
     for g, r in (out.get("groups") or {}).items():
         best = {k: v for k, v in r["methods"].items() if v}
         if best:
@@ -122,7 +148,7 @@ def run(args: argparse.Namespace, _settings: Settings) -> int:
             file=sys.stderr,
         )
         return 2
-    out = report(table, catalog, args.by_group)
+    out = report(table, catalog, args.by_group, args.leave_out)
     if not out["predictions"]:
         print(
             f"evaluate: {args.table}: no job was measured on two accelerator types "

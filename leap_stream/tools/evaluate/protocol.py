@@ -6,6 +6,10 @@ predict B's per-device throughput from A's measurement. Every method is fitted o
 the table's *other* workloads only (leave one workload out, across groups). Per method: MAPE,
 median APE, share within ±10 %, and order accuracy: given A, is each pair of other types
 (B, C) of the job ordered as measured (a predicted tie counts as half right).
+
+Leave one type out (`leave_out="type"`): every pair into accelerator type T is predicted by
+the method fitted on the pairs that touch neither side of T (every workload), as a type on
+its first day would be; the figures are reported per type as well.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from leap_stream.tools.evaluate import methods as M
 from leap_stream.tools.evaluate.metrics import OrderPairs, ape
 
 FP32 = ("fp32",)
+LEAVE_OUT = ("workload", "type")
 
 
 def spec_logs(catalog: HardwareCatalog, types: np.ndarray, precision: np.ndarray) -> np.ndarray:
@@ -86,12 +91,31 @@ def predict_held_out(
     return pred
 
 
+def predict_left_out_types(all_pairs: pd.DataFrame, method: str) -> np.ndarray:
+    """Each pair into type T predicted by `method` fitted on the pairs with T on neither side."""
+    pred = np.full(len(all_pairs), np.nan)
+    a, b = all_pairs["a_type"].to_numpy(object), all_pairs["b_type"].to_numpy(object)
+    for t in pd.unique(b):
+        train = (a != t) & (b != t)
+        if not train.any():
+            continue
+        test = b == t
+        pred[test] = M.fit(method, all_pairs[train]).predict(all_pairs[test])
+    return pred
+
+
 def order_accuracy(p: pd.DataFrame, pred: np.ndarray) -> float:
     """Share of (A; B, C) with B and C of different types ordered as measured."""
     return OrderPairs.of_frame(p).accuracy(pred)
 
 
 def scores(p: pd.DataFrame, pred: np.ndarray) -> dict[str, float]:
+    """The figures of `pred` over the pairs it predicts (a type with no other type to learn
+    from is left unpredicted); none when it predicts none."""
+    done = np.isfinite(pred)
+    if not done.any():
+        return {}
+    p, pred = p[done], pred[done]
     err = ape(pred, p["log_ratio"].to_numpy(np.float64))
     return {
         "mape": float(np.mean(err)),
@@ -101,15 +125,43 @@ def scores(p: pd.DataFrame, pred: np.ndarray) -> dict[str, float]:
     }
 
 
+def _by_type(p: pd.DataFrame, preds: dict[str, np.ndarray]) -> dict[str, Any]:
+    """Per accelerator type predicted: its pairs and every method's figures on them."""
+    b = p["b_type"].to_numpy(object)
+    out: dict[str, Any] = {}
+    for t in sorted(pd.unique(b)):
+        on = b == t
+        if not np.isfinite(next(iter(preds.values()))[on]).any():
+            continue
+        out[str(t)] = {
+            "predictions": int(on.sum()),
+            "workloads": int(p.loc[on, "workload"].nunique()),
+            "methods": {m: scores(p[on], v[on]) for m, v in preds.items()},
+        }
+    return out
+
+
 def evaluate(
-    rows: pd.DataFrame, catalog: HardwareCatalog, methods: tuple[str, ...] = M.METHODS
+    rows: pd.DataFrame,
+    catalog: HardwareCatalog,
+    methods: tuple[str, ...] = M.METHODS,
+    leave_out: str = "workload",
 ) -> dict[str, Any]:
     """Figures of every method on one table's rows (see the module docstring)."""
+    if leave_out not in LEAVE_OUT:
+        raise ValueError(f"leave_out must be one of {LEAVE_OUT}, not {leave_out!r}")
     p = pairs(rows, catalog)
-    out: dict[str, Any] = {"predictions": len(p), "workloads": int(p["workload"].nunique())}
-    choices: dict[str, Any] = {}
-    out["methods"] = {
-        m: scores(p, predict_held_out(p, m, choices)) if len(p) else {} for m in methods
+    out: dict[str, Any] = {
+        "leave_out": leave_out,
+        "predictions": len(p),
+        "workloads": int(p["workload"].nunique()),
     }
+    choices: dict[str, Any] = {}
+    if leave_out == "type":
+        preds = {m: predict_left_out_types(p, m) for m in methods}
+        out["by_type"] = _by_type(p, preds)
+    else:
+        preds = {m: predict_held_out(p, m, choices) for m in methods}
+    out["methods"] = {m: scores(p, v) for m, v in preds.items()}
     out["model_choices"] = choices
     return out
