@@ -37,7 +37,13 @@ from leap_stream.train import pit
 from leap_stream.train.trainer import metrics
 
 PREDICTORS = ("model", "lookup", "oracle")
+# the informed oracle (tools/sim/informed.py): the ceiling every model figure is read against
+INFORMED = "informed"
 KIND_KEYS = ("self", "transfer", "model")
+# transfer rows by whether the lineage's prior is on the candidate's vendor
+TRANSFER_KEYS = ("transfer_same_vendor", "transfer_cross_vendor")
+# the figures reported as model / informed oracle (`ceiling`)
+CEILING_KEYS = ("accuracy", "accuracy_ran", "top1", "savings")
 # Nightly training set: the last days' point-in-time rows, subsampled. At the simulator's full
 # rate (30000/day) that is ~25k measured rows a day; older rows add little under drift.
 TRAIN_WINDOW_DAYS = 14
@@ -70,6 +76,7 @@ class NightTruth:
     job: np.ndarray
     meas: np.ndarray
     true: np.ndarray
+    known: np.ndarray  # what a fleet's data determines (the informed oracle's base)
     in_truth: np.ndarray
     is_ran: np.ndarray
     nd: np.ndarray
@@ -97,8 +104,9 @@ class NightTruth:
             }
         )
         cols = ["job_id", "attempt", "hardware_type", "true_samples_per_s"]
+        extra = [c for c in ("measured_samples_per_s", "known_samples_per_s") if c in truth]
         t = key.merge(
-            truth[[*cols, "measured_samples_per_s"]],
+            truth[[*cols, *extra]],
             on=["job_id", "attempt", "hardware_type"],
             how="left",
         )
@@ -133,6 +141,7 @@ class NightTruth:
             job=job,
             meas=meas,
             true=t["true_samples_per_s"].to_numpy(np.float64),
+            known=t.get("known_samples_per_s", pd.Series(np.nan, t.index)).to_numpy(np.float64),
             in_truth=in_truth,
             is_ran=is_ran,
             nd=nd,
@@ -302,11 +311,14 @@ def _night_eval(
     lookup: LookupTable | None,
     watch: str | None = None,
     resamples: LineageResamples | None = None,
+    informed: np.ndarray | None = None,
 ) -> tuple[dict[str, Any], pd.DataFrame]:
     """Metrics of one night's scored rows for model, lookup and oracle, and the rows with a
     truth (for plots); with `watch`, how the model treats that (new) hardware type; with
     `resamples`, the model's and the oracle's savings on resampled lineages
-    (`savings_replicates`, arrays: the caller takes them out before the night is reported)."""
+    (`savings_replicates`, arrays: the caller takes them out before the night is reported);
+    with `informed` (the informed oracle's prediction per row), its metrics and its accuracy
+    by the model's anchor kinds."""
     only_lookup = _lookup_only(base, subs, lookup)
     preds = {
         "model": base["pred"].to_numpy(np.float64),
@@ -323,10 +335,13 @@ def _night_eval(
     lo, hi = base["low"].to_numpy(np.float64), base["high"].to_numpy(np.float64)
     chosen: dict[str, np.ndarray] = {}  # per job, the cost of each predictor's first choice
     scored_jobs: dict[str, np.ndarray] = {}
-    for name in PREDICTORS:
+    if informed is not None:
+        preds[INFORMED] = informed
+        sources[INFORMED] = sources["oracle"]
+    for name in preds:
         p = preds[name]
         usable = (sources[name] != SRC_NONE) & np.isfinite(p) & (p > 0)
-        if name != "oracle":
+        if name not in ("oracle", INFORMED):
             usable &= fits
         is_model = name == "model"
         top = _top_choice(tr, p, usable)
@@ -360,6 +375,20 @@ def _night_eval(
             inside,
             width,
         )
+        if informed is not None:
+            none = np.zeros(len(base), bool)
+            out["by_anchor_informed"] = _anchor_counts(
+                base,
+                subs,
+                model,
+                informed,
+                tr.in_truth & np.isfinite(informed),
+                tr.meas,
+                tr.in_truth,
+                tr.is_ran,
+                none,
+                np.full(len(base), np.nan),
+            )
     if watch is not None:
         out["new_hardware"] = _watched_type(
             watch, base, tr, preds["model"], usable_m, inside, width
@@ -476,9 +505,11 @@ def _anchor_counts(
     widths] of the model per breakdown key, for all candidates and the ran-on ones: where
     accuracy is lost (anchor kind, device count changed since the prior, family) and whether
     the intervals are honest there, and how wide they are for it."""
-    from leap_stream.core.predictor import KINDS, anchor_kind, devices_changed
+    from leap_stream.core.predictor import KINDS, anchor_kind, crosses_vendor, devices_changed
 
     kind = np.asarray(KINDS, dtype=object)[anchor_kind(base, model.groups)]
+    moved = np.where(crosses_vendor(base), TRANSFER_KEYS[1], TRANSFER_KEYS[0])
+    transfer = np.where(kind == "transfer", moved, "")
     dev = np.where(
         kind == "self",
         np.where(devices_changed(base), "self_devices_changed", "self_same_devices"),
@@ -494,7 +525,7 @@ def _anchor_counts(
     out: dict[str, dict[str, list[float]]] = {}
     for scope, sel in (("all", in_truth), ("ran", in_truth & is_ran)):
         d: dict[str, list[float]] = {}
-        for labels in (kind, dev, fam, fv):
+        for labels in (kind, transfer, dev, fam, fv):
             lab = labels[sel]
             h = hit[sel]
             ins = (usable & inside)[sel]
@@ -552,6 +583,7 @@ def run_backtest(
 
     from leap_stream.catalog import load_catalog
     from leap_stream.tools.sim.fleet import FleetSimulator, SimConfig
+    from leap_stream.tools.sim.informed import InformedOracle
 
     catalog = load_catalog()
     specs = catalog.spec_matrix()
@@ -561,6 +593,10 @@ def run_backtest(
     if new_hardware is not None:
         config = dataclasses.replace(config, hardware_from=(new_hardware,))
     sim = FleetSimulator(config, catalog)
+    informed = InformedOracle(
+        sim.config.lineage_sigma, sim.config.lineage_vendor_sigma, sim.config.noise_sigma
+    )
+    vendor_of = {t: catalog[t].vendor for t in catalog.types}
     rep = pit.Replayer()
     train_parts: list[tuple[pd.DataFrame, pd.DataFrame, np.ndarray]] = []  # frame, rows, ended
     datasets: list[pd.DataFrame] = []
@@ -579,6 +615,7 @@ def run_backtest(
         The day's completions go in first: a retry or resume submitted later the same day sees
         the completions that ended before it (the replay is point in time), as Redis would."""
         rep.add_completions(day.completions)
+        informed.add(day.completions, day.truth, vendor_of)
         snap = rep.snapshot(day.submissions)
         verdicts.update(v for v in snap.verdicts.tolist() if v != "none")
         ds = day.dataset
@@ -652,6 +689,12 @@ def run_backtest(
             day.submissions, day.truth, day.completions, snap, specs, models["full"], lookup
         )
         watch = None if new_hardware is None else new_hardware[0]
+        informed_pred = informed.predict(
+            day.submissions,
+            base["job"].to_numpy(np.int64),
+            base["vendor"].to_numpy(object),
+            tr.known,
+        )
         result, scored = _night_eval(
             day.submissions,
             base,
@@ -660,6 +703,7 @@ def run_backtest(
             lookup,
             watch,
             resamples,
+            informed_pred,
         )
         replicates.append(result.pop("savings_replicates"))
         result["date"] = str(day.day)
@@ -741,7 +785,8 @@ def _summarise(
         "coverage",
         "coverage_device_hours",
     )
-    for name in PREDICTORS:
+    names = [*PREDICTORS, *([INFORMED] if per_night and INFORMED in per_night[0] else [])]
+    for name in names:
         out[name] = {k: round(float(np.nanmean([n[name][k] for n in per_night])), 4) for k in keys}
     for k, src in (
         ("interval_coverage_80", "interval_coverage"),
@@ -751,42 +796,67 @@ def _summarise(
     ):
         out["model"][k] = round(float(np.nanmean([n["model"][src] for n in per_night])), 4)
     out["model"].update(_savings_share(out, replicates))
+    if INFORMED in out and out["oracle"]["savings"] > 0:
+        share = out[INFORMED]["savings"] / out["oracle"]["savings"]
+        out[INFORMED]["savings_share_of_oracle"] = round(share, 4)
     ablation: dict[str, Any] = {}
     for v in variants[1:]:
         ablation[v[1:]] = {
             k: round(float(np.nanmean([n[v][k] for n in per_night])) - out["model"][k], 4)
             for k in ABLATION_KEYS
         }
+    for key in ("by_anchor", "by_anchor_informed"):
+        if pooled := _pooled_anchors(per_night, key):
+            out[key] = pooled
+    if INFORMED in out:
+        out["ceiling"] = _ceiling(out)
+    if ablation:
+        out["ablation_delta"] = ablation  # variant minus full model, mean over nights
+    return out
+
+
+def _pooled_anchors(per_night: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    """The nights' anchor counts under `key`, pooled: accuracy (a candidate without a
+    prediction is a miss), the coverage and width of the intervals given (as the overall
+    coverage: a candidate the ranking excluded has no interval to hold or miss), and the
+    share of rows per breakdown key."""
     by: dict[str, dict[str, list[float]]] = {}
     for n in per_night:
-        for scope, d in n.get("by_anchor", {}).items():
+        for scope, d in n.get(key, {}).items():
             tgt = by.setdefault(scope, {})
             for k, counts in d.items():
                 acc = tgt.setdefault(k, [0, 0, 0, 0, 0.0])
                 for i, c in enumerate(counts):
                     acc[i] += c
-    if by:
-        # pooled over nights: accuracy (a candidate without a prediction is a miss), and the
-        # coverage and width of the intervals the model gave (as the overall coverage: a
-        # candidate the ranking excluded has no interval to hold or miss), share of rows per key
-        out["by_anchor"] = {
-            scope: {
-                k: {
-                    "accuracy": round(c[1] / c[0], 4) if c[0] else None,
-                    "interval_coverage_80": round(c[2] / c[3], 4) if c[3] else None,
-                    "interval_width_log": round(c[4] / c[3], 4) if c[3] else None,
-                    "rows": int(c[0]),
-                    "share": round(
-                        c[0] / max(1, sum(v[0] for kk, v in d.items() if kk in KIND_KEYS)), 4
-                    ),
-                }
-                for k, c in sorted(d.items())
+    return {
+        scope: {
+            k: {
+                "accuracy": round(c[1] / c[0], 4) if c[0] else None,
+                "interval_coverage_80": round(c[2] / c[3], 4) if c[3] else None,
+                "interval_width_log": round(c[4] / c[3], 4) if c[3] else None,
+                "rows": int(c[0]),
+                "share": round(
+                    c[0] / max(1, sum(v[0] for kk, v in d.items() if kk in KIND_KEYS)), 4
+                ),
             }
-            for scope, d in by.items()
+            for k, c in sorted(d.items())
         }
-    if ablation:
-        out["ablation_delta"] = ablation  # variant minus full model, mean over nights
-    return out
+        for scope, d in by.items()
+    }
+
+
+def _ceiling(out: dict[str, Any]) -> dict[str, dict[str, float | None]]:
+    """Each headline figure as model / informed oracle (`share`: the model's share of it)."""
+    figures = {k: (out["model"][k], out[INFORMED][k]) for k in CEILING_KEYS}
+    model_rows = out.get("by_anchor", {}).get("all", {})
+    informed_rows = out.get("by_anchor_informed", {}).get("all", {})
+    for k in ("transfer", *TRANSFER_KEYS):
+        if k in model_rows and k in informed_rows:
+            figures[k] = (model_rows[k]["accuracy"], informed_rows[k]["accuracy"])
+    return {
+        k: {"model": m, "informed": i, "share": round(m / i, 4) if m is not None and i else None}
+        for k, (m, i) in figures.items()
+    }
 
 
 DRIFT_OFFSETS = (-1, 0, 1, 2, 3, 5, 7)
@@ -1001,10 +1071,10 @@ def run(args: argparse.Namespace, _settings: Settings) -> int:
         summary["plots"] = [str(p) for p in plots(summary, scored, args.plots)]
     if not args.json:
         summary = {k: v for k, v in summary.items() if k != "per_night"}
-    for name in PREDICTORS:
+    for name in (*PREDICTORS, INFORMED):
         m = summary[name]
         print(
-            f"{name:7s} accuracy {m['accuracy']:.3f} (ran-on {m['accuracy_ran']:.3f}) "
+            f"{name:8s} accuracy {m['accuracy']:.3f} (ran-on {m['accuracy_ran']:.3f}) "
             f"MAPE {m['mape']:.3f} top1 {m['top1']:.3f} regret {m['regret']:.3f} "
             f"savings {m['savings']:.3f} coverage {m['coverage']:.3f}",
             file=sys.stderr,
@@ -1022,5 +1092,12 @@ def run(args: argparse.Namespace, _settings: Settings) -> int:
             f"model   savings {m['savings_share_of_oracle']:.3f} of the oracle's{band}",
             file=sys.stderr,
         )
+    print(
+        "model / informed oracle: "
+        + ", ".join(
+            f"{k} {v['model']:.3f} / {v['informed']:.3f}" for k, v in summary["ceiling"].items()
+        ),
+        file=sys.stderr,
+    )
     print(orjson.dumps(summary, option=orjson.OPT_SERIALIZE_NUMPY).decode())
     return 0

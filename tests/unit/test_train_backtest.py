@@ -49,6 +49,16 @@ def test_tiny_backtest_reports_every_predictor() -> None:
     low, high = m["savings_share_of_oracle_95"]
     assert low <= m["savings_share_of_oracle"] <= high and low < high
     assert "savings_replicates" not in summary["per_night"][0]
+    # the informed oracle: the ceiling of what a fleet's data allows, between model and oracle
+    informed = summary["informed"]
+    assert summary["oracle"]["accuracy"] > informed["accuracy"] > summary["model"]["accuracy"]
+    ceiling = summary["ceiling"]
+    assert ceiling["accuracy"] == {
+        "model": m["accuracy"],
+        "informed": informed["accuracy"],
+        "share": round(m["accuracy"] / informed["accuracy"], 4),
+    }
+    assert {"top1", "savings", "transfer", "transfer_same_vendor"} <= set(ceiling)
 
 
 def test_savings_replicates_weigh_jobs_alike_for_every_predictor() -> None:
@@ -91,6 +101,14 @@ def test_backtest_breaks_accuracy_down_by_anchor() -> None:
         assert fam == sum(v["rows"] for v in kinds.values())
     # a lineage re-running where it ran before is predicted far better than a new one
     assert by["ran"]["self"]["accuracy"] > by["ran"]["model"]["accuracy"] + 0.3
+    # transfer rows split by the vendor of the prior, and the informed oracle on the same rows
+    split = [by["all"][k]["rows"] for k in ("transfer_same_vendor", "transfer_cross_vendor")]
+    assert sum(split) == by["all"]["transfer"]["rows"] and min(split) > 0
+    informed = summary["by_anchor_informed"]["all"]
+    assert informed["transfer"]["rows"] == by["all"]["transfer"]["rows"]
+    assert (
+        informed["transfer_same_vendor"]["accuracy"] > by["all"]["transfer_same_vendor"]["accuracy"]
+    )
     # pooled counts agree with the mean of the per-night accuracy (one night)
     n = summary["per_night"][0]["by_anchor"]["all"]
     rows = sum(v[0] for k, v in n.items() if k in ("self", "transfer", "model"))

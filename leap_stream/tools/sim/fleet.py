@@ -828,13 +828,9 @@ class FleetSimulator:
         vend = self.hw.vendor_idx[hw_i]
         drift = self.drift_matrix(d)[fam_idx[sub_i], vend]
         lin_sub = lin[sub_i]
-        true = (
-            base_throughput(job, self.hw, hw_i)
-            * self._model_hw[mi[sub_i], hw_i]
-            * L["lin_f"][lin_sub]
-            * L["lin_v"][lin_sub, vend]
-            * drift
-        )
+        # what a fleet's data determines, given enough of it (tools/sim/informed.py)
+        known = base_throughput(job, self.hw, hw_i) * self._model_hw[mi[sub_i], hw_i] * drift
+        true = known * L["lin_f"][lin_sub] * L["lin_v"][lin_sub, vend]
         cap = L["cap_dev"][lin_sub] * s["num_devices"][sub_i]
         true = true / (1.0 + (true / cap) ** 4) ** 0.25  # soft input-pipeline cap
         noise = np.exp(rng.normal(0.0, self.config.noise_sigma, len(true)))
@@ -846,6 +842,7 @@ class FleetSimulator:
                 "hardware_type": _take(self.hw.types, hw_i),
                 "true_samples_per_s": true,
                 "measured_samples_per_s": measured,
+                "known_samples_per_s": known,
             }
         )
         # position of (submission, hardware) in the truth rows
