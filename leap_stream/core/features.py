@@ -93,6 +93,9 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "log_t_compute",
         "log_t_memory",
         "log_t_comm",
+        "log_t_a2a",
+        "log_t_activations",
+        "log_t_weights",
         "log_phys_rate",
         "log_ideal_micro_s",
         "log_domains",
@@ -400,6 +403,8 @@ DP_EXPOSED = 0.5  # share of the gradient all-reduce not hidden behind the backw
 ACTIVATION_BYTES = 16.0  # bytes moved per (token × hidden × layer × element) for activations
 WEIGHT_PASSES = 6.0  # weight reads per micro-batch (forward, backward, optimizer)
 TP_BYTES = 16.0  # tensor-parallel all-reduce bytes per (token × hidden × element) per layer
+A2A_BYTES = 4.0  # all-to-all bytes per (token × hidden × element) per layer: dispatch + combine,
+# forward and backward (expert-parallel MoE layers, a recommender's pooled embeddings)
 
 
 @dataclass(frozen=True)
@@ -409,9 +414,12 @@ class _JobPhysics:
     fps: np.ndarray  # FLOPs per sample
     mem: np.ndarray  # GiB per device
     prec_peak: np.ndarray  # peak multiplier of the precision
-    traffic: np.ndarray  # bytes of memory traffic per sample
+    traffic: np.ndarray  # bytes of memory traffic per sample: activations + weights
+    act_traffic: np.ndarray  # of it, the activations' (per sample)
+    weight_traffic: np.ndarray  # of it, the weights' (read per micro-batch)
     grad: np.ndarray  # gradient all-reduce bytes per sample
     tp_bytes: np.ndarray  # tensor-parallel all-reduce bytes per sample
+    a2a_bytes: np.ndarray  # all-to-all bytes per sample, were every layer to exchange its tokens
     micro_flops: np.ndarray  # FLOPs of one micro-batch per device
     is_fp8: np.ndarray
     is_bf16: np.ndarray
@@ -426,6 +434,8 @@ class _JobPhysics:
         hid, lay = f64(jobs, "hidden_size"), f64(jobs, "layers")
         act, par = _active_params(jobs), f64(jobs, "parameters")
         fps = flops_per_sample(jobs)
+        act_traffic = ACTIVATION_BYTES * seq * hid * lay * elem
+        weight_traffic = WEIGHT_PASSES * act * elem / mbs
         samples_per_dev_step = gbs / f64(jobs, "num_devices")
         grad = (
             np.where(dp > 1, 2.0 * (dp - 1) / dp * par * 2.0 * elem / (tp * pp), 0.0)
@@ -435,11 +445,14 @@ class _JobPhysics:
             fps=fps,
             mem=memory_per_device_gib(jobs, elem),
             prec_peak=map_column(jobs, "precision", _PREC_PEAK, 1.0),
-            traffic=ACTIVATION_BYTES * seq * hid * lay * elem + WEIGHT_PASSES * act * elem / mbs,
+            traffic=act_traffic + weight_traffic,
+            act_traffic=act_traffic,
+            weight_traffic=weight_traffic,
             grad=grad,
             tp_bytes=np.where(
                 tp > 1, TP_BYTES * (lay / pp) * seq * hid * elem * (tp - 1) / tp**2, 0.0
             ),
+            a2a_bytes=A2A_BYTES * (lay / pp) * seq * hid * elem / tp,
             micro_flops=mbs * fps / (tp * pp),
             is_fp8=np.asarray(jobs["precision"], object) == "fp8",
             is_bf16=np.asarray(jobs["precision"], object) == "bf16",
@@ -552,7 +565,8 @@ def _hw_columns(
     f[prefix + "mem_ratio"] = phys.mem[job] / sa.mem[codes]
     # seconds per sample per device: compute, memory traffic, gradient and TP all-reduces
     t_c = phys.fps[job] / (_peak_tflops(sa, codes, job, phys) * 1e12 * COMPUTE_SHARE)
-    t_m = phys.traffic[job] / (sa.bw[codes] * 1e9 * MEMORY_SHARE)
+    bw = sa.bw[codes] * 1e9 * MEMORY_SHARE
+    t_m = phys.traffic[job] / bw
     # all-reduces that span more devices than a scale-up domain cross the slower network
     domain, ic = sa.domain[codes], sa.ic[codes]
     across = np.fmin(ic, sa.network[codes])  # the scale-up link where the catalog says nothing
@@ -561,7 +575,14 @@ def _hw_columns(
     t = np.maximum(t_c, t_m) + OVERLAP_RESIDUE * np.minimum(t_c, t_m) + DP_EXPOSED * t_dp + t_tp
     f[prefix + "log_t_compute"] = _log(t_c)
     f[prefix + "log_t_memory"] = _log(t_m)
+    f[prefix + "log_t_activations"] = _log(phys.act_traffic[job] / bw)
+    f[prefix + "log_t_weights"] = _log(phys.weight_traffic[job] / bw)
     f[prefix + "log_t_comm"] = _log(t_dp + t_tp + 1e-12)
+    # an all-to-all between every device: which families need one, and how much of it, the
+    # learned roofline finds (core.roofline); on one device, none
+    n = phys.devices[job]
+    t_a2a = phys.a2a_bytes[job] * (n - 1.0) / n / (np.where(n <= domain, ic, across) * 1e9)
+    f[prefix + "log_t_a2a"] = _log(t_a2a + 1e-12)
     f[prefix + "log_phys_rate"] = -_log(t)
     f[prefix + "log_ideal_micro_s"] = _log(phys.micro_flops[job] / (sa.flops[codes] * 1e12))
     # scale-up domains the job spans (0: one; NaN: the catalog does not say), and the network

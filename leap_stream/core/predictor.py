@@ -54,6 +54,7 @@ from leap_stream.core.columns import (
     map_values,
     value_ids,
 )
+from leap_stream.core.roofline import LearnedRoofline
 
 Scorer = Callable[[np.ndarray], np.ndarray]
 # `ThroughputModel.scorer_kind`: LightGBM's own predict, or the same trees compiled
@@ -136,6 +137,10 @@ RATIO_DIFFS = (
     "log_network",
 )
 BOOSTER_RATIO = "booster_ratio"  # f(job, candidate) − f(job, B): the main booster's own ratio
+# `ModelMetadata.ratio_base`: the ratio model learns the measured ratio less the physics ratio
+# (learned roofline and pair effects, candidate less prior type); a model without it learned the
+# whole ratio
+PHYSICS_RATIO = "physics"
 # prior_B − f(job, B): how far the lineage runs from what its configuration predicts on B. A job
 # slow for its configuration (an input pipeline, a host bottleneck) gains less on a faster type,
 # which no hardware input says (docs/model.md, "Pairs in both directions and the prior's residual")
@@ -242,6 +247,8 @@ class ModelMetadata(TypedDict):
     interval_scale: NotRequired[IntervalScale]
     ratio_features: NotRequired[list[str]]
     ratio_best_iteration: NotRequired[int]
+    ratio_base: NotRequired[str]  # `PHYSICS_RATIO`, or absent: the ratio model's whole ratio
+    roofline: NotRequired[dict[str, Any]]  # `LearnedRoofline.to_json`: the booster's offset
     metrics: NotRequired[dict[str, Any]]
     gate: NotRequired[dict[str, Any]]
 
@@ -260,6 +267,8 @@ class ThroughputModel:
         self.metadata = metadata
         self.ratio = ratio  # the transfer rows' ratio model (None: the booster difference)
         self.ratio_features: list[str] = list(metadata.get("ratio_features") or [])
+        roof = metadata.get("roofline")
+        self.roofline = LearnedRoofline.from_json(roof) if roof else None
         # the ratio model's raw output: LightGBM's predict, or the same trees compiled
         self.ratio_score: Scorer = ratio_scorer or self.ratio_lightgbm
         # the trees' raw output for a float matrix: LightGBM's predict, or the same trees
@@ -352,12 +361,17 @@ class ThroughputModel:
         names = F.booster_features(groups)
         levels = _levels(frame, names)
         y = np.log(np.asarray(samples_per_s, np.float64)) - frame["log_devices"].to_numpy()
-        offset = _offset(frame, groups)
         calib = holdout_mask(lineage_ids, calib_fraction, seed) if len(frame) >= 400 else None
         if calib is not None and (calib.all() or not calib.any()):
             calib = None
-        p = {**DEFAULT_PARAMS, **(params or {}), "num_threads": _threads(len(frame)), "seed": seed}
         train_idx = ~calib if calib is not None else np.ones(len(frame), bool)
+        roofline = (
+            LearnedRoofline.fit(frame.loc[train_idx], y[train_idx], seed)
+            if _physics(groups)
+            else None
+        )
+        offset = _offset(frame, groups, roofline)
+        p = {**DEFAULT_PARAMS, **(params or {}), "num_threads": _threads(len(frame)), "seed": seed}
         fit_idx = _fit_sample(train_idx, seed)  # the boosters' rows (all but for a year)
         p["bagging_fraction"] = _bagging_fraction(p["bagging_fraction"], int(fit_idx.sum()))
         # float32: what LightGBM bins from anyway, at half the memory of a year's matrix; the
@@ -387,6 +401,9 @@ class ThroughputModel:
                 data=fitted.data,
             ).compiled(compile_trees, levels)
         metadata = _metadata(fitted, frame, groups, levels, data_window, p)
+        if roofline is not None:
+            metadata["roofline"] = roofline.to_json()
+            metadata["target"] = "log(samples_per_s / num_devices) - roofline"
         if "config" in groups and "specs" in groups:
             metadata["pair_effects"], metadata["pair_rows"] = _pair_effects(
                 fitted, frame, target, fit_idx, p["num_threads"], seed
@@ -421,7 +438,7 @@ class ThroughputModel:
             return self
         rows = _at_most(np.flatnonzero(pair), RATIO_PAIRS, seed)
         pf = frame.iloc[rows].reset_index(drop=True)
-        blind, _rows, prior_f = self._booster_parts(pf)
+        blind, _rows, prior_f, physics = self._booster_parts(pf)
         other = pf["other_log_pd"].to_numpy(np.float64)
         names = ratio_features(self.feature_names)
         derived = _derived(blind, prior_f, other)
@@ -432,7 +449,8 @@ class ThroughputModel:
         X[:n] = _ratio_matrix(pf, names, derived, self._levels, self._luts, dtype=np.float32)
         own_residual = y[rows] - blind  # the lineage on the candidate, against f(job, candidate)
         _reversed_pairs(X[:n], names, own_residual, out=X[n:])
-        target = np.concatenate([y[rows] - other, other - y[rows]])
+        # the trees learn what the physics ratio misses (`ratio_base`)
+        target = np.concatenate([y[rows] - other - physics, other - y[rows] + physics])
         tr = np.tile(train_idx[rows], 2)
         va = np.tile(calib[rows], 2) if calib is not None else np.zeros(2 * n, bool)
         cats = [i for i, c in enumerate(names) if _level_name(c) in self._levels]
@@ -444,6 +462,7 @@ class ThroughputModel:
             **self.metadata,
             "ratio_features": names,
             "ratio_best_iteration": best,
+            "ratio_base": PHYSICS_RATIO,
         }
         compiled = self.score if self.scorer_kind != LIGHTGBM_KIND else None
         return type(self)(self.booster, meta, compiled, self.scorer_kind, ratio)
@@ -526,7 +545,7 @@ class ThroughputModel:
 
         `skip_self`: rows anchored on the lineage's own prior need neither (NaN there), so
         the booster does not score them (serving; calibration wants every estimate)."""
-        blind, rows, prior_f = self._booster_parts(frame, skip_self)
+        blind, rows, prior_f, physics = self._booster_parts(frame, skip_self)
         moved = np.full(len(frame), np.nan)
         if len(rows):
             other_lpd = f64(frame, "other_log_pd")[rows]
@@ -542,14 +561,17 @@ class ThroughputModel:
                     rows,
                     dtype=_input_dtype(frame),
                 )
-                moved[rows] = other_lpd + self.ratio_score(Xr)
+                base = physics if self.metadata.get("ratio_base") == PHYSICS_RATIO else 0.0
+                moved[rows] = other_lpd + base + self.ratio_score(Xr)
         return blind, moved
 
     def _booster_parts(
         self, frame: Frame, skip_self: bool = False
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(f(job, candidate) per row, the rows with a prior on another type B, f(job, B) of
-        each of them), f with the physics offset and the pair effect, from one booster call."""
+        each of them, the physics ratio of each of them: the physics offset and the pair effect
+        on the candidate less on B), f with the physics offset and the pair effect, from one
+        booster call."""
         n = len(frame)
         other = np.isfinite(f64(frame, "other_log_pd"))
         base: np.ndarray | None = None
@@ -580,15 +602,17 @@ class ThroughputModel:
         blind_all = out[:nb] if base is None else np.full(n, np.nan)
         if base is not None:
             blind_all[base] = out[:nb]
-        blind = blind_all + _offset(frame, self.groups) + self._pair(mt_code, frame)
-        prior_f = np.zeros(0)
+        physics = _offset(frame, self.groups, self.roofline) + self._pair(mt_code, frame)
+        blind = blind_all + physics
+        prior_f = physics_ratio = np.zeros(0)
         if len(rows):
-            prior_f = (
-                out[nb:]
-                + _offset(frame, self.groups, prefix="o_")[pick]
+            prior_physics = (
+                _offset(frame, self.groups, self.roofline, prefix="o_", rows=pick)
                 + self._pair(mt_code, frame, "o_hardware_type")[pick]
             )[inverse]
-        return blind, rows, prior_f
+            prior_f = out[nb:][inverse] + prior_physics
+            physics_ratio = physics[rows] - prior_physics
+        return blind, rows, prior_f, physics_ratio
 
     def _pair(
         self, mt_code: np.ndarray | None, frame: Frame, hw_col: str = "hardware_type"
@@ -784,10 +808,13 @@ class _LeftOut:
         booster, _best = _train(p, data, NUM_ROUNDS, EARLY_STOP)
         del data
         pairs = metadata.get("pair_effects") or {}
-        meta: ModelMetadata = {  # no pair effects on a type no training row had
+        meta: ModelMetadata = {  # no pair or roofline effects of a type no training row had
             **metadata,
             "pair_effects": {k: v for k, v in pairs.items() if k.split("|", 1)[1] not in types},
         }
+        if "roofline" in metadata:
+            roofline = LearnedRoofline.from_json(metadata["roofline"]).without_types(types)
+            meta["roofline"] = roofline.to_json()
         scored = np.flatnonzero(calib & left)
         blind = np.full(len(frame), np.nan)
         moved = np.full(len(frame), np.nan)
@@ -1213,14 +1240,31 @@ def _matrix(
     return X
 
 
-def _offset(frame: Frame, groups: Sequence[str], prefix: str = "") -> np.ndarray:
-    """The physics rate (compute / memory / all-reduce times, `features.hw_columns`) the booster
-    corrects: trees then learn an efficiency in a narrow range, not a rate spanning ten orders
-    of magnitude, and the hardware ratio starts from physics where data is thin."""
-    if "specs" in groups and "config" in groups:
+def _physics(groups: Sequence[str]) -> bool:
+    return "specs" in groups and "config" in groups
+
+
+def _offset(
+    frame: Frame,
+    groups: Sequence[str],
+    roofline: LearnedRoofline | None,
+    prefix: str = "",
+    rows: np.ndarray | None = None,
+) -> np.ndarray:
+    """The physics rate the booster corrects, for `rows` of `frame` (all when None): the
+    learned roofline's (core/roofline.py), or for a model without one the fixed-efficiency
+    `log_phys_rate` of `features.hw_columns`. Trees then learn an efficiency in a narrow range,
+    not a rate spanning ten orders of magnitude, and the hardware ratio starts from physics
+    where data is thin. 0 where the physics inputs are missing."""
+    n = len(frame) if rows is None else len(rows)
+    if not _physics(groups):
+        return np.zeros(n)
+    if roofline is not None:
+        r = roofline.predict(frame, prefix, rows)
+    else:
         r = f64(frame, prefix + "log_phys_rate")
-        return np.asarray(np.where(np.isfinite(r), r, 0.0))
-    return np.zeros(len(frame))
+        r = r if rows is None else r[rows]
+    return np.asarray(np.where(np.isfinite(r), r, 0.0))
 
 
 PAIR_SAMPLE = 300_000

@@ -323,3 +323,45 @@ def test_a_prior_on_another_vendor_widens_a_transfer_interval(
     np.testing.assert_allclose(np.log(lo1 / p)[cross], 1.5 * np.log(lo0 / p)[cross], rtol=1e-9)
     np.testing.assert_array_equal(hi1[~cross], hi0[~cross])
     assert not crosses_vendor(fr)[~np.isfinite(fr["other_log_pd"].to_numpy())].any()
+
+
+def test_the_learned_roofline_is_the_offset_and_travels_in_the_metadata(
+    data: tuple[pd.DataFrame, pd.DataFrame],
+) -> None:
+    """The booster corrects the learned roofline's rate; a model without one (trained before
+    it) corrects the fixed-efficiency physics rate."""
+    from leap_stream.core.predictor import _offset
+    from leap_stream.core.roofline import LearnedRoofline
+
+    m, fr = data
+    model = ThroughputModel.fit(fr, m["samples_per_s"].to_numpy(), m["lineage_id"], num_rounds=20)
+    assert model.roofline is not None and "roofline" in model.metadata
+    again = LearnedRoofline.from_json(model.metadata["roofline"])
+    np.testing.assert_allclose(
+        _offset(fr, model.groups, model.roofline), np.nan_to_num(again.predict(fr))
+    )
+    fixed = _offset(fr, model.groups, None)
+    np.testing.assert_allclose(fixed, np.nan_to_num(fr["log_phys_rate"].to_numpy()))
+    # the learned rate is closer to the measurements than the textbook one
+    y = np.log(m["samples_per_s"].to_numpy()) - fr["log_devices"].to_numpy()
+    learned = _offset(fr, model.groups, model.roofline)
+    assert np.median(np.abs(y - learned)) < np.median(np.abs(y - fixed - np.median(y - fixed)))
+
+
+def test_the_ratio_model_corrects_the_physics_ratio(
+    data: tuple[pd.DataFrame, pd.DataFrame],
+) -> None:
+    """A transfer estimate is the prior + the physics ratio (roofline and pair effects, the
+    candidate's less the prior type's) + the ratio model's correction; a model whose ratio
+    model learned the whole ratio (no `ratio_base`) adds none."""
+    m, fr = data
+    model = ThroughputModel.fit(fr, m["samples_per_s"].to_numpy(), m["lineage_id"], num_rounds=20)
+    assert model.ratio is not None and model.metadata.get("ratio_base") == "physics"
+    _blind, rows, _prior_f, physics = model._booster_parts(fr)
+    assert len(rows) > 100 and np.abs(physics).max() > 0.1
+    _blind, moved = model._log_pd_parts(fr)
+    whole = {k: v for k, v in model.metadata.items() if k != "ratio_base"}
+    _blind, moved_whole = ThroughputModel(model.booster, whole, ratio=model.ratio)._log_pd_parts(  # type: ignore[arg-type]
+        fr
+    )
+    np.testing.assert_allclose(moved[rows] - moved_whole[rows], physics)
