@@ -82,8 +82,8 @@ demo: system-deps-demo venv
 	$(BIN)/leap-stream demo $(DEMO_ARGS)
 
 lint: venv
-	$(BIN)/ruff check leap_stream tests
-	$(BIN)/ruff format --check leap_stream tests
+	$(BIN)/ruff check leap_stream tests benchmarks
+	$(BIN)/ruff format --check leap_stream tests benchmarks
 	$(BIN)/mypy
 
 clean:

@@ -51,15 +51,22 @@ def main() -> None:
     for _ in range(args.repeat):
         result, w_sim, c_sim = _timed(lambda: simulate(cfg))
         assert result is not None
-        r = result
-        _, w_ev, c_ev = _timed(
-            lambda r=r: (submission_events(r.submissions), completion_events(r.completions))
-        )
-        _, w_ln, c_ln = _timed(
-            lambda r=r: (submission_lines(r.submissions), completion_lines(r.completions))
-        )
+        r: SimResult = result
+
+        def events(r: SimResult = r) -> object:
+            return submission_events(r.submissions), completion_events(r.completions)
+
+        def lines(r: SimResult = r) -> object:
+            return submission_lines(r.submissions), completion_lines(r.completions)
+
+        _, w_ev, c_ev = _timed(events)
+        _, w_ln, c_ln = _timed(lines)
         with tempfile.TemporaryDirectory() as tmp:
-            _, w_wr, c_wr = _timed(lambda r=r, tmp=tmp: write_jsonl(r, tmp))
+
+            def write(r: SimResult = r, tmp: str = tmp) -> object:
+                return write_jsonl(r, tmp)
+
+            _, w_wr, c_wr = _timed(write)
         for key, w, c in (
             ("frames", w_sim, c_sim),
             ("dicts", w_sim + w_ev, c_sim + c_ev),

@@ -13,7 +13,9 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
+from typing import cast
 
+from leap_stream.contracts import JobSubmitted
 from leap_stream.store.offline import DatasetSink, flatten, read_dataset
 from leap_stream.store.online import OnlineStore, connect
 from leap_stream.tools import synthetic_events as synthetic
@@ -51,7 +53,7 @@ def main() -> int:
         # history for the lineages: ~3 hardware types each
         pairs = synthetic.pairs(args.lineages * 6, seed=1, lineages=args.lineages)
         store.apply_completions([c for _s, c in pairs])
-        subs = [s for s, _c in pairs[: args.lineages]]
+        subs = cast(list[JobSubmitted], [s for s, _c in pairs[: args.lineages]])
         ids = [s["lineage_id"] for s in subs]
         types = list(synthetic.MODEL_TYPES)
         hist, _ = store.read_batch(ids, types)

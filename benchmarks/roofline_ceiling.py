@@ -52,10 +52,10 @@ def _pair_effects(
     key: np.ndarray, resid: np.ndarray, shrink: float, lineage: np.ndarray | None = None
 ) -> pd.Series:
     if lineage is not None:
-        g = pd.Series(resid).groupby(lineage)
-        resid = resid - (g.transform("sum") / (g.transform("count") + LINEAGE_SHRINK)).to_numpy()
+        by = pd.Series(resid).groupby(lineage)
+        resid = resid - (by.transform("sum") / (by.transform("count") + LINEAGE_SHRINK)).to_numpy()
     g = pd.Series(resid).groupby(key).agg(["sum", "count"])
-    return g["sum"] / (g["count"] + shrink)
+    return pd.Series(g["sum"] / (g["count"] + shrink))
 
 
 def _report(name: str, err_meas: np.ndarray, err_known: np.ndarray, groups: dict[str, Any]) -> None:

@@ -66,7 +66,7 @@ def sim_ratios(seed: int, rate: int, days: int, keep: set[tuple[str, str]]) -> p
     out = []
     for a, b in sorted(keep):
         if a in w.columns and b in w.columns:
-            r = np.log2(w[b] / w[a])  # same job, same device count: per device too
+            r = pd.Series(np.log2(w[b] / w[a]))  # same job, same device count: per device too
             for v in {vendor[a], vendor[b]} & set(REAL_FRAMEWORKS):
                 r = r[fw.isin(REAL_FRAMEWORKS[v]).to_numpy()]
             r = r.dropna()
