@@ -511,6 +511,12 @@ class Settings:
         "How long a completion waits for its submission to be joined before it is dead-lettered as orphan_completion.",
         _float(0),
     )
+    max_waiting_completions: int = _setting(
+        "LEAP_MAX_WAITING_COMPLETIONS",
+        "10000",
+        "Completions of one partition that may wait for their submission at once; more are dead-lettered as waiting_overflow (a flood of completions whose submission never comes must not stall the others).",
+        _int(1),
+    )
     event_max_age_s: float = _setting(
         "LEAP_EVENT_MAX_AGE_S",
         "2592000",

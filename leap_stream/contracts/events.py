@@ -36,6 +36,7 @@ ErrorKind = Literal[
     "time_out_of_bounds",
     "completion_mismatch",
     "attempt_completed",
+    "waiting_overflow",
     "internal",
 ]
 Vendor = Literal["nvidia", "amd", "google", "aws", "intel"]

@@ -34,18 +34,21 @@ from leap_stream.contracts import DeadLetter, HardwareRanking
 from leap_stream.settings import Settings
 from leap_stream.stream.acks import ExplicitAcks, OrderedAcks, seek_every_partition
 from leap_stream.stream.batch import (
+    COMPLETION_SCHEMA,
     Backoff,
     CompletionBatchResult,
     CompletionProcessor,
     Record,
     SubmissionBatchResult,
     SubmissionProcessor,
+    dead_letter,
 )
 from leap_stream.stream.kafka import KafkaClients
 from leap_stream.stream.metrics import Metrics
 from leap_stream.stream.output import OutputProducer
 from leap_stream.stream.retry import Retry, Unfinished
 from leap_stream.stream.submission_loop import SubmissionLoop
+from leap_stream.stream.waiting import WaitingCompletions
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -116,14 +119,14 @@ class WorkerDeps:
 class _Pending:
     """Completion events whose rows wait for the next dataset write, unacked until then."""
 
-    def __init__(self) -> None:
+    def __init__(self, waiting: WaitingCompletions) -> None:
         self.events: list[Any] = []
         self.rows: dict[str, dict[str, Any]] = {}
         self.since: float | None = None
         self.lock = asyncio.Lock()
         # completions that arrived before their submission was remembered (the submissions
-        # loop is behind): (event, record, completion, first seen), retried until the grace
-        self.waiting: list[tuple[Any, Record, dict[str, Any], float]] = []
+        # loop is behind), retried until the grace
+        self.waiting = waiting
 
     def add(self, events: list[Any], rows: list[dict[str, Any]]) -> None:
         if self.since is None:
@@ -322,7 +325,8 @@ class CompletionsAgent:
         self.deps = deps
         self.out = out
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="leap-completions")
-        self.pending = _Pending()
+        cfg = deps.cfg
+        self.pending = _Pending(WaitingCompletions(cfg.max_waiting_completions, cfg.orphan_grace_s))
         self.gate = OrderedAcks(
             lambda e: e.message.tp, lambda e: e.message.offset, app.explicit_acks.give
         )
@@ -397,7 +401,7 @@ class CompletionsAgent:
         generation = self.app.consumer_generation_id
         if generation != self.generation:
             self.generation = generation
-            self.pending.waiting = []
+            self.pending.waiting.clear()
             if left := self.gate.forget():
                 log.warning("%d completion events left to the new generation", len(left))
         current = [e for e in events if e.message.generation_id == generation]
@@ -422,9 +426,11 @@ class CompletionsAgent:
             if res.dead_letters:
                 await self._step("produce", self._send_dead, res.dead_letters)
             waiting = {i for i, _c in res.waiting}
-            mono = time.monotonic()
             pending.add([e for i, e in enumerate(events) if i not in waiting], res.rows)
-            pending.waiting.extend((events[i], records[i], comp, mono) for i, comp in res.waiting)
+            waits = [(events[i], records[i], comp) for i, comp in res.waiting]
+            over = pending.waiting.add(waits, time.monotonic())
+            if over:
+                await self._overflow(over, now)
             await self._flush_locked(force=False)
         self._observe(records, res, time.perf_counter() - t0)
 
@@ -438,14 +444,36 @@ class CompletionsAgent:
         m.batch_seconds.labels(agent="completions").observe(took)
         stats["completions_in"] = stats.get("completions_in", 0) + len(records)
 
+    async def _overflow(
+        self, over: list[tuple[Any, Record, dict[str, Any]]], now: datetime
+    ) -> None:
+        """Completions past their partition's waiting capacity: dead letters now, acked."""
+        cap = self.deps.cfg.max_waiting_completions
+        dead = [
+            dead_letter(
+                rec,
+                "waiting_overflow",
+                f"{cap} completions of this partition already wait for their submission "
+                "(LEAP_MAX_WAITING_COMPLETIONS)",
+                now,
+                COMPLETION_SCHEMA,
+            )
+            for _e, rec, _c in over
+        ]
+        await self._step("produce", self._send_dead, dead)
+        count_dead(self.deps.metrics, self.deps.cfg.topic_completions, dead)
+        self.pending.add([e for e, _r, _c in over], [])
+
     async def _resolve_waiting(self) -> None:
-        """Retry the join of waiting completions; orphan them after the grace period."""
+        """Retry the join of the waiting completions that are due; orphan them after the grace
+        period."""
         pending = self.pending
-        if not pending.waiting:
-            return
         mono = time.monotonic()
-        items = [(rec, comp) for _e, rec, comp, _t in pending.waiting]
-        give_up = [mono - since >= self.deps.cfg.orphan_grace_s for *_x, since in pending.waiting]
+        due = pending.waiting.due(mono)
+        if not due:
+            return
+        items = [(w.record, w.completion) for w in due]
+        give_up = [pending.waiting.expired(w, mono) for w in due]
         now = datetime.now(UTC)
         join = self.deps.completions.join_waiting
         res: CompletionBatchResult = await self._step("join", join, items, give_up, now)
@@ -453,13 +481,14 @@ class CompletionsAgent:
             await self._step("produce", self._send_dead, res.dead_letters)
             count_dead(self.deps.metrics, self.deps.cfg.topic_completions, res.dead_letters)
         count_applied(self.deps.metrics, res)
-        still: list[tuple[Any, Record, dict[str, Any], float]] = []
-        for item, (kind, value) in zip(pending.waiting, res.joined, strict=True):
+        decided = []
+        for w, (kind, value) in zip(due, res.joined, strict=True):
             if kind == "wait":
-                still.append(item)
+                pending.waiting.retry_later(w, mono)
                 continue
-            pending.add([item[0]], [value] if kind == "row" and value is not None else [])
-        pending.waiting = still
+            decided.append(w)
+            pending.add([w.event], [value] if kind == "row" and value is not None else [])
+        pending.waiting.remove(decided)
 
     async def _flush_locked(self, force: bool) -> None:
         """Dataset write when due, then ack (in offset order, through the gate). Holds the lock.
@@ -493,7 +522,7 @@ class CompletionsAgent:
             # what is still unacked (completions waiting for their submission and the events
             # after them) stays uncommitted and is redelivered; after a stop's last write
             # nothing more is acked
-            pending.waiting = []
+            pending.waiting.clear()
             left = self.gate.close() if self.app.should_stop else self.gate.forget()
             if left:
                 log.warning("%d completion events left uncommitted; redelivered later", len(left))

@@ -99,7 +99,7 @@ class BatchRanker(Protocol):
     ) -> list[HardwareRanking]: ...
 
 
-def _dead_letter(
+def dead_letter(
     record: Record, kind: str, message: str, now: datetime, schema: str | None = None
 ) -> DeadLetter:
     err = DecodeError(kind, message, None, schema)  # type: ignore[arg-type]
@@ -239,7 +239,7 @@ class SubmissionProcessor:
                     kept.append((rec, ev))
                     continue
                 message = f"default_hardware {ev['default_hardware']!r} is not in the catalog"
-                dead.append(_dead_letter(rec, "unknown_hardware", message, now, SUBMISSION_SCHEMA))
+                dead.append(dead_letter(rec, "unknown_hardware", message, now, SUBMISSION_SCHEMA))
             good = kept
         out = SubmissionBatchResult(dead_letters=dead, valid=len(good))
         if not good:
@@ -283,7 +283,7 @@ class SubmissionProcessor:
                 except Exception as exc:
                     out.valid -= 1
                     out.dead_letters.append(
-                        _dead_letter(rec, "internal", f"ranking failed: {exc!r}", now)
+                        dead_letter(rec, "internal", f"ranking failed: {exc!r}", now)
                     )
         by_job = {
             (s["job_id"], s["attempt"]): (s["model"]["model_type"], h or {})
@@ -481,7 +481,7 @@ class CompletionProcessor:
             try:
                 decided.append((item, "row", flatten(sub, comp, quarantine=res.quarantine)))
             except Exception as exc:
-                dl = _dead_letter(rec, "internal", f"dataset row failed: {exc!r}", now)
+                dl = dead_letter(rec, "internal", f"dataset row failed: {exc!r}", now)
                 decided.append((item, "dead", dl))
         return decided
 
@@ -517,7 +517,7 @@ class CompletionProcessor:
     @staticmethod
     def orphan(rec: Record, comp: Mapping[str, Any], now: datetime, applied: bool) -> DeadLetter:
         effect = "history updated" if applied else "history not updated"
-        return _dead_letter(
+        return dead_letter(
             rec,
             "orphan_completion",
             f"no submission stored for job {comp['job_id']} attempt {comp['attempt']}; "
@@ -528,7 +528,7 @@ class CompletionProcessor:
 
     @staticmethod
     def repeat(rec: Record, comp: Mapping[str, Any], now: datetime) -> DeadLetter:
-        return _dead_letter(
+        return dead_letter(
             rec,
             "attempt_completed",
             f"job {comp['job_id']} attempt {comp['attempt']} completed before (another event): "
@@ -549,7 +549,7 @@ class CompletionProcessor:
         candidates = str((sub or {}).get("candidate_hardware", "")).split("|")
         if sub is not None and comp["hardware_type"] not in candidates:
             differ.append(f"hardware_type {comp['hardware_type']!r} is not one of its candidates")
-        return _dead_letter(
+        return dead_letter(
             rec,
             "completion_mismatch",
             f"job {comp['job_id']} attempt {comp['attempt']} does not match its submission: "
@@ -587,6 +587,7 @@ __all__ = [
     "Record",
     "SubmissionBatchResult",
     "SubmissionProcessor",
+    "dead_letter",
     "decode_records",
     "store_failed",
 ]

@@ -153,6 +153,64 @@ def test_one_attempt_completes_once_whatever_its_event_id(stack: Stack) -> None:
     )
 
 
+def test_an_orphan_flood_is_bounded_and_the_honest_completions_pass(stack: Stack) -> None:
+    """1,000 completions whose submission never comes, then three honest ones. Each partition
+    holds at most LEAP_MAX_WAITING_COMPLETIONS (200) waiting completions; the rest are
+    `waiting_overflow` dead letters at once, counted, and the honest completions are applied
+    meanwhile. After the grace the waiting ones are orphans: every flooded completion is a dead
+    letter of one kind or the other, none wrote history. Before: every orphan waited, each
+    batch looked all of them up again, and honest completions stalled behind them."""
+    cap, flood = 200, 1000
+    stack.extra_env.update(WINDOW, LEAP_ORPHAN_GRACE_S="20", LEAP_MAX_WAITING_COMPLETIONS=str(cap))
+    now = time.time()
+    t = stack.topics
+    honest = [_comp(f"fh{i}", now - 5 * HOUR + i * 60, 14.62 * (1 + 0.02 * i)) for i in range(3)]
+    stack.start()
+    feeder = Feeder(stack.bootstrap)
+    _rank_all(
+        stack, feeder, [_sub(c["job_id"].removeprefix("job-t-"), now - 6 * HOUR) for c in honest]
+    )
+    for k in range(flood):
+        c = _comp(f"never-{k}", now - 2 * HOUR, lineage_id=f"lin-never-{k % 7}")
+        feeder.send(t["comp"], c["job_id"], orjson.dumps(c), tag=("flood", k))
+    for c in honest:
+        feeder.send(t["comp"], c["job_id"], orjson.dumps(c))
+    feeder.flush()
+    sent = time.monotonic()
+    per_partition: dict[int, int] = {}
+    for k in range(flood):
+        p = feeder.placed[("flood", k)][1]
+        per_partition[p] = per_partition.get(p, 0) + 1
+    overflow = sum(max(0, n - cap) for n in per_partition.values())
+    assert overflow > 0
+
+    store = OnlineStore(connect(stack.redis_url), prefix=stack.prefix)
+
+    def honest_applied() -> bool:
+        assert stack.alive(), stack.log_tail()
+        [hist], _aggs = store.read_batch(["lin-t"], [])
+        return "h100-sxm" in hist and hist["h100-sxm"].count == len(honest)
+
+    wait_for("the honest completions applied", honest_applied, 30, every=0.1)
+    honest_wait = time.monotonic() - sent
+    overflowed = stack.metric("leap_dead_letter", topic=t["comp"], kind="waiting_overflow")
+    assert overflowed == overflow, (overflowed, per_partition)
+    dead = _wait_dead_letters(stack, flood)  # after the grace, the waiting ones are orphans
+    assert len(dead) == flood
+    kinds = [dead[feeder.placed[("flood", k)]]["error"]["kind"] for k in range(flood)]
+    assert kinds.count("waiting_overflow") == overflow
+    assert kinds.count("orphan_completion") == flood - overflow
+    hist, _aggs = store.read_batch([f"lin-never-{i}" for i in range(7)], [])
+    assert all(h == {} for h in hist)  # no flooded completion wrote history
+    store.r.close()
+    assert stack.stop(signal.SIGTERM) == 0, stack.log_tail()
+    print(
+        f"\n--- orphan flood of {flood}: {overflow} waiting_overflow at once, "
+        f"{flood - overflow} orphan_completion after the grace; the honest ones applied "
+        f"{honest_wait:.2f} s after they were sent"
+    )
+
+
 def test_poisoned_untimely_and_stray_telemetry(stack: Stack) -> None:
     stack.extra_env.update(WINDOW, LEAP_ORPHAN_GRACE_S="3")
     now = time.time()

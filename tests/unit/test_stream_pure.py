@@ -17,6 +17,7 @@ from leap_stream.stream.batch import Backoff, Record, decode_records
 from leap_stream.stream.client import summary_line
 from leap_stream.stream.lag import compute_lag, total_lag, while_coordinator_moves
 from leap_stream.stream.metrics import Metrics
+from leap_stream.stream.waiting import WaitingCompletions
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "schemas" / "examples"
@@ -187,7 +188,7 @@ def test_coverage_ratio_accumulates() -> None:
 
 
 def test_pending_keeps_first_row_per_event_id() -> None:
-    p = _Pending()
+    p = _Pending(WaitingCompletions(capacity=10, grace_s=60.0))
     p.add(["e1"], [{"event_id": "c1", "v": 1}])
     p.add(["e2", "e3"], [{"event_id": "c1", "v": 2}, {"event_id": "c2", "v": 3}])
     assert p.events == ["e1", "e2", "e3"]
@@ -482,7 +483,8 @@ def test_a_new_consumer_generation_starts_the_completions_gate_over() -> None:
     from leap_stream.stream.app import CompletionsAgent
 
     app = SimpleNamespace(consumer_generation_id=1, explicit_acks=ExplicitAcks())
-    agent = CompletionsAgent(app, SimpleNamespace(retry_cap_s=1.0), out=None)  # type: ignore[arg-type]
+    cfg = SimpleNamespace(max_waiting_completions=10, orphan_grace_s=60.0)
+    agent = CompletionsAgent(app, SimpleNamespace(retry_cap_s=1.0, cfg=cfg), out=None)  # type: ignore[arg-type]
 
     def event(offset: int, generation: int) -> Any:
         message = SimpleNamespace(tp=("comps", 0), offset=offset, generation_id=generation)
@@ -492,8 +494,8 @@ def test_a_new_consumer_generation_starts_the_completions_gate_over() -> None:
     assert agent._current(old) == old
     agent.gate.track(old)
     agent.gate.done(old[1:])  # old[0] waits, e.g. for its submission
-    agent.pending.waiting.append((old[0], None, {}, 0.0))  # type: ignore[arg-type]
+    agent.pending.waiting.add([(old[0], Record("comps", 0, 0, None, b"{}"), {})], 0.0)
     app.consumer_generation_id = 2
     fresh = [event(0, 2)]
     assert agent._current([event(4, 1), *fresh]) == fresh
-    assert agent.gate.pending() == [] and agent.pending.waiting == []
+    assert agent.gate.pending() == [] and len(agent.pending.waiting) == 0
