@@ -940,10 +940,9 @@ def _ranked_policy(
 
 
 def plots(summary: dict[str, Any], scored: list[pd.DataFrame], out_dir: Path) -> list[Path]:
-    import matplotlib
+    from leap_stream.tools.pyplot import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     out_dir.mkdir(parents=True, exist_ok=True)
     nights = summary["per_night"]
@@ -1042,6 +1041,11 @@ def run(args: argparse.Namespace, _settings: Settings) -> int:
         drift = None if args.drift is None else [parse_drift(d) for d in args.drift]
     except ValueError as exc:
         print(f"backtest: {exc}", file=sys.stderr)
+        return 2
+    from leap_stream.tools.pyplot import INSTALL_HINT, plots_available
+
+    if args.plots and not plots_available():  # before the run, not after it
+        print(f"backtest: --plots: {INSTALL_HINT}", file=sys.stderr)
         return 2
     new_hw = None
     if args.new_hardware:

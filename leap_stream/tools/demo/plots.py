@@ -9,16 +9,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from leap_stream.tools.pyplot import pyplot
+
 COLORS = {"service": "#1f77b4", "lookup": "#ff7f0e", "oracle": "#2ca02c", "default": "#7f7f7f"}
 
 
 def _plt() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+    return pyplot()
 
 
 def _bars(ax: Any, labels: list[str], values: list[float], colors: list[str], fmt: str) -> None:
