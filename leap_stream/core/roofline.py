@@ -71,6 +71,7 @@ PEAK_CENTRE = float(np.log(312.0))  # the slope's reference: a 312 TFLOP/s part
 ABSENT = -30.0  # log seconds of a term the physics leaves out (no communication: one device)
 SHRINK = 30.0  # ridge: pseudo-rows at the term's constant of every effect
 FIT_ROWS = 150_000  # rows the fit sees at most (a seeded sample beyond)
+PREDICT_ROWS = 500_000  # rows of a training frame predicted at once
 # (share of the fitted rows, evaluations at most): a rough fit on a third of the rows, then a
 # few steps on all of them; as good as 400 evaluations on every row at a tenth of the time
 # (docs/research/2026-12-06-learned-roofline.md)
@@ -221,7 +222,13 @@ class LearnedRoofline:
     def predict(self, frame: Frame, prefix: str = "", rows: np.ndarray | None = None) -> np.ndarray:
         """Per row (of `rows`; every row when None), the log per-device samples/s of the job on
         the row's type (``prefix`` "o_": on its prior type); NaN where the physics inputs are
-        missing."""
+        missing. A training frame of millions of rows goes by slices of `PREDICT_ROWS`: the
+        inputs of every row at once would cost a year's training gigabytes at its peak."""
+        if rows is None and isinstance(frame, pd.DataFrame) and len(frame) > PREDICT_ROWS:
+            parts = range(0, len(frame), PREDICT_ROWS)
+            return np.concatenate(
+                [self.predict(frame.iloc[i : i + PREDICT_ROWS], prefix) for i in parts]
+            )
         inputs = self._rows(frame, prefix)
         if rows is not None:
             inputs = inputs.take(rows)

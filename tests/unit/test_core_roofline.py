@@ -137,3 +137,16 @@ def test_rows_without_physics_are_nan_and_not_fitted() -> None:
     # no physics at all: the starting model, nothing fitted
     none = LearnedRoofline.fit(frame.assign(log_t_compute=np.nan), y)
     np.testing.assert_array_equal(none.theta, LearnedRoofline.start(none.effects).theta)
+
+
+def test_a_large_frame_is_predicted_by_slices_to_the_same_rates(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import leap_stream.core.roofline as R
+
+    frame = _frame(1000, seed=16)
+    frame["hardware_type"] = frame["hardware_type"].astype("category")
+    model = _truth(frame, seed=17)
+    whole = model.predict(frame)
+    monkeypatch.setattr(R, "PREDICT_ROWS", 128)
+    np.testing.assert_array_equal(model.predict(frame), whole)
