@@ -51,8 +51,26 @@ from leap_stream.core.columns import (
     codes_of,
     column_codes,
     f64,
-    map_values,
     value_ids,
+)
+from leap_stream.core.intervals import (
+    INTERVAL_LEVEL,
+    MIN_BUCKET_ROWS,
+    MIN_TYPE_ROWS,
+    IntervalScale,
+    conformal,
+    crosses_vendor,
+    devices_changed,
+    further_factor,
+    kind_quantiles,
+    move_factor,
+    move_width,
+    normalised,
+    row_scales,
+    spread_ratio,
+    transfer_width,
+    type_scales,
+    unseen_pair_scale,
 )
 from leap_stream.core.roofline import LearnedRoofline
 
@@ -65,15 +83,8 @@ COMPILED_KIND = "compiled"
 # None when it cannot. Core never imports the compiler: the trainer hands it in.
 BoosterCompiler = Callable[[lgb.Booster, Mapping[str, Sequence[str]]], Scorer | None]
 
-INTERVAL_LEVEL = 0.8
 # the largest log a bound may take: exp of it is finite (a ranking's numbers must be JSON numbers)
 LOG_FLOAT_MAX = float(np.log(np.finfo(np.float64).max)) - 1.0
-_QLO, _QHI = (1 - INTERVAL_LEVEL) / 2, 1 - (1 - INTERVAL_LEVEL) / 2
-MIN_BUCKET_ROWS = 30
-# Held-out rows a hardware type needs for an interval scale of its own; a type with fewer (a
-# new one, a rare one) gets the widest scale of the types that have one, and its candidates
-# say so (`few_measurements`).
-MIN_TYPE_ROWS = 100
 # A type the trees never saw (a new part) is predicted from its specs alone. How far off that
 # is, measured at fit: the booster refitted without the fastest `UNSEEN_TYPES` types with
 # `MIN_TYPE_ROWS` held-out rows (a part a fleet adds is most often faster than what it has),
@@ -200,30 +211,6 @@ def anchor_kind(frame: Frame, groups: Sequence[str]) -> np.ndarray:
     return kind
 
 
-class IntervalScale(TypedDict):
-    """Per hardware type, how much wider (>1) or narrower its held-out residuals are than the
-    pooled quantiles of their anchor kinds; ``sparse`` for every type without enough rows;
-    ``unseen_pair``: a further factor for a (model type × hardware) pair the training rows
-    had fewer than ``rare_pair_rows`` of (no row at all for a model without that key)."""
-
-    by_type: dict[str, float]
-    sparse: float
-    unseen_pair: NotRequired[float]
-    rare_pair_rows: NotRequired[int]
-    unseen_type: NotRequired[float]  # the least scale of a type with too few held-out rows
-    unseen_type_from: NotRequired[list[str]]  # the types left out to measure it
-    # a further factor on the lineage's own prior when the job's device count changed since
-    # it was measured (the prior is per device; communication and batching move it)
-    devices_changed: NotRequired[float]
-    # a transfer interval is 1 + transfer_move × |the prior's predicted move (log)| times as
-    # wide as for a prior moved by nothing (`_move_width`)
-    transfer_move: NotRequired[float]
-    # a transfer interval whose prior is on another vendor's type is this many times as wide
-    # as one within a vendor (`_spread_ratio`): a lineage's efficiency on one software stack
-    # says less about another's
-    cross_vendor: NotRequired[float]
-
-
 class ModelMetadata(TypedDict):
     """What a model says about itself (metadata.json): how to build its features, its
     intervals, its calibration figures and, once the trainer gated it, the gate's verdict."""
@@ -298,7 +285,7 @@ class ThroughputModel:
         self._type_code = {t: i for i, t in enumerate(by_type)}
         self._sparse_scale = float(scale["sparse"]) if scale else 1.0
         self._scales = np.asarray([*by_type.values(), self._sparse_scale], np.float64)
-        self._unseen_pair_scale = float(scale.get("unseen_pair", 1.0)) if scale else 1.0
+        self.unseen_pair_scale = float(scale.get("unseen_pair", 1.0)) if scale else 1.0
         self._unseen_type_scale = float(scale.get("unseen_type", 0.0)) if scale else 0.0
         self._devices_changed = float(scale.get("devices_changed", 1.0)) if scale else 1.0
         self._transfer_move = float(scale.get("transfer_move", 0.0)) if scale else 0.0
@@ -492,28 +479,28 @@ class ThroughputModel:
         # transfer residuals in units of their move's width: a prior moved far errs more, and a
         # ranking moves priors further than lineages did (docs/model.md, "How far a prior moves")
         move = moved - f64(cf, "other_log_pd")
-        transfer_move = _move_width(move, resid["transfer"])
-        resid["transfer"] = resid["transfer"] / _move_factor(transfer_move, move)
+        transfer_move = move_width(move, resid["transfer"])
+        resid["transfer"] = resid["transfer"] / move_factor(transfer_move, move)
         # and in units of the vendor crossing's width (docs/model.md, "Across vendors")
         cross = crosses_vendor(cf)
-        cross_vendor = _spread_ratio(resid["transfer"], cross)
+        cross_vendor = spread_ratio(resid["transfer"], cross)
         resid["transfer"] = resid["transfer"] / np.where(cross, cross_vendor, 1.0)
-        quantiles = _quantiles(resid)
+        quantiles = kind_quantiles(resid)
         self.metadata["residual_quantiles"] = quantiles
         own = np.choose(kind, [resid["self"], resid["transfer"], resid["model"]])
         lo = np.asarray([quantiles[k][0] for k in KINDS])[kind]
         hi = np.asarray([quantiles[k][1] for k in KINDS])[kind]
         hw = cf["hardware_type"].to_numpy(object)
-        self.metadata["interval_scale"] = _type_scales(hw, own, lo, hi)
+        self.metadata["interval_scale"] = type_scales(hw, own, lo, hi)
         if transfer_move > 0.0:
             self.metadata["interval_scale"]["transfer_move"] = transfer_move
         if cross_vendor != 1.0:
             self.metadata["interval_scale"]["cross_vendor"] = cross_vendor
-        type_scale = _row_scales(self.metadata["interval_scale"], hw)
+        type_scale = row_scales(self.metadata["interval_scale"], hw)
         pair_rows = self.metadata.get("pair_rows") or {}
         mt_hw = _pair_keys(cf["model_type"].to_numpy(object), hw)
         rows_of_pair = pd.Series(pair_rows, dtype=np.float64).reindex(mt_hw).fillna(0.0)
-        unseen = _unseen_pair_scale(
+        unseen = unseen_pair_scale(
             type_scale,
             rows_of_pair.to_numpy() < RARE_PAIR_ROWS,
             [(resid[k], *quantiles[k]) for k in ("transfer", "model")],
@@ -522,12 +509,12 @@ class ThroughputModel:
             self.metadata["interval_scale"]["unseen_pair"] = unseen
             self.metadata["interval_scale"]["rare_pair_rows"] = RARE_PAIR_ROWS
         changed = devices_changed(cf)
-        z_changed = _normalised(resid["self"], *quantiles["self"])[changed]
-        factor = _factor(z_changed, type_scale[changed])
+        z_changed = normalised(resid["self"], *quantiles["self"])[changed]
+        factor = further_factor(z_changed, type_scale[changed])
         if factor is not None:
             self.metadata["interval_scale"]["devices_changed"] = factor
         if left_out is not None:
-            far = _transfer_width(frame, left_out.moved, transfer_move, cross_vendor)
+            far = transfer_width(frame, left_out.moved, transfer_move, cross_vendor)
             unseen_type = left_out.scale(y, quantiles, far)
             if unseen_type is not None:
                 self.metadata["interval_scale"]["unseen_type"] = unseen_type
@@ -649,7 +636,7 @@ class ThroughputModel:
         widen = self.support_excess(frame) if excess is None else excess
         scale = self.interval_scale(frame, kind)
         if self._transfer_move or self._cross_vendor != 1.0:
-            far = _transfer_width(frame, moved, self._transfer_move, self._cross_vendor)
+            far = transfer_width(frame, moved, self._transfer_move, self._cross_vendor)
             scale = np.where(kind == KIND_TRANSFER, scale * far, scale)
         low = np.exp(log_total + self._qlo[kind] * scale - widen)
         # a job far outside the support (widen ~ 700 log units) must still get a number
@@ -673,11 +660,11 @@ class ThroughputModel:
             out = np.asarray(self._scales[code])
             few = code < 0
         not_self = np.ones(len(frame), bool) if kind is None else kind != KIND_SELF
-        if self._unseen_pair_scale != 1.0:
+        if self.unseen_pair_scale != 1.0:
             mt = column_codes(frame, "model_type", self._pair_mt)
             hc = column_codes(frame, "hardware_type", self._pair_hw)
             common = self._pair_common[mt, hc]  # -1: the padding, unseen
-            out = np.where(common | ~not_self, out, out * self._unseen_pair_scale)
+            out = np.where(common | ~not_self, out, out * self.unseen_pair_scale)
         if few is not None and self._unseen_type_scale > 0.0:
             widen = few & not_self
             out = np.where(widen, np.fmax(out, self._unseen_type_scale), out)
@@ -831,14 +818,14 @@ class _LeftOut:
         `far`); None with fewer than `MIN_TYPE_ROWS`."""
         z = np.concatenate(
             [
-                _normalised(y - self.blind, *quantiles["model"]),
-                _normalised((y - self.moved) / far, *quantiles["transfer"]),
+                normalised(y - self.blind, *quantiles["model"]),
+                normalised((y - self.moved) / far, *quantiles["transfer"]),
             ]
         )
         z = z[np.isfinite(z)]
         if len(z) < MIN_TYPE_ROWS:
             return None
-        return round(max(1.0, _conformal(z)), 4)
+        return round(max(1.0, conformal(z)), 4)
 
 
 def _types_to_leave_out(frame: pd.DataFrame, hw: np.ndarray, calib: np.ndarray) -> list[str]:
@@ -1288,153 +1275,3 @@ def _pair_table(
     eff = g["sum"] / (g["count"] + PAIR_SHRINK)
     effects = {str(k): round(float(v), 6) for k, v in eff.items()}
     return effects, {str(k): int(v) for k, v in g["count"].items()}
-
-
-MOVE_BINS = 5
-
-
-def _move_factor(per_log: float, move: np.ndarray) -> np.ndarray:
-    """1 + `per_log` × |move| (1 where there is no move): how many times wider a transfer
-    interval is for a prior moved by `move` (log) than for one moved by nothing."""
-    return np.asarray(np.where(np.isfinite(move), 1.0 + per_log * np.abs(move), 1.0))
-
-
-def _move_width(move: np.ndarray, resid: np.ndarray) -> float:
-    """The `_move_factor` slope from held-out transfer residuals: their spread ((q90 − q10)/2)
-    in `MOVE_BINS` equal-count bins of |move|, a least-squares line through the bins, its
-    slope over its intercept; 0 when flat or falling, or with too few residuals.
-
-    Why: the error of a moved prior grows with how far it is moved (one pooled quantile left
-    the smallest moves at 0.89 coverage and the largest at 0.73 over every candidate), and a
-    ranking moves priors further than the moves lineages made, which the quantiles come from."""
-    ok = np.isfinite(move) & np.isfinite(resid)
-    if ok.sum() < MOVE_BINS * MIN_BUCKET_ROWS:
-        return 0.0
-    size, r = np.abs(move[ok]), resid[ok]
-    order = np.argsort(size, kind="stable")
-    bins = np.array_split(order, MOVE_BINS)
-    centre = np.asarray([np.median(size[b]) for b in bins])
-    spread = np.asarray([_spread(r[b]) for b in bins])
-    slope, intercept = np.polyfit(centre, spread, 1)
-    if intercept <= 0 or slope <= 0:
-        return 0.0
-    return round(float(slope / intercept), 4)
-
-
-def _spread(resid: np.ndarray) -> float:
-    """(q90 − q10) / 2 of the residuals: how wide an 80 % interval around them is each way."""
-    return float(np.subtract(*np.quantile(resid, [_QHI, _QLO]))) / 2
-
-
-def _transfer_width(frame: Frame, moved: np.ndarray, per_log: float, cross: float) -> np.ndarray:
-    """Per row, how many times wider its transfer interval is than a prior's moved by nothing
-    within a vendor: the move's `_move_factor`, times ``cross`` where the prior is on another
-    vendor's type (`crosses_vendor`)."""
-    far = _move_factor(per_log, moved - f64(frame, "other_log_pd"))
-    return np.asarray(far * np.where(crosses_vendor(frame), cross, 1.0))
-
-
-def crosses_vendor(frame: Frame) -> np.ndarray:
-    """Per row: the lineage's prior on another type is on another vendor's type."""
-    other = np.asarray(frame["o_vendor"], object)
-    return np.asarray(pd.notna(other) & (np.asarray(frame["vendor"], object) != other))
-
-
-def _spread_ratio(resid: np.ndarray, rows: np.ndarray) -> float:
-    """The spread ((q90 − q10)/2) of the residuals of ``rows`` over that of the others; 1
-    with fewer than `MIN_TYPE_ROWS` finite residuals on either side."""
-    ok = np.isfinite(resid)
-    a, b = resid[ok & rows], resid[ok & ~rows]
-    if min(len(a), len(b)) < MIN_TYPE_ROWS:
-        return 1.0
-    below = _spread(b)
-    return round(float(_spread(a) / below), 4) if below > 0 else 1.0
-
-
-def _normalised(resid: np.ndarray, lo: np.ndarray | float, hi: np.ndarray | float) -> np.ndarray:
-    """A residual over its kind's quantile on its side (``lo`` < 0 < ``hi``): inside the
-    interval exactly when ≤ 1; NaN where it cannot be formed."""
-    lo_, hi_ = np.broadcast_to(lo, resid.shape), np.broadcast_to(hi, resid.shape)
-    ok = np.isfinite(resid) & (lo_ < 0) & (hi_ > 0)
-    z = np.where(
-        resid >= 0, resid / np.where(hi_ > 0, hi_, 1.0), resid / np.where(lo_ < 0, lo_, -1.0)
-    )
-    return np.where(ok, z, np.nan)
-
-
-def _type_scales(
-    hw: np.ndarray, resid: np.ndarray, lo: np.ndarray, hi: np.ndarray
-) -> IntervalScale:
-    """Normalised conformal scales: per type with `MIN_TYPE_ROWS` rows, the conformal
-    `INTERVAL_LEVEL` quantile of its rows' `_normalised` residuals. A type with fewer rows
-    borrows the widest (at least 1): knowing little about a type is no reason to claim more
-    than the worst type shows."""
-    z = _normalised(resid, lo, hi)
-    ok = np.isfinite(z)
-    by_type: dict[str, float] = {}
-    frame = pd.DataFrame({"hw": hw[ok], "z": z[ok]})
-    for t, g in frame.groupby("hw", sort=True)["z"]:
-        if len(g) >= MIN_TYPE_ROWS:
-            by_type[str(t)] = round(_conformal(g.to_numpy()), 4)
-    return {"by_type": by_type, "sparse": max([1.0, *by_type.values()])}
-
-
-def _row_scales(scales: IntervalScale, hw: np.ndarray) -> np.ndarray:
-    """Per row, its hardware type's scale (the sparse one for a type without)."""
-    return map_values(hw, scales["by_type"], scales["sparse"])
-
-
-def _unseen_pair_scale(
-    type_scale: np.ndarray,
-    unseen: np.ndarray,
-    kinds: Sequence[tuple[np.ndarray, float, float]],
-) -> float | None:
-    """The factor (at least 1) on the type scale for a (model type × hardware) pair no training
-    row had: over the held-out rows on such pairs, their residuals as a candidate there would
-    be anchored — moved from another type, or blind (``kinds``: residual, lo, hi of each) —
-    normalised and divided by their type's scale (``type_scale``, per row), the conformal
-    quantile. None with fewer than `MIN_TYPE_ROWS` such residuals. A held-out row's own prior
-    does not count: a ranking meets an unseen pair on the candidates a lineage never ran on."""
-    z = np.concatenate([_normalised(r, lo, hi)[unseen] for r, lo, hi in kinds])
-    return _factor(z, np.tile(type_scale[unseen], len(kinds)))
-
-
-def _factor(z: np.ndarray, row_scale: np.ndarray) -> float | None:
-    """A further factor (at least 1) on some rows' scales: the conformal `INTERVAL_LEVEL`
-    quantile of their normalised residuals ``z`` over the scale each row has already; None
-    with fewer than `MIN_TYPE_ROWS` of them."""
-    z = z / row_scale
-    z = z[np.isfinite(z)]
-    if len(z) < MIN_TYPE_ROWS:
-        return None
-    return round(max(1.0, _conformal(z)), 4)
-
-
-def devices_changed(frame: Frame) -> np.ndarray:
-    """Per row: the lineage's own prior there was measured on another device count."""
-    return np.asarray(np.abs(f64(frame, "self_log_dev_ratio")) > F.DEVICES_CHANGED)
-
-
-def _conformal(z: np.ndarray) -> float:
-    """The finite-sample conformal `INTERVAL_LEVEL` quantile of ``z``."""
-    n = len(z)
-    return float(np.quantile(z, min(1.0, np.ceil((n + 1) * INTERVAL_LEVEL) / n)))
-
-
-def _quantiles(resid: dict[str, np.ndarray]) -> dict[str, list[float]]:
-    """Per-kind (q10, q90) of the log residual y − ŷ, with the finite-sample conformal
-    correction; a kind with too few rows borrows the widest of the others."""
-    out: dict[str, list[float]] = {}
-    for k, r in resid.items():
-        r = r[np.isfinite(r)]
-        n = len(r)
-        if n >= MIN_BUCKET_ROWS:
-            lo = float(np.quantile(r, max(0.0, np.floor((n + 1) * _QLO) / n)))
-            hi = float(np.quantile(r, min(1.0, np.ceil((n + 1) * _QHI) / n)))
-            out[k] = [lo, hi]
-    widest = (
-        [min(v[0] for v in out.values()), max(v[1] for v in out.values())] if out else [-0.5, 0.5]
-    )
-    for k in resid:
-        out.setdefault(k, widest)
-    return out

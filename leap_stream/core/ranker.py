@@ -32,8 +32,9 @@ from leap_stream.core.history import (
     LineageHistory,
     TypeAggregates,
 )
+from leap_stream.core.intervals import INTERVAL_LEVEL
 from leap_stream.core.lookup import LookupTable
-from leap_stream.core.predictor import INTERVAL_LEVEL, OOD_MARGIN, ThroughputModel
+from leap_stream.core.predictor import OOD_MARGIN, ThroughputModel
 from leap_stream.core.ranking import (
     SCHEMA_VERSION,
     rank_order,

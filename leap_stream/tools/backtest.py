@@ -505,7 +505,8 @@ def _anchor_counts(
     widths] of the model per breakdown key, for all candidates and the ran-on ones: where
     accuracy is lost (anchor kind, device count changed since the prior, family) and whether
     the intervals are honest there, and how wide they are for it."""
-    from leap_stream.core.predictor import KINDS, anchor_kind, crosses_vendor, devices_changed
+    from leap_stream.core.intervals import crosses_vendor, devices_changed
+    from leap_stream.core.predictor import KINDS, anchor_kind
 
     kind = np.asarray(KINDS, dtype=object)[anchor_kind(base, model.groups)]
     moved = np.where(crosses_vendor(base), TRANSFER_KEYS[1], TRANSFER_KEYS[0])

@@ -262,16 +262,16 @@ def test_the_ratio_model_fits_every_pair_up_to_a_cap() -> None:
 def test_the_move_width_follows_how_far_priors_move() -> None:
     """Residuals whose spread grows as 1 + 2 |move| give a slope near 2; a flat spread or one
     that falls gives none."""
-    from leap_stream.core.predictor import _move_factor, _move_width
+    from leap_stream.core.intervals import move_factor, move_width
 
     rng = np.random.default_rng(0)
     move = rng.uniform(-2.0, 2.0, 20_000)
     noise = rng.normal(size=move.size)
-    assert 1.7 < _move_width(move, 0.1 * (1 + 2 * np.abs(move)) * noise) < 2.3
-    assert _move_width(move, 0.1 * noise) < 0.1
-    assert _move_width(move, 0.1 * (3 - np.abs(move)) * noise) == 0.0
-    assert _move_width(move[:100], noise[:100]) == 0.0  # too few to say
-    np.testing.assert_allclose(_move_factor(0.5, np.array([0.0, -2.0, np.nan])), [1.0, 2.0, 1.0])
+    assert 1.7 < move_width(move, 0.1 * (1 + 2 * np.abs(move)) * noise) < 2.3
+    assert move_width(move, 0.1 * noise) < 0.1
+    assert move_width(move, 0.1 * (3 - np.abs(move)) * noise) == 0.0
+    assert move_width(move[:100], noise[:100]) == 0.0  # too few to say
+    np.testing.assert_allclose(move_factor(0.5, np.array([0.0, -2.0, np.nan])), [1.0, 2.0, 1.0])
 
 
 def test_a_transfer_interval_widens_with_its_move(data: tuple[pd.DataFrame, pd.DataFrame]) -> None:
@@ -295,20 +295,21 @@ def test_a_transfer_interval_widens_with_its_move(data: tuple[pd.DataFrame, pd.D
 
 def test_the_vendor_crossing_width_is_the_ratio_of_spreads() -> None:
     """Residuals of crossing rows twice as spread give a ratio near 2; too few give 1."""
-    from leap_stream.core.predictor import _spread_ratio
+    from leap_stream.core.intervals import spread_ratio
 
     rng = np.random.default_rng(1)
     rows = rng.random(20_000) < 0.3
     resid = rng.normal(size=rows.size) * np.where(rows, 0.4, 0.2)
-    assert 1.9 < _spread_ratio(resid, rows) < 2.1
-    assert 0.9 < _spread_ratio(rng.normal(size=rows.size), rows) < 1.1
-    assert _spread_ratio(resid, np.arange(rows.size) < 10) == 1.0  # too few to say
+    assert 1.9 < spread_ratio(resid, rows) < 2.1
+    assert 0.9 < spread_ratio(rng.normal(size=rows.size), rows) < 1.1
+    assert spread_ratio(resid, np.arange(rows.size) < 10) == 1.0  # too few to say
 
 
 def test_a_prior_on_another_vendor_widens_a_transfer_interval(
     data: tuple[pd.DataFrame, pd.DataFrame],
 ) -> None:
-    from leap_stream.core.predictor import KIND_TRANSFER, anchor_kind, crosses_vendor
+    from leap_stream.core.intervals import crosses_vendor
+    from leap_stream.core.predictor import KIND_TRANSFER, anchor_kind
 
     m, fr = data
     model = ThroughputModel.fit(fr, m["samples_per_s"].to_numpy(), m["lineage_id"], num_rounds=20)

@@ -282,7 +282,8 @@ def test_a_type_with_few_measurements_gets_at_least_the_unseen_type_scale(
 def test_the_types_left_out_are_the_fastest_with_enough_held_out_rows() -> None:
     import pandas as pd
 
-    from leap_stream.core.predictor import MIN_TYPE_ROWS, _types_to_leave_out
+    from leap_stream.core.intervals import MIN_TYPE_ROWS
+    from leap_stream.core.predictor import _types_to_leave_out
 
     n = MIN_TYPE_ROWS
     peaks = {"slow": 1.0, "fast": 3.0, "fastest_but_rare": 9.0, "mid": 2.0, "faster": 4.0}
@@ -302,7 +303,7 @@ def test_a_fitted_model_measures_the_unseen_type_scale() -> None:
 
 
 def test_type_scales_follow_each_types_residuals() -> None:
-    from leap_stream.core.predictor import MIN_TYPE_ROWS, _type_scales
+    from leap_stream.core.intervals import MIN_TYPE_ROWS, type_scales
 
     rng = np.random.default_rng(3)
     n = 4000
@@ -312,7 +313,7 @@ def test_type_scales_follow_each_types_residuals() -> None:
     )
     q = 1.2816  # the 10 / 90 % points of a standard normal
     lo, hi = np.full(len(hw), -q), np.full(len(hw), q)
-    s = _type_scales(hw, resid, lo, hi)
+    s = type_scales(hw, resid, lo, hi)
     assert set(s["by_type"]) == {"wide", "narrow"}
     assert s["by_type"]["wide"] == pytest.approx(2.0, rel=0.08)
     assert s["by_type"]["narrow"] == pytest.approx(0.5, rel=0.08)
@@ -322,7 +323,7 @@ def test_type_scales_follow_each_types_residuals() -> None:
 def test_a_fitted_model_has_scales_only_for_types_with_enough_held_out_rows(
     trained: tuple[Any, ThroughputModel, LookupTable],
 ) -> None:
-    from leap_stream.core.predictor import MIN_TYPE_ROWS
+    from leap_stream.core.intervals import MIN_TYPE_ROWS
 
     _d, model, _lookup = trained
     scale = model.metadata["interval_scale"]
@@ -403,7 +404,7 @@ def test_a_pair_with_few_training_rows_gets_the_unseen_pair_factor(
 
 
 def test_the_unseen_pair_factor_comes_from_moved_and_blind_residuals() -> None:
-    from leap_stream.core.predictor import MIN_TYPE_ROWS, _unseen_pair_scale
+    from leap_stream.core.intervals import MIN_TYPE_ROWS, unseen_pair_scale
 
     rng = np.random.default_rng(5)
     n = 4 * MIN_TYPE_ROWS
@@ -413,11 +414,11 @@ def test_the_unseen_pair_factor_comes_from_moved_and_blind_residuals() -> None:
     transfer = rng.normal(0, 1.0, n) * np.where(unseen, 2.0, 1.0)
     blind = rng.normal(0, 1.0, n) * np.where(unseen, 2.0, 1.0)
     one = np.ones(n)
-    f = _unseen_pair_scale(one, unseen, [(transfer, -q, q), (blind, -q, q)])
+    f = unseen_pair_scale(one, unseen, [(transfer, -q, q), (blind, -q, q)])
     assert f == pytest.approx(2.0, rel=0.1)
-    assert _unseen_pair_scale(one, np.zeros(n, bool), [(transfer, -q, q)]) is None
+    assert unseen_pair_scale(one, np.zeros(n, bool), [(transfer, -q, q)]) is None
     # a type already twice as wide explains it: no further factor
-    assert _unseen_pair_scale(2 * one, unseen, [(transfer, -q, q), (blind, -q, q)]) == 1.0
+    assert unseen_pair_scale(2 * one, unseen, [(transfer, -q, q), (blind, -q, q)]) == 1.0
 
 
 def test_the_devices_changed_factor_widens_only_an_own_prior_on_other_devices(
