@@ -517,6 +517,12 @@ class Settings:
         "Completions of one partition that may wait for their submission at once; more are dead-lettered as waiting_overflow (a flood of completions whose submission never comes must not stall the others).",
         _int(1),
     )
+    fault_clock_offset_s: float = _setting(
+        "LEAP_FAULT_CLOCK_OFFSET_S",
+        "0",
+        "Fault injection, for tests only: seconds added to the worker's reading of its host clock (a host running ahead or behind; the worker then judges events by the records' time, stream/clock.py). Never set in production.",
+        _float(-1e9),
+    )
     event_max_age_s: float = _setting(
         "LEAP_EVENT_MAX_AGE_S",
         "2592000",

@@ -43,6 +43,7 @@ from leap_stream.stream.batch import (
     SubmissionProcessor,
     dead_letter,
 )
+from leap_stream.stream.clock import BrokerClock
 from leap_stream.stream.kafka import KafkaClients
 from leap_stream.stream.metrics import Metrics
 from leap_stream.stream.output import OutputProducer
@@ -87,9 +88,13 @@ def faust_credentials(cfg: Settings) -> Any:
     )
 
 
+AIOKAFKA_LOG_APPEND_TIME = 1  # aiokafka's timestamp_type (0: the producer's create time)
+
+
 def record_of(event: Any) -> Record:
     m = event.message
-    return Record(m.topic, m.partition, m.offset, m.key, m.value)
+    append = m.timestamp_type == AIOKAFKA_LOG_APPEND_TIME
+    return Record(m.topic, m.partition, m.offset, m.key, m.value, m.timestamp, append)
 
 
 def dead_letter_key(dl: DeadLetter) -> bytes:
@@ -114,6 +119,8 @@ class WorkerDeps:
     ready: Callable[[], dict[str, Any]] | None = None  # /readyz (RankingCore.ready)
     retry_cap_s: float = 10.0
     stats: dict[str, float] = field(default_factory=dict)
+    # the time events are judged by: the host's, or the broker's where the host is behind
+    clock: BrokerClock = field(default_factory=BrokerClock)
 
 
 class _Pending:
@@ -292,6 +299,9 @@ def observe_submissions(
 ) -> None:
     """Metrics of a submission batch, once its outputs are durable."""
     m, topic, stats = deps.metrics, deps.cfg.topic_submissions, deps.stats
+    skew = deps.clock.skew()
+    if skew is not None:
+        m.clock_skew.set(skew)
     m.events_in.labels(topic=topic, outcome="valid").inc(res.valid)
     m.events_in.labels(topic=topic, outcome="invalid").inc(len(records) - res.valid)
     count_dead(m, topic, res.dead_letters)
@@ -420,7 +430,9 @@ class CompletionsAgent:
             if not events:  # stopped after the last write, or stale: redelivered
                 return
             records = [record_of(e) for e in events]
-            now = datetime.now(UTC)
+            host = self.deps.clock.host()
+            self.deps.clock.observe(host, records)
+            now = datetime.fromtimestamp(self.deps.clock.now(host), UTC)
             self.gate.track(events)
             res: CompletionBatchResult = await self._step("apply", self._process, records, now)
             if res.dead_letters:
@@ -474,7 +486,7 @@ class CompletionsAgent:
             return
         items = [(w.record, w.completion) for w in due]
         give_up = [pending.waiting.expired(w, mono) for w in due]
-        now = datetime.now(UTC)
+        now = datetime.fromtimestamp(self.deps.clock.now(self.deps.clock.host()), UTC)
         join = self.deps.completions.join_waiting
         res: CompletionBatchResult = await self._step("join", join, items, give_up, now)
         if res.dead_letters:
@@ -599,6 +611,7 @@ def submission_loop(deps: WorkerDeps, out: OutputProducer) -> SubmissionLoop:
         commit_interval_s=cfg.commit_interval_s,
         fetch_max_wait_ms=cfg.fetch_max_wait_ms,
         extra={"topic.metadata.refresh.interval.ms": int(cfg.metadata_refresh_s * 1000)},
+        clock=deps.clock,
     )
 
 

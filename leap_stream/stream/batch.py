@@ -58,6 +58,8 @@ class Record:
     offset: int
     key: bytes | None
     value: bytes | None
+    timestamp: float | None = None  # the record's Kafka timestamp, epoch seconds
+    log_append: bool = False  # that timestamp is the broker's append time, not the producer's
 
 
 def store_failed(exc: BaseException) -> bool:

@@ -53,6 +53,13 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        self.clock_skew = Gauge(
+            "leap_clock_skew_seconds",
+            "The worker's clock less the records' (broker append or producers' create) time, "
+            "at the freshest record of the last 10 minutes; below -60 the worker judges events "
+            "on the broker's time (stream/clock.py).",
+            registry=r,
+        )
         self.batch_seconds = Histogram(
             "leap_batch_seconds",
             "Wall time of one batch, decode to durable output.",

@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 from leap_stream.contracts import DeadLetter, HardwareRanking
 from leap_stream.stream.acks import HeldAcks, OrderedAcks
 from leap_stream.stream.batch import Record, SubmissionBatchResult, SubmissionProcessor
+from leap_stream.stream.clock import BrokerClock
 from leap_stream.stream.group_health import GroupHealth, group_state, stats_interval_ms
 from leap_stream.stream.kafka import KafkaClients
 from leap_stream.stream.retry import Retry, Unfinished
@@ -41,6 +42,16 @@ T = TypeVar("T")
 
 GROUP_SUFFIX = ".submissions"
 CLOSE_WAIT_S = 10.0  # at stop, how long a replaced consumer's close may still take
+
+
+def _record(m: Any) -> Record:
+    """A librdkafka message as the processors need it, with its Kafka timestamp."""
+    from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, TIMESTAMP_NOT_AVAILABLE
+
+    kind, ms = m.timestamp()
+    ts = None if kind == TIMESTAMP_NOT_AVAILABLE else ms / 1000.0
+    append = kind == TIMESTAMP_LOG_APPEND_TIME
+    return Record(m.topic(), m.partition(), m.offset(), m.key(), m.value(), ts, append)
 
 
 def submissions_group(group: str) -> str:
@@ -76,8 +87,10 @@ class SubmissionLoop:
         commit_interval_s: float = 1.0,
         fetch_max_wait_ms: int = 5,
         extra: dict[str, Any] | None = None,
+        clock: BrokerClock | None = None,
     ) -> None:
         self.topic = topic
+        self.clock = clock or BrokerClock()
         self.group = submissions_group(group)
         self.processor = processor
         self.send = send
@@ -161,7 +174,7 @@ class SubmissionLoop:
                     if m.error() is not None:
                         log.warning("submissions consumer: %s", m.error())
                         continue
-                    records.append(Record(m.topic(), m.partition(), m.offset(), m.key(), m.value()))
+                    records.append(_record(m))
                 if records:
                     self._batch(records)
             self._forget_unacked("stop")
@@ -222,7 +235,9 @@ class SubmissionLoop:
     def _batch(self, records: list[Record]) -> None:
         t0 = time.perf_counter()
         self._acks.gate.track(records)
-        now = datetime.now(UTC)
+        host = self.clock.host()
+        self.clock.observe(host, records)
+        now = datetime.fromtimestamp(self.clock.now(host), UTC)
         res = self._until_done("rank", self.processor.process, records, now)
         if res.rankings or res.dead_letters:
             self._until_done("produce", self.send, res.rankings, res.dead_letters)

@@ -26,6 +26,7 @@ from leap_stream.settings import Settings
 from leap_stream.store.online import OnlineStore, OnlineStoreUnavailable, eviction_problem
 from leap_stream.stream.app import WorkerDeps
 from leap_stream.stream.batch import SubmissionProcessor
+from leap_stream.stream.clock import BrokerClock
 from leap_stream.stream.kafka import KafkaClients
 from leap_stream.stream.metrics import Metrics
 from leap_stream.stream.models import RankerHolder
@@ -171,6 +172,7 @@ def build_deps(cfg: Settings, kafka: KafkaClients) -> WorkerDeps:
         lag_poll=lag_poll,
         store_poll=store_poll(store, metrics, cfg),
         ready=core.ready,
+        clock=BrokerClock(offset_s=cfg.fault_clock_offset_s),
     )
 
 

@@ -15,6 +15,7 @@ from leap_stream.contracts import validate_event
 from leap_stream.stream.app import _Pending, dead_letter_key, faust_broker_url
 from leap_stream.stream.batch import Backoff, Record, decode_records
 from leap_stream.stream.client import summary_line
+from leap_stream.stream.clock import BrokerClock
 from leap_stream.stream.lag import compute_lag, total_lag, while_coordinator_moves
 from leap_stream.stream.metrics import Metrics
 from leap_stream.stream.waiting import WaitingCompletions
@@ -446,7 +447,10 @@ def test_a_submission_batch_counts_its_rankings_by_source_and_fallback() -> None
     from leap_stream.stream.batch import SubmissionBatchResult
 
     m = Metrics()
-    deps: Any = SimpleNamespace(metrics=m, cfg=SimpleNamespace(topic_submissions="subs"), stats={})
+    clock = BrokerClock()
+    clock.observe(1000.0, [Record("subs", 0, 0, None, b"{}", 1007.5, True)])  # 7.5 s behind
+    cfg = SimpleNamespace(topic_submissions="subs")
+    deps: Any = SimpleNamespace(metrics=m, cfg=cfg, stats={}, clock=clock)
     kinds = [("model", "ok")] * 3 + [("lookup", "no_model")] * 2 + [("none", "no_candidate_fits")]
     res = SubmissionBatchResult(
         rankings=[
@@ -470,6 +474,7 @@ def test_a_submission_batch_counts_its_rankings_by_source_and_fallback() -> None
     assert value("leap_coverage_ratio") == 5 / 6
     assert value("leap_ranking_latency_seconds_count") == 6
     assert value("leap_events_in_total", topic="subs", outcome="invalid") == 1
+    assert value("leap_clock_skew_seconds") == -7.5  # the worker's clock against the records'
     assert deps.stats == {"submissions_in": 7, "rankings_out": 6}
 
 

@@ -1,0 +1,78 @@
+"""The worker's time against the broker's: a host clock running behind is caught and corrected.
+
+Every record the worker reads carries a Kafka timestamp: the broker's append time on a topic
+with ``message.timestamp.type=LogAppendTime``, else the producer client's create time. A record
+cannot be read before it was written, so ``host − record time`` is at least the host's offset
+from that clock (it adds the record's wait in the topic). `BrokerClock` keeps, per batch, the
+smallest such gap over a recent horizon: the host's skew. Where it is negative by more than a
+tolerance the host is behind for certain (no wait makes a gap negative), and the worker judges
+events on the host's time plus the skew: the time window (`contracts.window`) and the rankings'
+timestamps follow the broker, not a clock that would reject every current event as from the
+future. A positive skew is the host ahead or a consumer lagging the whole horizon, which records
+cannot tell apart: it is reported (`leap_clock_skew_seconds`), not corrected.
+
+Create times come from many producers: a batch's gap is taken at its median record, so a few
+producers with wrong or hostile clocks do not move it. `host()` reads the host's clock; the
+rest takes the caller's host time.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+
+from leap_stream.stream.batch import Record
+
+TOLERANCE_S = 60.0  # skew below which the host's own time stands
+HORIZON_S = 600.0  # how far back a batch's gap still counts
+
+
+class BrokerClock:
+    def __init__(
+        self,
+        tolerance_s: float = TOLERANCE_S,
+        horizon_s: float = HORIZON_S,
+        offset_s: float = 0.0,
+    ) -> None:
+        self.tolerance_s, self.horizon_s = tolerance_s, horizon_s
+        self.offset_s = offset_s  # LEAP_FAULT_CLOCK_OFFSET_S: a host off by this much (tests)
+        self._gaps: deque[tuple[float, float]] = deque()  # (host time, host − record time)
+        self._lock = threading.Lock()  # the submissions loop observes, both agents read
+
+    def host(self) -> float:
+        """The host's wall clock (epoch seconds), as the worker reads it."""
+        return time.time() + self.offset_s
+
+    def observe(self, host_now: float, records: Sequence[Record]) -> None:
+        """One batch's records as they are read at `host_now` (epoch seconds)."""
+        appended = [r.timestamp for r in records if r.timestamp is not None and r.log_append]
+        created = [r.timestamp for r in records if r.timestamp is not None and not r.log_append]
+        if appended:
+            gap = host_now - max(appended)  # the broker's own clock: the freshest record
+        elif created:
+            gap = host_now - statistics.median(created)  # producers' clocks: their majority
+        else:
+            return
+        with self._lock:
+            self._gaps.append((host_now, gap))
+            while self._gaps and self._gaps[0][0] < host_now - self.horizon_s:
+                self._gaps.popleft()
+
+    def skew(self) -> float | None:
+        """The host's offset from the records' clock (s, negative: behind); None before any
+        record with a timestamp."""
+        with self._lock:
+            return min((g for _t, g in self._gaps), default=None)
+
+    def now(self, host_now: float) -> float:
+        """The time to judge events by: the host's, or the broker's where the host is behind."""
+        skew = self.skew()
+        if skew is not None and skew < -self.tolerance_s:
+            return host_now - skew
+        return host_now
+
+
+__all__ = ["HORIZON_S", "TOLERANCE_S", "BrokerClock"]
