@@ -19,6 +19,7 @@ import hashlib
 import math
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from importlib import resources
 from operator import itemgetter
 from typing import Any, TypeVar
 
@@ -47,6 +48,11 @@ from leap_stream.core.rows import SUBMISSION_COLUMNS, submission_fields
 from leap_stream.settings import Settings
 
 T = TypeVar("T")
+
+
+def _lua(name: str) -> str:
+    """One of the store's Redis scripts (leap_stream/store/lua/), read once at import."""
+    return (resources.files("leap_stream.store") / "lua" / name).read_text(encoding="utf-8")
 
 
 class OnlineStoreUnavailable(Exception):
@@ -121,188 +127,11 @@ def decode_measurement(v: Sequence[Any]) -> Measurement:
     return measurement(recent, int(v[0]), float(v[1]), int(v[2]), pending)
 
 
-# One call applies many completions in arrival order, with the rules of core.history (judge,
-# apply_measurement, apply_aggregate). Global ARGV: alpha, dedup TTL, history TTL, recent window,
-# lineage and aggregate limits (log space), aggregate min count, whether a completion without a
-# stored submission still counts ('1'), and where lineage_id / model_type / num_devices /
-# candidate_hardware sit in a stored submission array, the physics limit, and how long an
-# attempt's completion marker lives. A completion that names another lineage or model type, or
-# hardware its submission did not list as a candidate, is a mismatch; one of a job attempt that
-# already completed (its `done` marker holds another event) is a repeat. Per event: KEYS seen,
-# lin, agg, sub, done; ARGV measured flag, hardware,
-# num_devices, measured_at, log(samples_per_s/num_devices) (computed in Python so both sides use
-# the same libm), lineage_id, model_type. Floats leave as %.17g: exact round trip.
-# A stored submission gives the device count the job asked for (the `devices` rule).
-# A lineage entry is [num_devices, measured_at, count, has_pending, pending_at, pending,
-# (at, value) of the recent window, oldest first...].
-# Returns per event: 1 no measurement, 2 accepted, 3 corroborated, 4 quarantined by the
-# lineage, 5 by the aggregate, 6 by the device count, 7 by physics, 8 submission mismatch,
-# 9 no submission, 10 a repeat of a completed attempt (nothing changed for 8 to 10), 100 + the
-# first outcome for a duplicate. The `done` marker ("code event_id") is set with the `seen` one.
-APPLY_LUA = """
-local alpha = tonumber(ARGV[1])
-local seen_ttl = ARGV[2]
-local hist_ttl = tonumber(ARGV[3])
-local window = tonumber(ARGV[4])
-local llim = tonumber(ARGV[5])
-local alim = tonumber(ARGV[6])
-local amin = tonumber(ARGV[7])
-local orphans = ARGV[8] == '1'
-local li = tonumber(ARGV[9])
-local mi = tonumber(ARGV[10])
-local di = tonumber(ARGV[11])
-local ci = tonumber(ARGV[12])
-local plim = tonumber(ARGV[13])
-local done_ttl = ARGV[14]
-local G = 14
-local function median(r)
-  local s = {}
-  for j = 1, #r do s[j] = r[j][2] end
-  table.sort(s)
-  local m = math.floor(#s / 2)
-  if #s % 2 == 1 then return s[m + 1] end
-  return (s[m] + s[m + 1]) / 2
-end
-local function older(u, v)
-  if u[1] ~= v[1] then return u[1] < v[1] end
-  return u[2] < v[2]
-end
-local function entry_of(raw)
-  local p = cjson.decode(raw)
-  if #p == 4 then return p[2], p[3], p[4], {{p[3], math.log(p[1] / p[2])}}, nil end
-  local recent = {}
-  for j = 7, #p - 1, 2 do recent[#recent + 1] = {p[j], p[j+1]} end
-  local pend = nil
-  if p[4] == 1 then pend = {p[5], p[6]} end
-  return p[1], p[2], p[3], recent, pend
-end
-local function encode(nd, at, count, recent, pend)
-  local parts = {string.format('%d,%.17g,%d', nd, at, count)}
-  if pend then
-    parts[2] = string.format('1,%.17g,%.17g', pend[1], pend[2])
-  else
-    parts[2] = '0,0,0'
-  end
-  for j = 1, #recent do
-    parts[#parts + 1] = string.format('%.17g,%.17g', recent[j][1], recent[j][2])
-  end
-  return '[' .. table.concat(parts, ',') .. ']'
-end
-local out = {}
-local n = #KEYS / 5
-for i = 0, n - 1 do
-  local k = 5 * i
-  local a = G + 1 + 9 * i
-  local first = redis.call('GET', KEYS[k+1])
-  local done = nil
-  if not first then
-    done = redis.call('GET', KEYS[k+5])
-    if done then
-      local sp = string.find(done, ' ', 1, true)
-      if string.sub(done, sp + 1) == ARGV[a+8] then first = string.sub(done, 1, sp - 1) end
-    end
-  end
-  if first then
-    out[i+1] = 100 + tonumber(first)
-  elseif done then
-    out[i+1] = 10
-  else
-    local code = nil
-    local snd = nil
-    local sub = redis.call('GET', KEYS[k+4])
-    if sub then
-      local s = cjson.decode(sub)
-      if s[li] ~= ARGV[a+5] or s[mi] ~= ARGV[a+6] then
-        code = 8
-      elseif not string.find('|' .. s[ci] .. '|', '|' .. ARGV[a+1] .. '|', 1, true) then
-        code = 8
-      end
-      snd = tonumber(s[di])
-    elseif not orphans then
-      code = 9
-    end
-    if code == nil and ARGV[a] ~= '1' then code = 1 end
-    if code == nil then
-      local hw = ARGV[a+1]
-      local nd = tonumber(ARGV[a+2])
-      local at = tonumber(ARGV[a+3])
-      local x = tonumber(ARGV[a+4])
-      local raw = redis.call('HGET', KEYS[k+2], hw)
-      local pnd, pat, pcount, recent, pend = nd, at, 0, {}, nil
-      if raw then pnd, pat, pcount, recent, pend = entry_of(raw) end
-      local rawagg = redis.call('HGET', KEYS[k+3], hw)
-      local q = nil
-      if rawagg then q = cjson.decode(rawagg) end
-      code = 2
-      local rule = nil
-      if snd and nd ~= snd then
-        rule = 6
-      elseif #recent > 0 and nd == pnd then
-        if math.abs(x - median(recent)) > llim then rule = 4 end
-      elseif q and q[2] >= amin then
-        if math.abs(x - q[1]) > alim then rule = 5 end
-      end
-      local impossible = ARGV[a+7] ~= '' and x - tonumber(ARGV[a+7]) > plim
-      if rule == nil and impossible then rule = 7 end
-      if rule then
-        if not impossible and pend and math.abs(x - pend[2]) <= llim then code = 3 else code = rule end
-      end
-      local this = {at, x}
-      local entry
-      if code >= 4 then
-        entry = encode(pnd, pat, pcount, recent, this)
-      elseif code == 3 then
-        local pair = {pend, this}
-        table.sort(pair, older)
-        entry = encode(nd, pair[2][1], pcount + 2, pair, nil)
-      elseif #recent == 0 then
-        entry = encode(nd, at, pcount + 1, {this}, nil)
-      else
-        local all = {}
-        for j = 1, #recent do all[j] = recent[j] end
-        all[#all + 1] = this
-        table.sort(all, older)
-        local r2 = {}
-        for j = math.max(1, #all - window + 1), #all do r2[#r2 + 1] = all[j] end
-        if at < pat then
-          entry = encode(pnd, pat, pcount + 1, r2, nil)
-        else
-          entry = encode(nd, at, pcount + 1, r2, nil)
-        end
-      end
-      redis.call('HSET', KEYS[k+2], hw, entry)
-      redis.call('EXPIRE', KEYS[k+2], hist_ttl)
-      if code <= 3 then
-        local e, c, last = x, 1, at
-        if q then
-          e = q[1] + alpha * (x - q[1])
-          c = q[2] + 1
-          last = math.max(q[3], at)
-        end
-        redis.call('HSET', KEYS[k+3], hw, string.format('[%.17g,%d,%.17g]', e, c, last))
-        redis.call('EXPIRE', KEYS[k+3], hist_ttl)
-      end
-    end
-    if code <= 7 then
-      redis.call('SET', KEYS[k+1], code, 'EX', seen_ttl)
-      redis.call('SET', KEYS[k+5], code .. ' ' .. ARGV[a+8], 'EX', done_ttl)
-    end
-    out[i+1] = code
-  end
-end
-return out
-"""
+# The completions script (its arguments and return codes: the head of lua/apply.lua)
+APPLY_LUA = _lua("apply.lua")
 
-# Read (and remember) in one script: HGETALL of the first ARGV[1] keys, then SET EX of the rest
-# (the submissions) with values ARGV[3..]. One reply instead of one per command.
-READ_LUA = """
-local nread = tonumber(ARGV[1])
-local ttl = ARGV[2]
-local out = {}
-for i = 1, nread do out[i] = redis.call('HGETALL', KEYS[i]) end
-for i = nread + 1, #KEYS do redis.call('SET', KEYS[i], ARGV[i - nread + 2], 'EX', ttl) end
-return out
-"""
+# The read-and-remember script (lua/read.lua)
+READ_LUA = _lua("read.lua")
 
 _APPLY_CHUNK = 500  # events per EVALSHA: bounds how long one script blocks Redis
 

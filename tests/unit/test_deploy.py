@@ -955,3 +955,16 @@ def test_split_roles_patches_fit_the_base(k8s: list[dict[str, Any]]) -> None:
     patched = {p["target"]["kind"]: p["patch"] for p in kustomization["patches"]}
     assert "value: submissions" in patched["Deployment"]
     assert f"value: {cm['LEAP_TOPIC_COMPLETIONS']}" in patched["ScaledObject"]
+
+
+def test_the_store_scripts_are_lua_files_of_the_package() -> None:
+    """The online store's Redis scripts live in leap_stream/store/lua/ (read at import, shipped
+    in the wheel as package data), not in Python strings."""
+    from leap_stream.store import online
+
+    lua = ROOT / "leap_stream" / "store" / "lua"
+    assert online.APPLY_LUA == (lua / "apply.lua").read_text()
+    assert online.READ_LUA == (lua / "read.lua").read_text()
+    assert "redis.call" in online.APPLY_LUA and "redis.call" in online.READ_LUA
+    source = (ROOT / "leap_stream" / "store" / "online.py").read_text()
+    assert "redis.call" not in source
