@@ -15,6 +15,7 @@ import math
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +92,17 @@ def _wait_dead_letters(stack: Stack, n: int) -> dict[tuple[str, int, int], dict[
 
     wait_for(f"{n} dead letters", all_dead, 60, every=0.5)
     return dead_letters(stack.bootstrap, stack.topics["dlq"])
+
+
+def _counted(stack: Stack, store: OnlineStore, n: int) -> Callable[[], bool]:
+    """A `wait_for` condition: lin-t's prior on h100-sxm counts `n` measurements."""
+
+    def counted() -> bool:
+        assert stack.alive(), stack.log_tail()
+        [hist], _aggs = store.read_batch(["lin-t"], [])
+        return "h100-sxm" in hist and hist["h100-sxm"].count == n
+
+    return counted
 
 
 def test_one_attempt_completes_once_whatever_its_event_id(stack: Stack) -> None:
@@ -186,12 +198,7 @@ def test_an_orphan_flood_is_bounded_and_the_honest_completions_pass(stack: Stack
 
     store = OnlineStore(connect(stack.redis_url), prefix=stack.prefix)
 
-    def honest_applied() -> bool:
-        assert stack.alive(), stack.log_tail()
-        [hist], _aggs = store.read_batch(["lin-t"], [])
-        return "h100-sxm" in hist and hist["h100-sxm"].count == len(honest)
-
-    wait_for("the honest completions applied", honest_applied, 30, every=0.1)
+    wait_for("the honest completions applied", _counted(stack, store, len(honest)), 30, every=0.1)
     honest_wait = time.monotonic() - sent
     overflowed = stack.metric("leap_dead_letter", topic=t["comp"], kind="waiting_overflow")
     assert overflowed == overflow, (overflowed, per_partition)
@@ -230,12 +237,7 @@ def test_a_worker_whose_clock_is_behind_judges_by_the_records_time(stack: Stack)
     feeder.flush()
     store = OnlineStore(connect(stack.redis_url), prefix=stack.prefix)
 
-    def applied() -> bool:
-        assert stack.alive(), stack.log_tail()
-        [hist], _aggs = store.read_batch(["lin-t"], [])
-        return "h100-sxm" in hist and hist["h100-sxm"].count == len(comps)
-
-    wait_for("the completions applied", applied, 30, every=0.2)
+    wait_for("the completions applied", _counted(stack, store, len(comps)), 30, every=0.2)
     store.r.close()
     skew = stack.metric("leap_clock_skew_seconds")
     assert -2 * HOUR - 120 < skew < -2 * HOUR + 120, skew
