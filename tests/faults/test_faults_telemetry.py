@@ -173,7 +173,7 @@ def test_an_orphan_flood_is_bounded_and_the_honest_completions_pass(stack: Stack
     letter of one kind or the other, none wrote history. Before: every orphan waited, each
     batch looked all of them up again, and honest completions stalled behind them."""
     cap, flood = 200, 1000
-    stack.extra_env.update(WINDOW, LEAP_ORPHAN_GRACE_S="20", LEAP_MAX_WAITING_COMPLETIONS=str(cap))
+    stack.extra_env.update(WINDOW, LEAP_ORPHAN_GRACE_S="10", LEAP_MAX_WAITING_COMPLETIONS=str(cap))
     now = time.time()
     t = stack.topics
     honest = [_comp(f"fh{i}", now - 5 * HOUR + i * 60, 14.62 * (1 + 0.02 * i)) for i in range(3)]
