@@ -31,7 +31,7 @@ class Waiting:
 
 class WaitingCompletions:
     def __init__(
-        self, capacity: int, grace_s: float, first_retry_s: float = 0.25, max_retry_s: float = 5.0
+        self, capacity: int, grace_s: float, first_retry_s: float = 0.25, max_retry_s: float = 1.0
     ) -> None:
         self.capacity, self.grace_s = capacity, grace_s
         self.first_retry_s, self.max_retry_s = first_retry_s, max_retry_s
