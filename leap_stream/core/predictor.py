@@ -285,7 +285,7 @@ class ThroughputModel:
         self._type_code = {t: i for i, t in enumerate(by_type)}
         self._sparse_scale = float(scale["sparse"]) if scale else 1.0
         self._scales = np.asarray([*by_type.values(), self._sparse_scale], np.float64)
-        self.unseen_pair_scale = float(scale.get("unseen_pair", 1.0)) if scale else 1.0
+        self._unseen_pair_scale = float(scale.get("unseen_pair", 1.0)) if scale else 1.0
         self._unseen_type_scale = float(scale.get("unseen_type", 0.0)) if scale else 0.0
         self._devices_changed = float(scale.get("devices_changed", 1.0)) if scale else 1.0
         self._transfer_move = float(scale.get("transfer_move", 0.0)) if scale else 0.0
@@ -660,11 +660,11 @@ class ThroughputModel:
             out = np.asarray(self._scales[code])
             few = code < 0
         not_self = np.ones(len(frame), bool) if kind is None else kind != KIND_SELF
-        if self.unseen_pair_scale != 1.0:
+        if self._unseen_pair_scale != 1.0:
             mt = column_codes(frame, "model_type", self._pair_mt)
             hc = column_codes(frame, "hardware_type", self._pair_hw)
             common = self._pair_common[mt, hc]  # -1: the padding, unseen
-            out = np.where(common | ~not_self, out, out * self.unseen_pair_scale)
+            out = np.where(common | ~not_self, out, out * self._unseen_pair_scale)
         if few is not None and self._unseen_type_scale > 0.0:
             widen = few & not_self
             out = np.where(widen, np.fmax(out, self._unseen_type_scale), out)
