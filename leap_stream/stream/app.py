@@ -24,7 +24,7 @@ from collections import Counter
 from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, NoReturn, TypeVar
 
 import faust
@@ -430,9 +430,7 @@ class CompletionsAgent:
             if not events:  # stopped after the last write, or stale: redelivered
                 return
             records = [record_of(e) for e in events]
-            host = self.deps.clock.host()
-            self.deps.clock.observe(host, records)
-            now = datetime.fromtimestamp(self.deps.clock.now(host), UTC)
+            now = self.deps.clock.read(records)
             self.gate.track(events)
             res: CompletionBatchResult = await self._step("apply", self._process, records, now)
             if res.dead_letters:
@@ -486,7 +484,7 @@ class CompletionsAgent:
             return
         items = [(w.record, w.completion) for w in due]
         give_up = [pending.waiting.expired(w, mono) for w in due]
-        now = datetime.fromtimestamp(self.deps.clock.now(self.deps.clock.host()), UTC)
+        now = self.deps.clock.current()
         join = self.deps.completions.join_waiting
         res: CompletionBatchResult = await self._step("join", join, items, give_up, now)
         if res.dead_letters:

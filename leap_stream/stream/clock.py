@@ -23,6 +23,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
+from datetime import UTC, datetime
 
 from leap_stream.stream.batch import Record
 
@@ -66,6 +67,16 @@ class BrokerClock:
         record with a timestamp."""
         with self._lock:
             return min((g for _t, g in self._gaps), default=None)
+
+    def read(self, records: Sequence[Record]) -> datetime:
+        """Observe `records` as read now; the time to judge them by (UTC)."""
+        host = self.host()
+        self.observe(host, records)
+        return datetime.fromtimestamp(self.now(host), UTC)
+
+    def current(self) -> datetime:
+        """The time to judge events by now (UTC), observing nothing."""
+        return datetime.fromtimestamp(self.now(self.host()), UTC)
 
     def now(self, host_now: float) -> float:
         """The time to judge events by: the host's, or the broker's where the host is behind."""

@@ -26,7 +26,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from leap_stream.contracts import DeadLetter, HardwareRanking
@@ -235,9 +234,7 @@ class SubmissionLoop:
     def _batch(self, records: list[Record]) -> None:
         t0 = time.perf_counter()
         self._acks.gate.track(records)
-        host = self.clock.host()
-        self.clock.observe(host, records)
-        now = datetime.fromtimestamp(self.clock.now(host), UTC)
+        now = self.clock.read(records)
         res = self._until_done("rank", self.processor.process, records, now)
         if res.rankings or res.dead_letters:
             self._until_done("produce", self.send, res.rankings, res.dead_letters)

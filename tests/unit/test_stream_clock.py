@@ -62,3 +62,13 @@ def test_records_without_a_timestamp_say_nothing() -> None:
     clock = BrokerClock()
     clock.observe(T0, [Record("t", 0, 0, None, b"{}")])
     assert clock.skew() is None
+
+
+def test_reading_a_batch_on_a_host_behind_gives_the_records_time() -> None:
+    import time
+
+    clock = BrokerClock(offset_s=-2 * HOUR)  # the host's reading two hours behind
+    now = time.time()
+    judged = clock.read(_records([now - 0.5])).timestamp()
+    assert now - 1.0 < judged < now + 5.0
+    assert abs(clock.current().timestamp() - judged) < 5.0
