@@ -22,7 +22,7 @@ metadata.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -91,7 +91,12 @@ class _Effect:
 
     @property
     def key(self) -> str:
-        return f"{self.group}:{'|'.join(self.columns)}"
+        return self.key_of(self.group, self.columns)
+
+    @staticmethod
+    def key_of(group: str, columns: Effect) -> str:
+        """An effect's name on disk: its group and columns ("compute:precision|vendor")."""
+        return f"{group}:{'|'.join(columns)}"
 
     @property
     def size(self) -> int:
@@ -101,13 +106,18 @@ class _Effect:
     def luts(self) -> list[dict[str, int]]:
         return [{v: i for i, v in enumerate(lv)} for lv in self.levels]
 
-    def codes(self, frame: Frame, prefix: str) -> np.ndarray:
-        """Per row, the flat index of its level combination; −1 when one is unseen."""
+    def codes(
+        self, frame: Frame, prefix: str, known: dict[tuple[str, tuple[str, ...]], np.ndarray]
+    ) -> np.ndarray:
+        """Per row, the flat index of its level combination; −1 when one is unseen. `known`:
+        a column's codes over the same levels, as other effects of one call looked them up."""
         flat = np.zeros(len(frame), np.int64)
         seen = np.ones(len(frame), bool)
         for col, lv, lut in zip(self.columns, self.levels, self.luts, strict=True):
             name = prefix + col if col in HW_SIDE else col
-            c = column_codes(frame, name, lut)
+            c = known.get((name, lv))
+            if c is None:
+                c = known[(name, lv)] = column_codes(frame, name, lut)
             seen &= c >= 0
             flat = flat * len(lv) + np.maximum(c, 0)
         return np.where(seen, flat, -1)
@@ -246,7 +256,8 @@ class LearnedRoofline:
         ok &= np.isfinite(ideal) & np.isfinite(peak)
         bubble = f64(frame, "pp_bubble") if "pp_bubble" in frame else np.zeros(len(frame))
         bubble = np.log1p(np.fmax(np.where(np.isfinite(bubble), bubble, 0.0), 0.0))
-        codes = [e.codes(frame, prefix) for e in self.effects]
+        known: dict[tuple[str, tuple[str, ...]], np.ndarray] = {}
+        codes = [e.codes(frame, prefix, known) for e in self.effects]
         return _Rows(times, ideal, peak, bubble, codes, ok)
 
     def _efficiency(self, rows: _Rows, theta: np.ndarray, group: str) -> np.ndarray:
@@ -367,20 +378,14 @@ class LearnedRoofline:
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> LearnedRoofline:
-        effects: list[_Effect] = []
+        entries = doc["effects"]
+        effects = _layout(lambda key, _col, i: tuple(str(v) for v in entries[key]["levels"][i]))
         values: list[float] = []
-        start = 0
-        for group, cols in _groups():
-            for columns in cols:
-                key = f"{group}:{'|'.join(columns)}"
-                entry = doc["effects"][key]
-                levels = tuple(tuple(str(v) for v in lv) for lv in entry["levels"])
-                e = _Effect(group, columns, levels, start)
-                if len(entry["values"]) != e.size:
-                    raise ValueError(f"roofline effect {key}: {e.size} values expected")
-                effects.append(e)
-                values.extend(float(v) for v in entry["values"])
-                start += e.size
+        for e in effects:
+            stored = entries[e.key]["values"]
+            if len(stored) != e.size:
+                raise ValueError(f"roofline effect {e.key}: {e.size} values expected")
+            values.extend(float(v) for v in stored)
         values.extend(float(doc["constants"][t.name]) for t in TERMS)
         values.extend(float(doc["scalars"][k]) for k in SCALARS)
         return cls(effects, np.asarray(values))
@@ -413,17 +418,23 @@ def _inside(x: float, bounds: tuple[float, float]) -> float:
     return float(bounds[0] < x < bounds[1])
 
 
-def _effects(frame: pd.DataFrame) -> list[_Effect]:
-    """Every effect with the levels `frame` has of its columns."""
+def _layout(levels: Callable[[str, str, int], tuple[str, ...]]) -> list[_Effect]:
+    """Every effect in parameter order, each with `levels(key, column, i)` of its i-th column
+    and its first parameter's index."""
     out: list[_Effect] = []
     start = 0
     for group, cols in _groups():
         for columns in cols:
-            levels = tuple(_levels_of(frame, c) for c in columns)
-            e = _Effect(group, columns, levels, start)
-            out.append(e)
-            start += e.size
+            key = _Effect.key_of(group, columns)
+            lv = tuple(levels(key, c, i) for i, c in enumerate(columns))
+            out.append(_Effect(group, columns, lv, start))
+            start += out[-1].size
     return out
+
+
+def _effects(frame: pd.DataFrame) -> list[_Effect]:
+    """Every effect with the levels `frame` has of its columns."""
+    return _layout(lambda _key, col, _i: _levels_of(frame, col))
 
 
 def _levels_of(frame: pd.DataFrame, col: str) -> tuple[str, ...]:
