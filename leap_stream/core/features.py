@@ -570,7 +570,9 @@ def _hw_columns(
     # all-reduces that span more devices than a scale-up domain cross the slower network
     domain, ic = sa.domain[codes], sa.ic[codes]
     across = np.fmin(ic, sa.network[codes])  # the scale-up link where the catalog says nothing
-    t_dp = phys.grad[job] / (np.where(phys.devices[job] <= domain, ic, across) * 1e9)
+    n = phys.devices[job]
+    all_devices = np.where(n <= domain, ic, across) * 1e9  # the link between every device
+    t_dp = phys.grad[job] / all_devices
     t_tp = phys.tp_bytes[job] / (np.where(phys.tp[job] <= domain, ic, across) * 1e9)
     t = np.maximum(t_c, t_m) + OVERLAP_RESIDUE * np.minimum(t_c, t_m) + DP_EXPOSED * t_dp + t_tp
     f[prefix + "log_t_compute"] = _log(t_c)
@@ -580,8 +582,7 @@ def _hw_columns(
     f[prefix + "log_t_comm"] = _log(t_dp + t_tp + 1e-12)
     # an all-to-all between every device: which families need one, and how much of it, the
     # learned roofline finds (core.roofline); on one device, none
-    n = phys.devices[job]
-    t_a2a = phys.a2a_bytes[job] * (n - 1.0) / n / (np.where(n <= domain, ic, across) * 1e9)
+    t_a2a = phys.a2a_bytes[job] * (n - 1.0) / n / all_devices
     f[prefix + "log_t_a2a"] = _log(t_a2a + 1e-12)
     f[prefix + "log_phys_rate"] = -_log(t)
     f[prefix + "log_ideal_micro_s"] = _log(phys.micro_flops[job] / (sa.flops[codes] * 1e12))

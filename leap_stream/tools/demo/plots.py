@@ -14,10 +14,6 @@ from leap_stream.tools.pyplot import pyplot
 COLORS = {"service": "#1f77b4", "lookup": "#ff7f0e", "oracle": "#2ca02c", "default": "#7f7f7f"}
 
 
-def _plt() -> Any:
-    return pyplot()
-
-
 def _bars(ax: Any, labels: list[str], values: list[float], colors: list[str], fmt: str) -> None:
     vals = [0.0 if not np.isfinite(v) else v for v in values]
     bars = ax.bar(labels, vals, color=colors)
@@ -33,7 +29,7 @@ def _bars(ax: Any, labels: list[str], values: list[float], colors: list[str], fm
 
 
 def accuracy_png(report: Mapping[str, Any], rows: pd.DataFrame, path: Path) -> Path:
-    plt = _plt()
+    plt = pyplot()
     acc = report["accuracy"]
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
     labels = ["service", "service\nwith history", "service\nno history", "lookup", "oracle"]
@@ -69,7 +65,7 @@ def accuracy_png(report: Mapping[str, Any], rows: pd.DataFrame, path: Path) -> P
 
 
 def calibration_png(report: Mapping[str, Any], rows: pd.DataFrame, path: Path) -> Path:
-    plt = _plt()
+    plt = pyplot()
     cal = report["calibration"]
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.4))
     r = rows[np.isfinite(rows["predicted"].to_numpy(np.float64)) & (rows["predicted"] > 0)]
@@ -117,7 +113,7 @@ def calibration_png(report: Mapping[str, Any], rows: pd.DataFrame, path: Path) -
 
 
 def savings_png(report: Mapping[str, Any], picks: pd.DataFrame, path: Path) -> Path:
-    plt = _plt()
+    plt = pyplot()
     sav = report["savings"]
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
     labels = ["service", "lookup", "oracle"]
@@ -144,7 +140,7 @@ def savings_png(report: Mapping[str, Any], picks: pd.DataFrame, path: Path) -> P
 
 
 def latency_png(report: Mapping[str, Any], latency_s: list[float], path: Path) -> Path:
-    plt = _plt()
+    plt = pyplot()
     lat = report["latency"]
     ms = np.asarray(latency_s, np.float64) * 1000.0
     ms = ms[np.isfinite(ms) & (ms > 0)]
