@@ -963,8 +963,8 @@ def test_the_store_scripts_are_lua_files_of_the_package() -> None:
     from leap_stream.store import online
 
     lua = ROOT / "leap_stream" / "store" / "lua"
-    assert online.APPLY_LUA == (lua / "apply.lua").read_text()
-    assert online.READ_LUA == (lua / "read.lua").read_text()
+    assert (lua / "apply.lua").read_text() == online.APPLY_LUA
+    assert (lua / "read.lua").read_text() == online.READ_LUA
     assert "redis.call" in online.APPLY_LUA and "redis.call" in online.READ_LUA
     source = (ROOT / "leap_stream" / "store" / "online.py").read_text()
     assert "redis.call" not in source
