@@ -312,7 +312,7 @@ class Settings:
     quarantine_physics_factor: float = _setting(
         "LEAP_QUARANTINE_PHYSICS_FACTOR",
         "100",
-        "For a measurement nothing else knows yet (no lineage value, no established aggregate): quarantined when faster than this factor times the device's full matrix peak for the job's FLOPs per sample (a rough estimate: honest simulated jobs reached ×50).",
+        "Every measurement: quarantined when faster than this factor times the device's full matrix peak for the job's FLOPs per sample (a rough estimate: honest simulated jobs reached ×50), and never corroborated.",
         _float(1, above=True),
     )
     quarantine_min_aggregate: int = _setting(
@@ -320,6 +320,30 @@ class Settings:
         "5",
         "Measurements an aggregate needs before it can quarantine.",
         _int(1),
+    )
+    prior_speed_factor: float = _setting(
+        "LEAP_PRIOR_SPEED_FACTOR",
+        "2",
+        "Within a day, accepted measurements move a lineage's prior at most this factor from where it stood when the day began; a value past it is quarantined as `speed` (an honest release, ×1.25, passes).",
+        _float(1, above=True),
+    )
+    aggregate_speed_factor: float = _setting(
+        "LEAP_AGGREGATE_SPEED_FACTOR",
+        "8",
+        "Within a day, an established model type's aggregate moves at most this factor; the excess of an update is held (leap_aggregate_updates_held_total). Honest simulated telemetry: 0.09 % of updates held at 8, 0.8 % at 4.",
+        _float(1, above=True),
+    )
+    corroboration_gap_s: float = _setting(
+        "LEAP_CORROBORATION_GAP_S",
+        "3600",
+        "A quarantined value is corroborated only by a value of another job at least this many seconds later (and at most once a day per lineage and type).",
+        _float(0),
+    )
+    corroborated_factor: float = _setting(
+        "LEAP_CORROBORATED_FACTOR",
+        "20",
+        "A corroborated change may move a prior at most this factor from where it stood when the day began (honest simulated changes: ×3.1 median, ×13.3 at most); a larger one stays quarantined as `speed`.",
+        _float(1, above=True),
     )
     allow_orphans: bool = _setting(
         "LEAP_ALLOW_ORPHANS",
@@ -646,13 +670,19 @@ class Settings:
         return self.redis_url
 
     def history_rules(self) -> HistoryRules:
-        """What may become a prior (LEAP_HISTORY_RECENT, LEAP_QUARANTINE_*)."""
+        """What may become a prior (LEAP_HISTORY_RECENT, LEAP_QUARANTINE_*, the speed rule's
+        LEAP_PRIOR_SPEED_FACTOR, LEAP_AGGREGATE_SPEED_FACTOR, LEAP_CORROBORATION_GAP_S and
+        LEAP_CORROBORATED_FACTOR)."""
         return HistoryRules(
             recent=self.history_recent,
             lineage_factor=self.quarantine_lineage_factor,
             aggregate_factor=self.quarantine_aggregate_factor,
             aggregate_min_count=self.quarantine_min_aggregate,
             physics_factor=self.quarantine_physics_factor,
+            speed_factor=self.prior_speed_factor,
+            aggregate_speed_factor=self.aggregate_speed_factor,
+            corroboration_gap_s=self.corroboration_gap_s,
+            corroborated_factor=self.corroborated_factor,
         )
 
     def time_window(self) -> TimeWindow:

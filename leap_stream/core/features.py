@@ -19,9 +19,10 @@ import numpy as np
 import pandas as pd
 
 from leap_stream.contracts.vocab import FAMILIES, FRAMEWORKS, OPTIMIZERS, PRECISIONS, VENDORS
+from leap_stream.core.aggregates import AggregatesAsOf
 from leap_stream.core.columns import Coded, Columns, f64, map_column
 from leap_stream.core.columns import Frame as Jobs
-from leap_stream.core.history import AggregatesAsOf, LineageHistory, TypeAggregates
+from leap_stream.core.history import LineageHistory, TypeAggregates
 
 # Columns of a job frame (the dataset's column names; `ranker.jobs_frame` builds it from events).
 CATEGORIES: dict[str, tuple[str, ...]] = {

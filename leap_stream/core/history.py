@@ -20,11 +20,10 @@ step with `leap_stream/store/online.py`'s script; `tests/` checks that both give
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, Literal
-
-import numpy as np
 
 from leap_stream.contracts.timestamps import epoch_s
 
@@ -34,8 +33,8 @@ MEASURED_STATUSES = frozenset({"succeeded", "preempted"})
 
 # What became of a measurement: taken into the history, taken together with the quarantined one
 # it corroborates, or quarantined (by the rule that caught it, see `judge`).
-Verdict = Literal["accepted", "corroborated", "devices", "lineage", "aggregate", "physics"]
-QUARANTINE_RULES: tuple[Verdict, ...] = ("devices", "lineage", "aggregate", "physics")
+Verdict = Literal["accepted", "corroborated", "devices", "lineage", "aggregate", "physics", "speed"]
+QUARANTINE_RULES: tuple[Verdict, ...] = ("devices", "lineage", "aggregate", "physics", "speed")
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +51,18 @@ class HistoryRules:
     ``physics_factor`` above the device's full matrix peak for the job's FLOPs per sample. The
     FLOPs estimate is rough (honest simulated jobs reached up to ×50 of it), so only an
     impossible speed is caught there, such as a ×1000 unit error.
+
+    Speed: within one ``speed_period_s`` (a day) a lineage's prior may move at most
+    ``speed_factor`` from where it stood when the period began, and a model type's aggregate at
+    most ``aggregate_speed_factor``, whatever the sequence of measurements: a walk of values each
+    within the lineage factor, or many new lineages agreeing, moves them that far a day and no
+    further. An honest release (×1.25) passes; a real change larger than the bound is what
+    corroboration is for. A corroboration counts only when it is independent: another job
+    than the pending value's, at least ``corroboration_gap_s`` later, and at most one
+    corroborated change per period (`independent`), of at most ``corroborated_factor`` from
+    the reference. So a prior moves at most ×``corroborated_factor`` × ``speed_factor`` a day.
+    The simulator's honest corroborated changes (44 days, seed 0) were ×3.1 at the median and
+    ×13.3 at most; a ×1000 unit error agreed on by two jobs stays held.
     """
 
     recent: int = 5
@@ -59,10 +70,23 @@ class HistoryRules:
     aggregate_factor: float = 100.0
     aggregate_min_count: int = 5
     physics_factor: float = 100.0
+    speed_factor: float = 2.0
+    aggregate_speed_factor: float = 8.0
+    corroborated_factor: float = 20.0
+    speed_period_s: float = 86_400.0
+    corroboration_gap_s: float = 3_600.0
 
     def __post_init__(self) -> None:
-        factors = (self.lineage_factor, self.aggregate_factor, self.physics_factor)
-        if self.recent < 1 or min(factors) <= 1:
+        factors = (
+            self.lineage_factor,
+            self.aggregate_factor,
+            self.physics_factor,
+            self.speed_factor,
+            self.aggregate_speed_factor,
+            self.corroborated_factor,
+        )
+        times = (self.speed_period_s, self.corroboration_gap_s)
+        if self.recent < 1 or min(factors) <= 1 or min(times) < 0:
             raise ValueError(f"invalid history rules {self}")
 
     @property
@@ -76,6 +100,18 @@ class HistoryRules:
     @property
     def physics_limit(self) -> float:
         return math.log(self.physics_factor)
+
+    @property
+    def speed_limit(self) -> float:
+        return math.log(self.speed_factor)
+
+    @property
+    def aggregate_speed_limit(self) -> float:
+        return math.log(self.aggregate_speed_factor)
+
+    @property
+    def corroborated_limit(self) -> float:
+        return math.log(self.corroborated_factor)
 
 
 DEFAULT_RULES = HistoryRules()
@@ -133,6 +169,76 @@ LineageHistory = dict[str, Measurement]  # hardware_type -> measurement (with a 
 TypeAggregates = dict[str, TypeAggregate]  # hardware_type -> aggregate, for one model type
 
 
+NEVER = -1e18  # a time long before any (the Lua script writes the same)
+
+
+@dataclass(frozen=True, slots=True)
+class Guard:
+    """What the speed rule keeps for one (lineage, type), or one (model type, type), beside
+    the prior: where it stood when the current period began and when that was, when a
+    corroborated change last moved it, and where the pending value came from. Times are event
+    times (`event_time`); `NEVER` is long before any."""
+
+    reference: float | None  # log per-device value at `since`; None: nothing to hold to yet
+    since: float = 0.0
+    jumped_at: float = NEVER
+    pending_t: float = NEVER
+    pending_job: int = 0  # `job_key` of the pending value's job; 0: unknown
+
+
+def event_time(ended_at: float, now: float = math.inf) -> float:
+    """The time the speed rule counts in: the measurement's end, never later than the reader's
+    clock. A producer cannot date a value ahead to open a new period, and a value dated back
+    opens none (a period ends only at a later time)."""
+    return min(ended_at, now)
+
+
+def job_key(job_id: str) -> int:
+    """A job's number for telling corroborating measurements apart (never 0)."""
+    return zlib.crc32(job_id.encode()) + 1
+
+
+def refreshed(
+    guard: Guard | None, previous: Measurement | None, t: float, rules: HistoryRules
+) -> Guard | None:
+    """The guard a measurement at ``t`` is judged by: a new period starts from the prior as it
+    stands once the last one is ``speed_period_s`` old (or where none was kept yet)."""
+    if previous is None or not previous.recent:
+        return guard
+    prior = median([v for _at, v in previous.recent])
+    if guard is None:
+        return Guard(prior, t)
+    if guard.reference is None or t - guard.since >= rules.speed_period_s:
+        return replace(guard, reference=prior, since=t)
+    return guard
+
+
+def independent(guard: Guard | None, t: float, job: int, rules: HistoryRules) -> bool:
+    """Whether a value at ``t`` from job ``job`` may corroborate the pending one: another
+    (known) job, at least the gap later, and no corroborated change in this period yet."""
+    return (
+        guard is not None
+        and job != 0
+        and guard.pending_job not in (0, job)
+        and t - guard.pending_t >= rules.corroboration_gap_s
+        and t - guard.jumped_at >= rules.speed_period_s
+    )
+
+
+def guard_after(
+    guard: Guard | None, verdict: Verdict, entry: Measurement, t: float, job: int
+) -> Guard | None:
+    """The guard once a measurement got ``verdict`` and the entry became ``entry``."""
+    if verdict in QUARANTINE_RULES:
+        return replace(guard or Guard(None, t), pending_t=t, pending_job=job)
+    prior = median([v for _at, v in entry.recent])
+    if verdict == "corroborated":
+        return Guard(prior, t, jumped_at=t)
+    if guard is None or guard.reference is None:
+        return Guard(prior, t, NEVER if guard is None else guard.jumped_at)
+    return guard
+
+
 def is_measurement(status: str, samples_per_s: float | None) -> bool:
     return (
         status in MEASURED_STATUSES
@@ -155,9 +261,14 @@ def judge(
     submitted_devices: int | None = None,
     rules: HistoryRules = DEFAULT_RULES,
     ceiling: float | None = None,
+    guard: Guard | None = None,
+    measured_at: float = 0.0,
+    t: float = 0.0,
+    job: int = 0,
 ) -> Verdict:
-    """Whether log per-device throughput ``x`` measured on ``num_devices`` may enter the history
-    (the Lua script's rule). Checked in order, the first that knows the value decides:
+    """Whether log per-device throughput ``x`` measured on ``num_devices`` at ``measured_at``
+    may enter the history (the Lua script's rule). Checked in order, the first that knows the
+    value decides:
 
     - ``devices``: the job was submitted for another device count (``submitted_devices``, when
       known): a completion that says 1 device for a job on 8 reads 8× too fast per device;
@@ -167,10 +278,14 @@ def judge(
     - ``physics``: faster than the physics ``ceiling`` (`features.log_rate_ceiling`) allows,
       checked on every measurement the rules above let through: a lineage walked up in steps
       each within its limit, or a type's aggregate moved, still cannot pass what the
-      hardware can do.
+      hardware can do;
+    - ``speed``: the prior, with this value in its window, would stand further than the speed
+      factor from the ``guard``'s reference (`refreshed` for time ``t``).
 
-    A suspicious value within the lineage factor of the pending one is ``corroborated``,
-    unless it is past the physics ceiling: nothing corroborates the impossible.
+    A suspicious value within the lineage factor of the pending one is ``corroborated`` when
+    it is `independent` of it (job ``job`` at ``t``), unless it is past the physics ceiling
+    (nothing corroborates the impossible) or the two would move the prior further than the
+    corroborated factor from the reference (then ``speed``).
     """
     rule: Verdict | None = None
     if submitted_devices is not None and num_devices != submitted_devices:
@@ -186,12 +301,38 @@ def judge(
     )
     if rule is None and impossible:
         rule = "physics"
+    if rule is None and _too_fast(previous, guard, x, measured_at, rules):
+        rule = "speed"
     if rule is None:
         return "accepted"
     pending = None if previous is None else previous.pending
-    if not impossible and pending is not None and abs(x - pending[1]) <= rules.lineage_limit:
-        return "corroborated"
+    if (
+        not impossible
+        and pending is not None
+        and abs(x - pending[1]) <= rules.lineage_limit
+        and independent(guard, t, job, rules)
+    ):
+        return "speed" if _jump_too_far(guard, pending[1], x, rules) else "corroborated"
     return rule
+
+
+def _jump_too_far(guard: Guard | None, pending: float, x: float, rules: HistoryRules) -> bool:
+    if guard is None or guard.reference is None:
+        return False
+    return abs(median([pending, x]) - guard.reference) > rules.corroborated_limit
+
+
+def _too_fast(
+    previous: Measurement | None,
+    guard: Guard | None,
+    x: float,
+    measured_at: float,
+    rules: HistoryRules,
+) -> bool:
+    if previous is None or not previous.recent or guard is None or guard.reference is None:
+        return False
+    window = sorted((*previous.recent, (measured_at, x)))[-rules.recent :]
+    return abs(median([v for _at, v in window]) - guard.reference) > rules.speed_limit
 
 
 def apply_measurement(
@@ -233,6 +374,39 @@ def apply_aggregate(previous: TypeAggregate | None, x: float, measured_at: float
     return TypeAggregate(ewma, previous.count + 1, max(previous.last_at, measured_at))
 
 
+def aggregate_step(
+    previous: TypeAggregate | None,
+    guard: Guard | None,
+    x: float,
+    measured_at: float,
+    t: float,
+    rules: HistoryRules = DEFAULT_RULES,
+) -> tuple[TypeAggregate, Guard, bool]:
+    """`apply_aggregate` within the speed bound: (the aggregate, its guard, whether the bound
+    held it back). An established aggregate stays within ``aggregate_speed_factor`` of where
+    it stood when the period began; one still forming follows its values."""
+    agg = apply_aggregate(previous, x, measured_at)
+    if previous is None:
+        return agg, Guard(agg.ewma_log_per_device, t), False
+    forming = previous.count < rules.aggregate_min_count
+    if (
+        guard is None
+        or guard.reference is None
+        or forming
+        or t - guard.since >= rules.speed_period_s
+    ):
+        guard = Guard(previous.ewma_log_per_device, t)
+    if forming:
+        return agg, guard, False
+    assert guard.reference is not None
+    low = guard.reference - rules.aggregate_speed_limit
+    high = guard.reference + rules.aggregate_speed_limit
+    held = min(max(agg.ewma_log_per_device, low), high)
+    if held == agg.ewma_log_per_device:
+        return agg, guard, False
+    return replace(agg, ewma_log_per_device=held), guard, True
+
+
 # "none": the completion carries no measurement; "repeat": its job attempt completed before
 Outcome = Verdict | Literal["none", "repeat"]
 
@@ -244,6 +418,9 @@ class HistoryBook:
         self.rules = rules
         self._lineages: dict[str, dict[str, Measurement]] = {}
         self._aggregates: dict[str, TypeAggregates] = {}
+        self._guards: dict[tuple[str, str], Guard] = {}  # (lineage, type): the speed rule's
+        self._aggregate_guards: dict[tuple[str, str], Guard] = {}  # (model type, type)
+        self.aggregate_held = 0  # measurements the aggregate speed bound held back
         # lineages where a measurement was not simply accepted (quarantined or corroborated):
         # their state depends on the order the measurements came in
         self.disputed: set[str] = set()
@@ -256,10 +433,12 @@ class HistoryBook:
         completion: Mapping[str, Any],
         submitted_devices: int | None = None,
         ceiling: float | None = None,
+        now: float = math.inf,
     ) -> Outcome:
         """Apply one job-completed event (measured at its ``ended_at``) as the online store's
-        Lua script does (``submitted_devices`` and ``ceiling`` as in `apply`): a second
-        completion of one job attempt (another event) is a ``repeat`` and changes nothing."""
+        Lua script does (``submitted_devices``, ``ceiling`` and ``now`` as in `apply`): a
+        second completion of one job attempt (another event) is a ``repeat`` and changes
+        nothing."""
         attempt = (str(completion["job_id"]), int(completion["attempt"]))
         taken = self._completed.setdefault(attempt, str(completion["event_id"]))
         if taken != completion["event_id"]:
@@ -274,6 +453,8 @@ class HistoryBook:
             epoch_s(completion["ended_at"]),
             submitted_devices,
             ceiling,
+            job_key(str(completion["job_id"])),
+            now,
         )
 
     def apply(
@@ -287,10 +468,14 @@ class HistoryBook:
         measured_at: float,
         submitted_devices: int | None = None,
         ceiling: float | None = None,
+        job: int = 0,
+        now: float = math.inf,
     ) -> Outcome:
         """Apply one completion; what became of its measurement. ``submitted_devices``: the
         count its submission asked for (the online store reads it from the stored submission,
-        the replay from the row's data × tensor × pipeline parallel)."""
+        the replay from the row's data × tensor × pipeline parallel); ``job``: its job's
+        `job_key` (0: unknown, which never corroborates); ``now``: the reader's clock (a
+        replay of accepted rows has none: their ``ended_at`` is the time)."""
         if not is_measurement(status, samples_per_s) or num_devices <= 0:
             return "none"
         assert samples_per_s is not None
@@ -298,6 +483,9 @@ class HistoryBook:
         lin = self._lineages.setdefault(lineage_id, {})
         agg = self._aggregates.setdefault(model_type, {})
         previous = lin.get(hardware_type)
+        t = event_time(measured_at, now)
+        key = (lineage_id, hardware_type)
+        guard = refreshed(self._guards.get(key), previous, t, self.rules)
         verdict = judge(
             previous,
             agg.get(hardware_type),
@@ -306,12 +494,27 @@ class HistoryBook:
             submitted_devices,
             self.rules,
             ceiling,
+            guard,
+            measured_at,
+            t,
+            job,
         )
-        lin[hardware_type] = apply_measurement(
-            previous, x, num_devices, measured_at, verdict, self.rules
-        )
+        entry = apply_measurement(previous, x, num_devices, measured_at, verdict, self.rules)
+        lin[hardware_type] = entry
+        after = guard_after(guard, verdict, entry, t, job)
+        if after is not None:
+            self._guards[key] = after
         if verdict not in QUARANTINE_RULES:
-            agg[hardware_type] = apply_aggregate(agg.get(hardware_type), x, measured_at)
+            akey = (model_type, hardware_type)
+            agg[hardware_type], self._aggregate_guards[akey], held = aggregate_step(
+                agg.get(hardware_type),
+                self._aggregate_guards.get(akey),
+                x,
+                measured_at,
+                t,
+                self.rules,
+            )
+            self.aggregate_held += held
         if verdict != "accepted":
             self.disputed.add(lineage_id)
             self.disputed_types.add(model_type)
@@ -320,6 +523,12 @@ class HistoryBook:
     def lineage(self, lineage_id: str) -> LineageHistory:
         """The types this lineage has a prior on (quarantine-only entries are not history)."""
         return {t: m for t, m in self._lineages.get(lineage_id, {}).items() if m.recent}
+
+    def guard(self, lineage_id: str, hardware_type: str) -> Guard | None:
+        return self._guards.get((lineage_id, hardware_type))
+
+    def aggregate_guard(self, model_type: str, hardware_type: str) -> Guard | None:
+        return self._aggregate_guards.get((model_type, hardware_type))
 
     def entries(self, lineage_id: str) -> dict[str, Measurement]:
         """Every entry, quarantine-only ones included (what the online store holds)."""
@@ -338,203 +547,3 @@ class HistoryBook:
     @property
     def model_types(self) -> list[str]:
         return list(self._aggregates)
-
-
-_SortedLog = tuple[np.ndarray, np.ndarray, np.ndarray, int, tuple[np.ndarray, np.ndarray]]
-
-
-class AggregateLog:
-    """The aggregates as a log of changes in replay order, for point-in-time look-ups.
-
-    A training replay asks for a model type's aggregates as of every submission; a snapshot
-    dict per change was a year's worth of dicts (and most of the feature build's time). Here a
-    row keeps only the log's length when it was submitted (`mark`), and `at` finds, for many
-    rows at once, the last change of (its model type, a hardware type) before that mark. The
-    log starts from the book's state (`starting_from`), so it need only span a piece of a
-    replay."""
-
-    def __init__(self) -> None:
-        self._model_types: dict[str, int] = {}
-        self._hardware: dict[str, int] = {}
-        self._mt: list[int] = []
-        self._hw: list[int] = []
-        self._ewma: list[float] = []
-        self._count: list[int] = []
-        self._sorted_cache: tuple[int, Mapping[str, int], _SortedLog] | None = None
-
-    @classmethod
-    def starting_from(cls, book: HistoryBook) -> AggregateLog:
-        log = cls()
-        for model_type in book.model_types:
-            for hw, agg in book._aggregates[model_type].items():
-                log.record(model_type, hw, agg)
-        return log
-
-    def record(self, model_type: str, hardware_type: str, aggregate: TypeAggregate) -> None:
-        self._mt.append(self._model_types.setdefault(model_type, len(self._model_types)))
-        self._hw.append(self._hardware.setdefault(hardware_type, len(self._hardware)))
-        self._ewma.append(aggregate.ewma_log_per_device)
-        self._count.append(aggregate.count)
-
-    @classmethod
-    def of_codes(
-        cls,
-        model_types: Sequence[str],
-        hardware: Sequence[str],
-        model_type: np.ndarray,
-        hardware_code: np.ndarray,
-        ewma: np.ndarray,
-        count: np.ndarray,
-    ) -> AggregateLog:
-        """A log of entries given as codes into ``model_types`` and ``hardware``."""
-        log = cls()
-        log._model_types = {m: i for i, m in enumerate(model_types)}
-        log._hardware = {h: i for i, h in enumerate(hardware)}
-        log._mt = np.asarray(model_type, np.int64).tolist()
-        log._hw = np.asarray(hardware_code, np.int64).tolist()
-        log._ewma = np.asarray(ewma, np.float64).tolist()
-        log._count = np.asarray(count, np.int64).tolist()
-        return log
-
-    def mark(self) -> int:
-        return len(self._mt)
-
-    def model_type_codes(self, model_types: Sequence[str]) -> np.ndarray:
-        """-1 for a model type the log has never seen."""
-        return np.fromiter(
-            (self._model_types.get(m, -1) for m in model_types), np.int64, count=len(model_types)
-        )
-
-    def at(
-        self,
-        model_type: np.ndarray,
-        hardware: np.ndarray,
-        marks: np.ndarray,
-        hardware_codes: Mapping[str, int],
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """(EWMA, count) per row of (model type code, hardware code, mark); NaN where that
-        pair had no aggregate before the mark. ``hardware_codes`` numbers hardware names as
-        ``hardware`` does (the catalog's codes)."""
-        n = len(model_type)
-        ewma, count = np.full(n, np.nan), np.full(n, np.nan)
-        if not self._mt or n == 0:
-            return ewma, count
-        key, order, sorted_full, span, values = self._sorted(hardware_codes)
-        size = len(self._mt) + 1
-        want = np.asarray(model_type, np.int64) * span + np.asarray(hardware, np.int64) + 1
-        valid = (np.asarray(model_type) >= 0) & (np.asarray(hardware) >= 0)
-        pos = np.searchsorted(sorted_full, want * size + np.asarray(marks, np.int64)) - 1
-        posc = np.clip(pos, 0, len(order) - 1)
-        hit = valid & (pos >= 0) & (key[order[posc]] == want)
-        src = order[posc[hit]]
-        ewma[hit] = values[0][src]
-        count[hit] = values[1][src]
-        return ewma, count
-
-    def _sorted(self, hardware_codes: Mapping[str, int]) -> _SortedLog:
-        """(key per change, the changes' order by key then position, the sorted keys with
-        positions, the key's hardware span, the changes' EWMA and count as arrays), kept while
-        the log and the codes stay the same: the feature build asks twice per piece (the
-        candidate's type and the prior's)."""
-        cached = self._sorted_cache
-        if cached is not None and cached[0] == len(self._mt) and cached[1] is hardware_codes:
-            return cached[2]
-        names = list(self._hardware)
-        to_code = np.asarray([hardware_codes.get(h, -1) for h in names], np.int64)
-        span = int(max(hardware_codes.values(), default=0)) + 3  # codes -1 … max + 1
-        size = len(self._mt) + 1
-        key = np.asarray(self._mt, np.int64) * span + to_code[np.asarray(self._hw, np.int64)] + 1
-        full = key * size + np.arange(len(key))  # unique: the key, then the log's position
-        order = np.argsort(full, kind="stable")
-        values = (np.asarray(self._ewma, np.float64), np.asarray(self._count, np.float64))
-        got = (key, order, full[order], span, values)
-        self._sorted_cache = (len(self._mt), hardware_codes, got)
-        return got
-
-
-@dataclass(frozen=True)
-class AggregatesAsOf:
-    """Per job, its model type's aggregates as of its submission: its model type's code in
-    ``log`` and the log's `mark` then (what `features.build_columns` takes in place of one
-    aggregates dict per job)."""
-
-    log: AggregateLog
-    model_type: np.ndarray
-    marks: np.ndarray
-
-    def __len__(self) -> int:
-        return len(self.marks)
-
-
-class AggregateTable(Mapping[str, TypeAggregates]):
-    """Several model types' aggregates as flat entries, what the online store reads for a batch.
-
-    A batch of 500 submissions reads some 250 model types' aggregates, 2,500 entries: one
-    object per entry, flattened back into arrays by the feature build, was a tenth of the
-    ranking's CPU. Read as a mapping it gives the usual dicts (built on demand); the ranker
-    takes `as_of` instead."""
-
-    def __init__(
-        self,
-        model_types: Sequence[str],
-        hardware: Sequence[str],
-        model_type: np.ndarray,
-        hardware_code: np.ndarray,
-        values: np.ndarray,
-    ) -> None:
-        """``values``: one row per entry, (EWMA of log per-device samples/s, count, last_at);
-        ``model_type`` / ``hardware_code``: the entry's index in ``model_types`` / ``hardware``."""
-        self._model_types = list(model_types)
-        self._index = {m: i for i, m in enumerate(self._model_types)}
-        self._hardware = list(hardware)
-        self._owner = np.asarray(model_type, np.int64)
-        self._hw = np.asarray(hardware_code, np.int64)
-        self._values = np.asarray(values, np.float64).reshape(-1, 3)
-
-    @classmethod
-    def of(cls, aggregates: Mapping[str, TypeAggregates]) -> AggregateTable:
-        """The table of aggregates given as dicts."""
-        hardware: dict[str, int] = {}
-        owner, codes, values = [], [], []
-        for i, per_type in enumerate(aggregates.values()):
-            for hw, agg in per_type.items():
-                owner.append(i)
-                codes.append(hardware.setdefault(hw, len(hardware)))
-                values.append((agg.ewma_log_per_device, agg.count, agg.last_at))
-        return cls(
-            list(aggregates),
-            list(hardware),
-            np.asarray(owner, np.int64),
-            np.asarray(codes, np.int64),
-            np.asarray(values, np.float64).reshape(-1, 3),
-        )
-
-    def __getitem__(self, model_type: str) -> TypeAggregates:
-        i = self._index[model_type]
-        rows = np.flatnonzero(self._owner == i).tolist()
-        return {
-            self._hardware[int(self._hw[r])]: TypeAggregate(
-                float(self._values[r, 0]), int(self._values[r, 1]), float(self._values[r, 2])
-            )
-            for r in rows
-        }
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._model_types)
-
-    def __len__(self) -> int:
-        return len(self._model_types)
-
-    def as_of(self, model_types: Sequence[str]) -> AggregatesAsOf:
-        """Per job (its model type), every entry of its model type: `features.build_columns`
-        reads them through the vectorised look-up of `AggregateLog.at`."""
-        log = AggregateLog.of_codes(
-            self._model_types,
-            self._hardware,
-            self._owner,
-            self._hw,
-            self._values[:, 0],
-            self._values[:, 1],
-        )
-        marks = np.full(len(model_types), log.mark(), np.int64)
-        return AggregatesAsOf(log, log.model_type_codes(model_types), marks)

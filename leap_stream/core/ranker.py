@@ -25,13 +25,9 @@ from leap_stream.contracts.events import (
 )
 from leap_stream.contracts.timestamps import format_ts, parse_ts
 from leap_stream.core import features as F
+from leap_stream.core.aggregates import AggregatesAsOf, AggregateTable
 from leap_stream.core.columns import Columns, column_codes
-from leap_stream.core.history import (
-    AggregatesAsOf,
-    AggregateTable,
-    LineageHistory,
-    TypeAggregates,
-)
+from leap_stream.core.history import LineageHistory, TypeAggregates
 from leap_stream.core.intervals import INTERVAL_LEVEL
 from leap_stream.core.lookup import LookupTable
 from leap_stream.core.predictor import OOD_MARGIN, ThroughputModel

@@ -32,15 +32,17 @@ from redis.retry import Retry
 
 from leap_stream.contracts.events import JobCompleted, JobSubmitted
 from leap_stream.contracts.timestamps import epoch_s
+from leap_stream.core.aggregates import AggregateTable
 from leap_stream.core.history import (
     DEFAULT_RULES,
     HISTORY_EWMA_ALPHA,
     QUARANTINE_RULES,
-    AggregateTable,
     HistoryRules,
     LineageHistory,
     Measurement,
+    event_time,
     is_measurement,
+    job_key,
     log_per_device,
     measurement,
 )
@@ -76,22 +78,25 @@ _OUTCOMES = {
     8: "mismatch",
     9: "no_submission",
     10: "repeat",
+    11: "speed",
 }
+_AGGREGATE_HELD = 20  # added to an outcome when the aggregate speed bound held the aggregate
 
 
 @dataclass(frozen=True, slots=True)
 class ApplyResult:
     """One completion's fate. ``outcome``: ``none`` (no measurement), ``accepted``,
-    ``corroborated``, ``devices`` / ``lineage`` / ``aggregate`` (quarantined by that rule),
-    ``mismatch`` (its
-    stored submission names another lineage or model type), ``no_submission`` (none stored
-    and orphans are not allowed) or ``repeat`` (another completion of the same job attempt
-    was taken before: an attempt completes once); for a duplicate, what the first delivery
-    got."""
+    ``corroborated``, ``devices`` / ``lineage`` / ``aggregate`` / ``physics`` / ``speed``
+    (quarantined by that rule), ``mismatch`` (its stored submission names another lineage or
+    model type), ``no_submission`` (none stored and orphans are not allowed) or ``repeat``
+    (another completion of the same job attempt was taken before: an attempt completes once);
+    for a duplicate, what the first delivery got. ``aggregate_held``: the measurement entered
+    the history but the aggregate speed bound held its model type's aggregate back."""
 
     event_id: str
     new: bool  # False: seen before (duplicate), nothing changed
     outcome: str = "none"
+    aggregate_held: bool = False
 
     @property
     def measured(self) -> bool:
@@ -111,9 +116,12 @@ class ApplyResult:
 
 
 def _result(event_id: str, code: int) -> ApplyResult:
-    if code >= 100:
-        return ApplyResult(event_id, False, _OUTCOMES.get(code - 100, "none"))
-    return ApplyResult(event_id, True, _OUTCOMES[code])
+    new = code < 100
+    code = code if new else code - 100
+    held = code > _AGGREGATE_HELD
+    code = code - _AGGREGATE_HELD if held else code
+    outcome = _OUTCOMES[code] if new else _OUTCOMES.get(code, "none")
+    return ApplyResult(event_id, new, outcome, held)
 
 
 def decode_measurement(v: Sequence[Any]) -> Measurement:
@@ -339,6 +347,13 @@ class KeyLayout:
     def done(self, job_id: str, attempt: int, model_type: str) -> str:
         """The marker of a job attempt whose completion was taken: an attempt completes once."""
         return f"{self._head(model_type)}done:{job_id}:{attempt}"
+
+    def guard(self, lineage_id: str, model_type: str) -> str:
+        """The speed rule's state of a lineage's entries (core.history.Guard), per type."""
+        return f"{self._head(model_type)}lguard:{lineage_id}"
+
+    def aggregate_guard(self, model_type: str) -> str:
+        return f"{self._head(model_type)}aguard:{model_type}"
 
     def pred(self, job_id: str, attempt: int, model_type: str) -> str:
         return f"{self._head(model_type)}pred:{job_id}:{attempt}"
@@ -716,6 +731,11 @@ class OnlineStore:
             _SUB_CANDIDATES,
             repr(r.physics_limit),
             self.submission_ttl_s,
+            repr(r.speed_limit),
+            repr(r.aggregate_speed_limit),
+            repr(r.speed_period_s),
+            repr(r.corroboration_gap_s),
+            repr(r.corroborated_limit),
         ]
 
     def _apply_order(self, completions: Sequence[Mapping[str, Any]]) -> list[list[int]]:
@@ -738,6 +758,7 @@ class OnlineStore:
         calls: Sequence[Sequence[int]],
         require_submission: bool,
         ceilings: Sequence[float | None] | None = None,
+        now: float = math.inf,
     ) -> None:
         for idx in calls:
             keys: list[str] = []
@@ -751,6 +772,8 @@ class OnlineStore:
                     self.keys.agg(mt),
                     self.keys.sub(c["job_id"], int(c["attempt"]), mt),
                     self.keys.done(c["job_id"], int(c["attempt"]), mt),
+                    self.keys.guard(c["lineage_id"], mt),
+                    self.keys.aggregate_guard(mt),
                 ]
                 sps_raw = (c.get("throughput") or {}).get("samples_per_s")
                 sps = None if sps_raw is None else float(sps_raw)
@@ -763,9 +786,9 @@ class OnlineStore:
                     at = epoch_s(c["ended_at"])
                     x = log_per_device(sps, nd)
                     args += ["1", c["hardware_type"], nd, repr(at), repr(x), *ids]
+                    args += [c["event_id"], repr(event_time(at, now)), job_key(str(c["job_id"]))]
                 else:
-                    args += ["0", c["hardware_type"], nd, "0", "0", *ids]
-                args.append(c["event_id"])
+                    args += ["0", c["hardware_type"], nd, "0", "0", *ids, c["event_id"], "0", 0]
             pipe.evalsha(self._apply_sha, len(keys), *keys, *args)
 
     def _apply_results(
@@ -781,7 +804,11 @@ class OnlineStore:
         return [_result(c["event_id"], code) for c, code in zip(completions, codes, strict=True)]
 
     def apply_completions(
-        self, completions: Sequence[Mapping[str, Any]], *, require_submission: bool = False
+        self,
+        completions: Sequence[Mapping[str, Any]],
+        *,
+        require_submission: bool = False,
+        now: float = math.inf,
     ) -> list[ApplyResult]:
         """Dedup and history update, atomic per event, in arrival order per model type, one
         round trip.
@@ -789,12 +816,15 @@ class OnlineStore:
         Takes job-completed events or the completion fields of dataset rows
         (`offline.completions_from_frame`, for a rebuild): only what the history needs. A
         stored submission that disagrees is a mismatch either way; its absence only matters
-        with ``require_submission`` (a rebuild replays rows whose submissions have expired)."""
+        with ``require_submission`` (a rebuild replays rows whose submissions have expired).
+        ``now``: the reader's clock, which bounds the speed rule's time (`event_time`; a
+        rebuild has none: its rows' ``ended_at`` is the time)."""
         if not completions:
             return []
         calls = self._apply_order(completions)
         results = self._execute(
-            "apply", lambda p: self._queue_apply(p, completions, calls, require_submission)
+            "apply",
+            lambda p: self._queue_apply(p, completions, calls, require_submission, None, now),
         )
         return self._apply_results(results, completions, calls)
 
@@ -802,13 +832,15 @@ class OnlineStore:
         self,
         completions: Sequence[JobCompleted],
         ceilings: Callable[[Sequence[dict[str, Any] | None]], Sequence[float | None]] | None = None,
+        now: float = math.inf,
     ) -> tuple[list[ApplyResult], list[dict[str, Any] | None]]:
         """The completions hot path: `apply_completions` and `fetch_submissions`; each
         submission carries the ranking's predictions under ``_predictions`` when they were
         stored (`decode_predictions`).
 
         One round trip; two with ``ceilings``, which gives each completion its physics ceiling
-        from the submissions read first (the guard's last reference, core.history.judge)."""
+        from the submissions read first (the guard's last reference, core.history.judge).
+        ``now`` as in `apply_completions`."""
         if not completions:
             return [], []
         n = len(completions)
@@ -833,7 +865,7 @@ class OnlineStore:
         if ceilings is None:
 
             def build(p: Any) -> None:
-                self._queue_apply(p, completions, calls, require)
+                self._queue_apply(p, completions, calls, require, None, now)
                 plan.queue(p)
 
             results = self._execute("apply", build)
@@ -842,7 +874,7 @@ class OnlineStore:
         subs = decode(plan.collect(self._execute("fetch", plan.queue)))
         limits = ceilings(subs)
         results = self._execute(
-            "apply", lambda p: self._queue_apply(p, completions, calls, require, limits)
+            "apply", lambda p: self._queue_apply(p, completions, calls, require, limits, now)
         )
         return self._apply_results(results, completions, calls), subs
 
@@ -852,13 +884,13 @@ class OnlineStore:
         """Recreate lineage/aggregate history (and dedup markers) from scratch, e.g. from
         `offline.completions_from_frame(read_dataset(...))` after Redis lost its data.
 
-        Deletes this prefix's ``lin``, ``agg``, ``seen`` and ``done`` keys first (submissions
+        Deletes this prefix's ``lin``, ``agg``, ``seen``, ``done`` and guard keys first (submissions
         stay; on a cluster, on every master). Returns (events applied, measurements). Run it
         with the completions agent stopped.
         """
 
         def clear() -> None:
-            for kind in ("lin", "agg", "seen", "done"):
+            for kind in ("lin", "agg", "seen", "done", "lguard", "aguard"):
                 batch: list[Any] = []
                 for key in self.r.scan_iter(match=self.keys.pattern(kind), count=1000):
                     batch.append(key)

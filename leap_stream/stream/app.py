@@ -291,6 +291,7 @@ def count_applied(m: Metrics, res: CompletionBatchResult) -> None:
     m.completions_duplicate.inc(res.duplicates)
     for rule, n in res.quarantined.items():
         m.quarantined.labels(rule=rule).inc(n)
+    m.aggregate_held.inc(res.aggregate_held)
     m.observe_online(res.online)
 
 

@@ -84,7 +84,10 @@ Ceilings = Callable[[Sequence[dict[str, Any] | None]], Sequence[float | None]]
 
 class CompletionStore(Protocol):
     def apply_and_fetch(
-        self, completions: Sequence[JobCompleted], ceilings: Ceilings | None = None
+        self,
+        completions: Sequence[JobCompleted],
+        ceilings: Ceilings | None = None,
+        now: float = ...,
     ) -> tuple[list[Any], list[dict[str, Any] | None]]: ...
 
 
@@ -372,6 +375,7 @@ class CompletionBatchResult:
     mismatches: int = 0
     repeats: int = 0  # completions of an attempt that had completed before: dead letters
     quarantined: Counter[str] = field(default_factory=Counter)  # by rule, new ones only
+    aggregate_held: int = 0  # new measurements whose aggregate update the speed bound held
     # (hardware type, anchor, predicted / measured per-device - 1) where the model ranked the
     # job and the completion's measurement was accepted: the online accuracy
     online: list[tuple[str, str, float]] = field(default_factory=list)
@@ -452,7 +456,7 @@ class CompletionProcessor:
         letter) | ("wait", None), counted in ``out``."""
         completions = [c for _r, c in items]
         ceilings = None if self.specs is None else self._ceilings(completions)
-        applied, submissions = self.store.apply_and_fetch(completions, ceilings)
+        applied, submissions = self.store.apply_and_fetch(completions, ceilings, now.timestamp())
         decided: list[tuple[tuple[Record, Any], str, Any]] = []
         for item, res, sub, stop in zip(items, applied, submissions, give_up, strict=True):
             rec, comp = item
@@ -476,6 +480,7 @@ class CompletionProcessor:
                 out.measured += int(res.measured)
                 if res.quarantine is not None:
                     out.quarantined[res.quarantine] += 1
+                out.aggregate_held += int(res.aggregate_held)
                 if res.measured:
                     self._score(sub, comp, out)
             else:

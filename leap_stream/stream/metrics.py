@@ -132,8 +132,14 @@ class Metrics:
         )
         self.quarantined = Counter(
             "leap_measurements_quarantined",
-            "Measurements kept out of the history by a plausibility rule (lineage, aggregate).",
+            "Measurements kept out of the history by a rule (devices, lineage, aggregate, "
+            "physics, speed).",
             ["rule"],
+            registry=r,
+        )
+        self.aggregate_held = Counter(
+            "leap_aggregate_updates_held",
+            "Accepted measurements whose model type's aggregate the speed bound held back.",
             registry=r,
         )
         self.online_predictions = Counter(

@@ -16,15 +16,15 @@ import numpy as np
 import pandas as pd
 
 from leap_stream.contracts.timestamps import epoch_seconds
+from leap_stream.core.aggregates import AggregateLog, AggregatesAsOf
 from leap_stream.core.features import SpecArrays, log_rate_ceiling
 from leap_stream.core.history import (
     MEASURED_STATUSES,
     QUARANTINE_RULES,
-    AggregateLog,
-    AggregatesAsOf,
     HistoryBook,
     LineageHistory,
     TypeAggregates,
+    job_key,
 )
 
 
@@ -103,7 +103,7 @@ def replay_chunks(
     def apply_until(t: float) -> None:
         nonlocal upcoming
         while upcoming is not None and upcoming[0] < t:
-            end, lin, mt, hw, status, sps, nd, asked, ceiling, row = upcoming
+            end, lin, mt, hw, status, sps, nd, asked, ceiling, job, row = upcoming
             outcome = book.apply(
                 lin,
                 mt,
@@ -114,6 +114,7 @@ def replay_chunks(
                 end,
                 None if asked <= 0 else asked,
                 None if ceiling != ceiling else ceiling,
+                job,
             )
             if outcome != "none":
                 verdicts[row] = outcome
@@ -178,14 +179,14 @@ def collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-_Completion = tuple[float, str, str, str, str, float, int, int, float, int]
+_Completion = tuple[float, str, str, str, str, float, int, int, float, int, int]
 
 
 def _in_end_order(
     completions: pd.DataFrame, specs: SpecArrays | None, block: int = 1 << 16
 ) -> Iterator[_Completion]:
     """Each completion as (ended_at s, lineage, model type, hardware, status, samples/s,
-    devices, devices asked, physics ceiling, its row), by ended_at. Converted to Python
+    devices, devices asked, physics ceiling, its job's key, its row), by ended_at. Converted to Python
     values a block at a time: a list item costs a tenth of a numpy scalar in the replay's
     loop, and a year of them at once would cost gigabytes."""
     end = epoch_seconds(completions["ended_at"])
@@ -203,12 +204,22 @@ def _in_end_order(
             part["num_devices"].to_numpy(np.int64),
             submitted_devices(part),
             ceilings(part, specs),
+            job_keys(part),
             idx,
         )
         yield from zip(*(c.tolist() for c in columns), strict=True)
 
 
 _PARALLEL = ("data_parallel", "tensor_parallel", "pipeline_parallel")
+
+
+def job_keys(rows: pd.DataFrame) -> np.ndarray:
+    """Each row's `job_key` (0 where the rows carry no ``job_id``: never corroborates)."""
+    if "job_id" not in rows.columns:
+        return np.zeros(len(rows), np.int64)
+    codes, uniques = pd.factorize(rows["job_id"].astype(str))
+    keys = np.fromiter((job_key(j) for j in uniques), np.int64, count=len(uniques))
+    return keys[codes] if len(codes) else np.zeros(0, np.int64)
 
 
 def submitted_devices(rows: pd.DataFrame) -> np.ndarray:
@@ -249,7 +260,7 @@ class Replayer:
 
     def add_completions(self, completions: pd.DataFrame) -> None:
         cols = ["lineage_id", "model_type", "hardware_type", "status", "samples_per_s"]
-        cols += [c for c in _PARALLEL if c in completions.columns]
+        cols += [c for c in (*_PARALLEL, "job_id") if c in completions.columns]
         part = completions[[*cols, "num_devices"]].copy()
         part["ended_s"] = epoch_seconds(completions["ended_at"])
         self._pending.append(part)

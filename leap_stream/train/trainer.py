@@ -109,7 +109,10 @@ def training_rows(
     """Rows whose measurement had arrived before `known_before` (all when None).
 
     A row the history rules quarantine (core.history) is no training target either: a ×1000
-    telemetry error must not teach the model what it keeps out of the priors.
+    telemetry error must not teach the model what it keeps out of the priors. The rules run
+    twice: the online store's verdict (the row's ``quarantine``) stands, and the replay judges
+    what is left with the same rules, so neither a value held online nor a pair of poisoned
+    rows that would corroborate each other in a replay becomes a target or a prior.
 
     The replay and the features go ``chunk_rows`` submissions at a time and each piece's
     snapshots are dropped once it is features, so memory grows with the feature columns
@@ -118,7 +121,7 @@ def training_rows(
     if known_before is not None:
         ended = pd.to_datetime(dataset["ended_at"], utc=True)
         completions = dataset.loc[(ended < known_before).to_numpy()]
-    rows = pit.measured(completions)
+    rows = _not_quarantined_online(pit.measured(completions))
     del completions, dataset
     specs = F.SpecArrays.of(catalog_specs())
     columns = _FeatureColumns(len(rows))
@@ -140,6 +143,17 @@ def training_rows(
     frame = columns.frame(kept)
     frame["job"] = np.arange(len(frame))  # one candidate per job: the job is its row in `rows`
     return TrainingRows(rows, frame, y)
+
+
+def _not_quarantined_online(rows: pd.DataFrame) -> pd.DataFrame:
+    """The rows the online store did not quarantine when they arrived."""
+    if "quarantine" not in rows.columns:
+        return rows
+    held = rows["quarantine"].notna().to_numpy()
+    if not held.any():
+        return rows
+    log.info("%d measurements quarantined online are not training targets", int(held.sum()))
+    return rows.loc[~held].reset_index(drop=True)
 
 
 class _FeatureColumns:

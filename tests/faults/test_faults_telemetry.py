@@ -165,6 +165,97 @@ def test_one_attempt_completes_once_whatever_its_event_id(stack: Stack) -> None:
     )
 
 
+def test_a_prior_cannot_be_walked_or_outvoted_and_an_aggregate_not_dragged(stack: Stack) -> None:
+    """Sequences of completions, each of a job of its own (so the attempt rule does not help):
+    ten new lineages agreeing on ×90 the model type's aggregate (each within the ×100 a new
+    lineage may be off); a walk of 21 values each ×2.9 the prior as it stands (under the ×3
+    lineage limit); pairs of ×10 and ×1000 values of two jobs a minute apart. Before: the
+    aggregate moved ×55, the walk moved the prior ×1,725 (issue #39) and each pair became the
+    prior. Now the aggregate moves at most ×8 and the prior at most ×2 within the day, the
+    pairs stay quarantined, and each held value is counted."""
+    stack.extra_env.update(WINDOW)
+    now = time.time()
+    t = stack.topics
+    honest = [_comp(f"h{i}", now - 9 * HOUR + i * 60, 14.62 * (1 + 0.02 * i)) for i in range(3)]
+    honest += [_comp(f"u{i}", now - 9 * HOUR + i * 60, 14.62, lineage_id="lin-u") for i in range(3)]
+    crowd = [
+        _comp(f"crowd{i}", now - 8 * HOUR + i * 60, 14.62 * 90, lineage_id=f"lin-crowd-{i}")
+        for i in range(10)
+    ]
+    walk = [f"walk{k}" for k in range(21)]
+    pairs = [
+        _comp(f"pair{i}", now - 3 * HOUR + i * 60, 14.62 * f, lineage_id="lin-u")
+        for i, f in enumerate([10.0, 10.0, 1000.0, 1000.0])
+    ]
+    subs = [
+        _sub(c["job_id"].removeprefix("job-t-"), now - 10 * HOUR, c["lineage_id"]) for c in honest
+    ]
+    subs += [
+        _sub(c["job_id"].removeprefix("job-t-"), now - 10 * HOUR, c["lineage_id"]) for c in crowd
+    ]
+    subs += [_sub(w, now - 10 * HOUR) for w in walk]
+    subs += [_sub(c["job_id"].removeprefix("job-t-"), now - 10 * HOUR, "lin-u") for c in pairs]
+    stack.start()
+    feeder = Feeder(stack.bootstrap)
+    _rank_all(stack, feeder, subs)
+    store = OnlineStore(connect(stack.redis_url), prefix=stack.prefix)
+    mt = COMP["model_type"]
+
+    def applied(events: list[dict[str, Any]]) -> None:
+        for c in events:
+            feeder.send(t["comp"], c["job_id"], orjson.dumps(c))
+        feeder.flush()
+
+        def seen() -> bool:
+            assert stack.alive(), stack.log_tail()
+            return all(store.r.exists(store.keys.seen(c["event_id"], mt)) for c in events)
+
+        wait_for("the completions applied", seen, 60, every=0.1)
+
+    def aggregate() -> float:
+        _hist, aggs = store.read_batch([], [mt])
+        return aggs[mt]["h100-sxm"].ewma_log_per_device
+
+    applied(honest)
+    before = aggregate()
+    applied(crowd)
+    dragged = math.exp(aggregate() - before)
+    # ×8 from where it stood when its day began: before the last honest value (×1.02 at most)
+    assert 1 < dragged <= 8 * 1.02
+
+    def prior(lineage: str = "lin-t") -> float:
+        [hist], _aggs = store.read_batch([lineage], [])
+        return hist["h100-sxm"].samples_per_s
+
+    start = prior()
+    for k, name in enumerate(walk):
+        applied([_comp(name, now - 6 * HOUR + k * 60, prior() * 2.9)])
+    walked = prior() / start
+    assert 1 < walked <= 2 * (1 + 1e-9)
+
+    applied(pairs)
+    assert prior("lin-u") == pytest.approx(14.62, rel=1e-9)
+
+    def rows_written() -> bool:
+        return len(read_dataset(stack.tmp / "dataset")) >= len(honest) + len(crowd) + 25
+
+    wait_for("the dataset rows", rows_written, 30)
+    frame = read_dataset(stack.tmp / "dataset").set_index("event_id")
+    flags = frame["quarantine"].where(frame["quarantine"].notna(), None)
+    assert {flags[c["event_id"]] for c in pairs} == {"lineage"}
+    held = int((flags == "speed").sum())
+    assert held > 0
+    assert stack.metric("leap_measurements_quarantined", rule="speed") == held
+    assert stack.metric("leap_aggregate_updates_held") > 0
+    store.r.close()
+    assert stack.stop(signal.SIGTERM) == 0, stack.log_tail()
+    print(
+        f"\n--- sequences: ten new lineages at ×90 moved the aggregate ×{dragged:.2f} (bound ×8); "
+        f"a 21-step ×2.9 walk moved the prior ×{walked:.3f} (bound ×2, {held} held as speed); "
+        f"×10 and ×1000 pairs of two jobs a minute apart: quarantined, prior unchanged"
+    )
+
+
 def test_an_orphan_flood_is_bounded_and_the_honest_completions_pass(stack: Stack) -> None:
     """1,000 completions whose submission never comes, then three honest ones. Each partition
     holds at most LEAP_MAX_WAITING_COMPLETIONS (200) waiting completions; the rest are

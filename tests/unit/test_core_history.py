@@ -3,17 +3,19 @@ HistoryBook applied from events is the field-by-field apply."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
 import pytest
 
 from leap_stream.contracts.timestamps import epoch_s
+from leap_stream.core.aggregates import AggregateTable
 from leap_stream.core.history import (
-    AggregateTable,
     HistoryBook,
     HistoryRules,
     TypeAggregate,
+    job_key,
     median,
 )
 from leap_stream.tools import synthetic_events as synthetic
@@ -32,6 +34,7 @@ def test_apply_completion_is_apply_with_the_event_fields() -> None:
             (c.get("throughput") or {}).get("samples_per_s"),
             c["num_devices"],
             epoch_s(c["ended_at"]),
+            job=job_key(c["job_id"]),
         )
     # failed attempts measure nothing
     assert 0 < sum(m != "none" for m in measured) < len(completions)
@@ -54,8 +57,15 @@ def _run(
     at: float = 0.0,
     lin: str = "L",
     asked: int | None = None,
+    job: int | None = None,
 ) -> str:
-    return book.apply(lin, "mt", "h100", "succeeded", sps, nd, at, asked)
+    """One measurement; each from a job of its own unless ``job`` says otherwise."""
+    job = next(_JOBS) if job is None else job
+    return book.apply(lin, "mt", "h100", "succeeded", sps, nd, at, asked, job=job)
+
+
+_JOBS = itertools.count(1)
+HOUR = 3600.0
 
 
 def test_median_is_the_middle_or_the_mean_of_the_two_middles() -> None:
@@ -107,7 +117,7 @@ def test_another_device_count_is_judged_by_the_aggregate_not_the_lineage() -> No
     assert book.lineage("L")["h100"].num_devices == 16
     # an elastic job that really ran on another count than submitted: accepted the second time
     assert _run(book, 1600.0, nd=16, at=6.0, asked=8) == "devices"
-    assert _run(book, 1650.0, nd=16, at=7.0, asked=8) == "corroborated"
+    assert _run(book, 1650.0, nd=16, at=6.0 + HOUR, asked=8) == "corroborated"
 
 
 def test_a_real_change_is_accepted_once_a_second_measurement_corroborates_it() -> None:
@@ -115,7 +125,7 @@ def test_a_real_change_is_accepted_once_a_second_measurement_corroborates_it() -
     for i in range(4):
         _run(book, 800.0, at=float(i))
     assert _run(book, 4000.0, at=10.0) == "lineage"
-    assert _run(book, 4100.0, at=11.0) == "corroborated"
+    assert _run(book, 4100.0, at=10.0 + HOUR) == "corroborated"
     m = book.lineage("L")["h100"]
     assert len(m.recent) == 2 and m.count == 6  # the window restarts from the two
     assert m.samples_per_s == pytest.approx(8 * math.exp(median([x for _t, x in m.recent])))
@@ -218,3 +228,104 @@ def test_a_second_completion_of_one_attempt_is_a_repeat_and_changes_nothing() ->
     assert book.lineage(c["lineage_id"]) == state
     other = dict(replay, attempt=c["attempt"] + 1)  # the next attempt is a new measurement
     assert book.apply_completion(other) != "repeat"
+
+
+DAY = 86_400.0
+
+
+def _walk(
+    book: HistoryBook, steps: int, start: float, every: float = 60.0, factor: float = 2.9
+) -> list[str]:
+    """An attacker's walk: each completion (a job of its own, ``every`` seconds apart)
+    ``factor`` × the prior as it stands."""
+    out = []
+    for k in range(steps):
+        prior = book.lineage("L")["h100"].samples_per_s
+        out.append(_run(book, prior * factor, at=start + every * k))
+    return out
+
+
+def test_a_walk_moves_a_prior_no_further_than_the_speed_factor_a_day() -> None:
+    rules = HistoryRules()
+    book = _book(rules)
+    for i in range(3):
+        _run(book, 800.0, at=float(i))
+    verdicts = _walk(book, 21, start=HOUR)
+    assert "speed" in verdicts
+    prior = book.lineage("L")["h100"].samples_per_s
+    assert 800.0 < prior <= 800.0 * rules.speed_factor * (1 + 1e-12)
+    # a patient walk, an hour a step for a day, gets one corroborated change in besides
+    day = _walk(book, 23, start=HOUR + DAY, every=HOUR)
+    assert day.count("corroborated") == 1
+    bound = rules.speed_factor * rules.corroborated_factor * (1 + 1e-12)
+    assert book.lineage("L")["h100"].samples_per_s <= prior * bound
+    # an honest release (×1.25) is not held
+    honest = _book(rules)
+    for i in range(5):
+        _run(honest, 800.0, at=float(i))
+    assert {_run(honest, 1000.0, at=HOUR + 60.0 * k) for k in range(5)} == {"accepted"}
+    assert honest.lineage("L")["h100"].samples_per_s == pytest.approx(1000.0)
+
+
+def test_only_an_independent_value_corroborates() -> None:
+    """Two values ×10 agreeing move a prior only when they are independent: another job, at
+    least the gap apart, and one corroborated change per period."""
+    rules = HistoryRules()
+
+    def held_then(second_job: int | None, gap: float) -> str:
+        book = _book(rules)
+        for i in range(3):
+            _run(book, 800.0, at=float(i))
+        assert _run(book, 8_000.0, at=HOUR, job=7) == "lineage"
+        return _run(book, 8_200.0, at=HOUR + gap, job=second_job)
+
+    assert held_then(None, 60.0) == "lineage"  # another job, but a minute later
+    assert held_then(7, 2 * HOUR) == "lineage"  # the same job (another attempt)
+    assert held_then(None, rules.corroboration_gap_s) == "corroborated"
+    book = _book(rules)
+    for i in range(3):
+        _run(book, 800.0, at=float(i))
+    _run(book, 8_000.0, at=HOUR)
+    assert _run(book, 8_200.0, at=2 * HOUR) == "corroborated"
+    # a second change the same day waits for the next
+    _run(book, 40_000.0, at=3 * HOUR)
+    assert _run(book, 40_000.0, at=5 * HOUR) == "lineage"
+    assert book.lineage("L")["h100"].samples_per_s == pytest.approx(math.sqrt(8_000 * 8_200))
+    assert _run(book, 41_000.0, at=2 * HOUR + DAY) == "corroborated"
+    # a ×1000 error agreed on by two independent jobs is too far a change: held
+    far = _book(rules)
+    for i in range(3):
+        _run(far, 800.0, at=float(i))
+    assert _run(far, 800_000.0, at=HOUR) == "lineage"
+    assert _run(far, 800_000.0, at=3 * HOUR) == "speed"
+    assert far.lineage("L")["h100"].samples_per_s == pytest.approx(800.0)
+
+
+def test_new_lineages_agreeing_move_an_aggregate_no_further_than_its_speed_factor() -> None:
+    rules = HistoryRules()
+    book = _book(rules)
+    for i in range(10):
+        _run(book, 800.0, at=float(i), lin=f"honest-{i}")
+    before = book.aggregate("mt", "h100")
+    assert before is not None
+    for i in range(10):  # ×90: within the aggregate factor, each lineage new to the type
+        assert _run(book, 72_000.0, at=HOUR + i, lin=f"new-{i}") == "accepted"
+    after = book.aggregate("mt", "h100")
+    assert after is not None and book.aggregate_held > 0
+    moved = after.ewma_log_per_device - before.ewma_log_per_device
+    assert 0 < moved <= rules.aggregate_speed_limit + 1e-12
+    # an honest new lineage is still judged by an aggregate near the honest ones
+    assert _run(book, 820.0, at=2 * HOUR, lin="honest-new") == "accepted"
+
+
+def test_the_honest_telemetry_benchmark_runs_on_a_tiny_fleet() -> None:
+    """benchmarks/history_guard.py, on two days of a small simulated fleet: its counts add up."""
+    import runpy
+    from pathlib import Path
+
+    path = Path(__file__).parents[2] / "benchmarks" / "history_guard.py"
+    measure = runpy.run_path(str(path))["measure"]
+    got = measure(seed=0, days=2, rate=300)
+    assert got["measurements"] == sum(got["verdicts"].values()) > 100
+    assert 0 <= got["held_back"] <= got["measurements"]
+    assert got["held_back_share"] <= 0.01

@@ -20,7 +20,8 @@ import pytest
 
 from leap_stream.catalog import load_catalog
 from leap_stream.contracts import Ok, decode, encode
-from leap_stream.core.history import AggregateTable, TypeAggregates
+from leap_stream.core.aggregates import AggregateTable
+from leap_stream.core.history import TypeAggregates
 from leap_stream.core.lookup import LookupTable
 from leap_stream.core.ranker import Ranker
 from leap_stream.tools import synthetic_rows as S

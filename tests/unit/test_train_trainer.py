@@ -84,6 +84,49 @@ def test_rows_known_before_a_cutoff_need_no_second_replay() -> None:
     assert (prefix.y == replayed.y).all() and np.shares_memory(prefix.y, whole.y)
 
 
+def _poisoned(d: pd.DataFrame, factor: float, minutes: list[float]) -> pd.DataFrame:
+    """``d`` and, for its most measured (lineage, type), rows of new jobs ``factor`` × its
+    newest measurement, ``minutes`` after it."""
+    ok = d[d["status"] == "succeeded"]
+    lineage, hw = ok.groupby(["lineage_id", "hardware_type"]).size().idxmax()
+    last = ok[(ok["lineage_id"] == lineage) & (ok["hardware_type"] == hw)].iloc[-1]
+    rows = []
+    for k, m in enumerate(minutes):
+        r = last.copy()
+        when = pd.Timestamp(last["ended_at"]) + pd.Timedelta(minutes=m)
+        r["event_id"], r["job_id"] = f"poison-{k}", f"poison-job-{k}"
+        r["submitted_at"], r["ended_at"] = when - pd.Timedelta(hours=2), when
+        r["started_at"] = when - pd.Timedelta(hours=1)
+        r["samples_per_s"] = last["samples_per_s"] * factor
+        rows.append(r)
+    return pd.concat([d, pd.DataFrame(rows)], ignore_index=True)
+
+
+def test_a_pair_of_poisoned_rows_does_not_become_targets() -> None:
+    """Two ×20 rows of two new jobs a minute apart: the second does not corroborate the first
+    (not independent: too soon), so neither is a target and the first stays pending."""
+    clean = trainer.training_rows(_dataset())
+    d = _poisoned(_dataset(), 20.0, [1.0, 2.0])
+    poison = d["samples_per_s"].iloc[-2:].to_numpy()
+    tr = trainer.training_rows(d)
+    assert len(tr.y) == len(clean.y) and not np.isin(tr.y, poison).any()
+    # an hour apart they corroborate each other: the rule, not the rows, decides
+    apart = trainer.training_rows(_poisoned(_dataset(), 20.0, [1.0, 62.0]))
+    assert np.isin(apart.y, poison).sum() == 1  # the corroborating row; the first stays held
+
+
+def test_the_online_verdict_stands_in_training() -> None:
+    """A row the online store quarantined (its ``quarantine`` column) is no target, even where
+    a replay alone would accept it."""
+    d = _dataset()
+    whole = trainer.training_rows(d)
+    held = np.isin(d["samples_per_s"].to_numpy(), whole.y[::50])
+    d["quarantine"] = np.where(held, "speed", None)
+    tr = trainer.training_rows(d)
+    assert held.sum() > 10 and len(tr.y) == len(whole.y) - int(held.sum())
+    assert not np.isin(tr.y, d.loc[held, "samples_per_s"].to_numpy()).any()
+
+
 def test_training_rows_in_pieces_equal_one_whole_replay() -> None:
     """Replayed in pieces, aggregates from the change log and columns stored compactly, the
     training rows are the whole replay's features (float columns to float32 precision)."""
