@@ -8,8 +8,12 @@ smallest such gap over a recent horizon: the host's skew. Where it is negative b
 tolerance the host is behind for certain (no wait makes a gap negative), and the worker judges
 events on the host's time plus the skew: the time window (`contracts.window`) and the rankings'
 timestamps follow the broker, not a clock that would reject every current event as from the
-future. A positive skew is the host ahead or a consumer lagging the whole horizon, which records
-cannot tell apart: it is reported (`leap_clock_skew_seconds`), not corrected.
+future. A positive gap is the host ahead or records waiting in the topic, which a record alone
+cannot tell apart; a batch read *caught up* (its partitions' ends within a batch of it, so its
+records waited no longer than the read takes) can: where the smallest gap of such batches over
+the horizon is above the tolerance, the host is ahead by it, and that is corrected too (else a
+host two hours ahead reports every ranking two hours late). A consumer lagging the whole
+horizon reads no caught-up batch and corrects nothing.
 
 Create times come from many producers: a batch's gap is taken at its median record, so a few
 producers with wrong or hostile clocks do not move it. `host()` reads the host's clock; the
@@ -41,14 +45,18 @@ class BrokerClock:
         self.tolerance_s, self.horizon_s = tolerance_s, horizon_s
         self.offset_s = offset_s  # LEAP_FAULT_CLOCK_OFFSET_S: a host off by this much (tests)
         self._gaps: deque[tuple[float, float]] = deque()  # (host time, host − record time)
+        self._settled: deque[tuple[float, float]] = deque()  # those of caught-up batches
         self._lock = threading.Lock()  # the submissions loop observes, both agents read
 
     def host(self) -> float:
         """The host's wall clock (epoch seconds), as the worker reads it."""
         return time.time() + self.offset_s
 
-    def observe(self, host_now: float, records: Sequence[Record]) -> None:
-        """One batch's records as they are read at `host_now` (epoch seconds)."""
+    def observe(
+        self, host_now: float, records: Sequence[Record], caught_up: bool = False
+    ) -> None:
+        """One batch's records as they are read at `host_now` (epoch seconds); ``caught_up``:
+        the reader knows the batch reached (within a batch) its partitions' ends."""
         appended = [r.timestamp for r in records if r.timestamp is not None and r.log_append]
         created = [r.timestamp for r in records if r.timestamp is not None and not r.log_append]
         if appended:
@@ -58,9 +66,11 @@ class BrokerClock:
         else:
             return
         with self._lock:
-            self._gaps.append((host_now, gap))
-            while self._gaps and self._gaps[0][0] < host_now - self.horizon_s:
-                self._gaps.popleft()
+            for gaps, keep in ((self._gaps, True), (self._settled, caught_up)):
+                if keep:
+                    gaps.append((host_now, gap))
+                while gaps and gaps[0][0] < host_now - self.horizon_s:
+                    gaps.popleft()
 
     def skew(self) -> float | None:
         """The host's offset from the records' clock (s, negative: behind); None before any
@@ -68,10 +78,16 @@ class BrokerClock:
         with self._lock:
             return min((g for _t, g in self._gaps), default=None)
 
-    def read(self, records: Sequence[Record]) -> datetime:
+    def ahead(self) -> float | None:
+        """The smallest gap of the caught-up batches over the horizon: the host's lead at
+        most; None without one."""
+        with self._lock:
+            return min((g for _t, g in self._settled), default=None)
+
+    def read(self, records: Sequence[Record], caught_up: bool = False) -> datetime:
         """Observe `records` as read now; the time to judge them by (UTC)."""
         host = self.host()
-        self.observe(host, records)
+        self.observe(host, records, caught_up)
         return datetime.fromtimestamp(self.now(host), UTC)
 
     def current(self) -> datetime:
@@ -79,10 +95,14 @@ class BrokerClock:
         return datetime.fromtimestamp(self.now(self.host()), UTC)
 
     def now(self, host_now: float) -> float:
-        """The time to judge events by: the host's, or the broker's where the host is behind."""
+        """The time to judge events by: the host's, or the broker's where the host is behind
+        or (seen on caught-up batches) ahead."""
         skew = self.skew()
         if skew is not None and skew < -self.tolerance_s:
             return host_now - skew
+        ahead = self.ahead()
+        if ahead is not None and ahead > self.tolerance_s:
+            return host_now - ahead
         return host_now
 
 

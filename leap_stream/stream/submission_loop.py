@@ -234,7 +234,7 @@ class SubmissionLoop:
     def _batch(self, records: list[Record]) -> None:
         t0 = time.perf_counter()
         self._acks.gate.track(records)
-        now = self.clock.read(records)
+        now = self.clock.read(records, self._caught_up(records))
         res = self._until_done("rank", self.processor.process, records, now)
         if res.rankings or res.dead_letters:
             self._until_done("produce", self.send, res.rankings, res.dead_letters)
@@ -242,6 +242,26 @@ class SubmissionLoop:
         self._store()
         self.batches += 1
         self.on_batch(records, res, time.perf_counter() - t0)
+
+    def _caught_up(self, records: list[Record]) -> bool:
+        """Whether the batch reached its partitions' ends within a batch (the consumer's cached
+        high watermarks, no broker call): its records did not wait in the topic."""
+        from confluent_kafka import KafkaException, TopicPartition
+
+        last: dict[tuple[str, int], int] = {}
+        for r in records:
+            key = (r.topic, r.partition)
+            last[key] = max(last.get(key, -1), r.offset)
+        for (topic, partition), offset in last.items():
+            try:
+                _low, high = self._consumer.get_watermark_offsets(
+                    TopicPartition(topic, partition), cached=True
+                )
+            except KafkaException:
+                return False
+            if high < 0 or high - (offset + 1) > self.batch_size:
+                return False
+        return True
 
     def _idle(self) -> None:
         """Redis back but no submission came to write what it missed (see flush_pending); and

@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 import pytest
-from _stack import Feeder, Stack, dead_letters
+from _stack import Feeder, Stack, dead_letters, read_all
 
 from leap_stream.contracts.timestamps import format_ts
 from leap_stream.store.offline import read_dataset
@@ -336,6 +336,30 @@ def test_a_worker_whose_clock_is_behind_judges_by_the_records_time(stack: Stack)
     assert stack.stop(signal.SIGTERM) == 0, stack.log_tail()
     print(
         f"\n--- worker clock 2 h behind: 20 of 20 ranked, 3 completions applied, skew {skew:.0f} s"
+    )
+
+
+def test_a_worker_whose_clock_is_ahead_reports_true_latency(stack: Stack) -> None:
+    """The worker's host two hours ahead: its submissions batches are read at their
+    partitions' ends, so their gap to the records' time is the host's lead; the worker judges
+    and stamps events by the records' time. Before: every ranking's latency_ms was two hours
+    (p50 7,201,761 ms) and the latency alert fired."""
+    stack.extra_env.update(WINDOW, LEAP_FAULT_CLOCK_OFFSET_S=str(2 * HOUR))
+    now = time.time()
+    subs = [_sub(f"ahead{i}", now - 5.0) for i in range(20)]
+    stack.start()
+    feeder = Feeder(stack.bootstrap)
+    _rank_all(stack, feeder, subs)
+    rankings = [orjson.loads(m.value()) for m in read_all(stack.bootstrap, stack.topics["rank"])]
+    latencies = sorted(float(r["latency_ms"]) for r in rankings)
+    assert len(latencies) == 20 and latencies[-1] < 120_000, latencies
+    skew = stack.metric("leap_clock_skew_seconds")
+    assert 2 * HOUR - 120 < skew < 2 * HOUR + 120, skew
+    assert dead_letters(stack.bootstrap, stack.topics["dlq"]) == {}
+    assert stack.stop(signal.SIGTERM) == 0, stack.log_tail()
+    print(
+        f"\n--- worker clock 2 h ahead: 20 of 20 ranked, latency_ms max {latencies[-1]:.0f}, "
+        f"skew {skew:.0f} s"
     )
 
 

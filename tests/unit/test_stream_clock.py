@@ -1,5 +1,6 @@
 """The worker's time against the records' (stream/clock.py): a host behind is corrected, a host
-ahead or a lagging consumer is reported, and a few wrong producer clocks move nothing."""
+ahead is corrected once a caught-up batch shows it, a lagging consumer is reported, and a few
+wrong producer clocks move nothing."""
 
 from __future__ import annotations
 
@@ -29,6 +30,23 @@ def test_a_host_ahead_or_a_lagging_consumer_is_reported_not_corrected() -> None:
     clock.observe(host, _records([T0]))
     assert clock.skew() == 2 * HOUR
     assert clock.now(host) == host
+
+
+def test_a_host_ahead_is_corrected_once_a_caught_up_batch_shows_it() -> None:
+    """A batch read at its partitions' ends waited no longer than the read: its gap is the
+    host's lead. A lagging batch after it (records two hours old) does not move the estimate."""
+    clock = BrokerClock(tolerance_s=60.0)
+    host = T0 + 2 * HOUR
+    clock.observe(host, _records([T0 - 0.5]), caught_up=True)
+    ahead = clock.ahead()
+    assert ahead is not None and 2 * HOUR < ahead < 2 * HOUR + 1
+    assert abs(clock.now(host) - (T0 - 0.5)) < 1e-6
+    clock.observe(host + 10, _records([T0 - 2 * HOUR]), caught_up=False)
+    assert clock.ahead() == ahead
+    # within the tolerance, a caught-up host stands
+    near = BrokerClock(tolerance_s=60.0)
+    near.observe(T0 + 30.0, _records([T0]), caught_up=True)
+    assert near.now(T0 + 30.0) == T0 + 30.0
 
 
 def test_within_the_tolerance_the_host_time_stands() -> None:
