@@ -45,7 +45,7 @@ from leap_stream.stream.batch import (
 )
 from leap_stream.stream.clock import BrokerClock
 from leap_stream.stream.kafka import KafkaClients
-from leap_stream.stream.metrics import Metrics
+from leap_stream.stream.metrics import LATENCY_CEILING_S, Metrics
 from leap_stream.stream.output import OutputProducer
 from leap_stream.stream.retry import Retry, Unfinished
 from leap_stream.stream.submission_loop import SubmissionLoop
@@ -318,7 +318,7 @@ def observe_submissions(
     for reason, n in fallbacks.items():
         m.fallback.labels(reason=reason).inc(n)
     for r in res.rankings:
-        m.ranking_latency.observe(max(0.0, float(r["latency_ms"])) / 1000.0)
+        m.ranking_latency.observe(min(max(0.0, float(r["latency_ms"]) / 1000.0), LATENCY_CEILING_S))
     m.observe_coverage(len(res.rankings), len(res.rankings) - sources["none"])
     m.batch_size.labels(agent="submissions").observe(len(records))
     m.batch_seconds.labels(agent="submissions").observe(took)

@@ -52,9 +52,7 @@ class BrokerClock:
         """The host's wall clock (epoch seconds), as the worker reads it."""
         return time.time() + self.offset_s
 
-    def observe(
-        self, host_now: float, records: Sequence[Record], caught_up: bool = False
-    ) -> None:
+    def observe(self, host_now: float, records: Sequence[Record], caught_up: bool = False) -> None:
         """One batch's records as they are read at `host_now` (epoch seconds); ``caught_up``:
         the reader knows the batch reached (within a batch) its partitions' ends."""
         appended = [r.timestamp for r in records if r.timestamp is not None and r.log_append]

@@ -155,9 +155,13 @@ class LagReader:
             consumer.unassign()
         return found
 
-    def read(self, timeout: float = 10.0, ages: bool = False) -> list[PartitionLag]:
+    def read(
+        self, timeout: float = 10.0, ages: bool = False, now: float | None = None
+    ) -> list[PartitionLag]:
         """Lag of every partition of the topics; with ``ages``, also how old the oldest
-        unprocessed record of each lagging partition is (one short read per such partition)."""
+        unprocessed record of each lagging partition is (one short read per such partition),
+        at ``now`` (epoch s; the worker's `BrokerClock`, so a host off by hours does not add
+        them to the age; default the host's clock)."""
         from confluent_kafka import KafkaException, TopicPartition
 
         if not self._consumers:
@@ -197,7 +201,7 @@ class LagReader:
                 if r.lag > 0 and self.groups[r.topic] == g
             ]
             oldest.update(self._oldest_unread(consumer, starts, min(timeout, 2.0)))
-        return with_ages(rows, oldest, time.time())
+        return with_ages(rows, oldest, time.time() if now is None else now)
 
     def close(self) -> None:
         for consumer in self._consumers.values():

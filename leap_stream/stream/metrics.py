@@ -23,6 +23,10 @@ from prometheus_client import (
 )
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+# A ranking latency is observed within [0, just past the top bucket]: a slower one counts in +Inf
+# and adds the top bucket to the sum, so a submission replayed days late (its submitted_at inside
+# the 30-day window) cannot move the mean by millions of seconds.
+LATENCY_CEILING_S = math.nextafter(_LATENCY_BUCKETS[-1], math.inf)
 _BATCH_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _ERROR_BUCKETS = (0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5, 2.5)
 _SIZE_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000)
@@ -49,7 +53,8 @@ class Metrics:
         )
         self.ranking_latency = Histogram(
             "leap_ranking_latency_seconds",
-            "submitted_at to ranking produced.",
+            "submitted_at to ranking produced (on the broker's time; above the top bucket "
+            "counted in +Inf with the top bucket's value).",
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )

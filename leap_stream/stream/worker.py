@@ -138,12 +138,13 @@ def build_deps(cfg: Settings, kafka: KafkaClients) -> WorkerDeps:
     core = ranking_core(cfg)
     metrics, store = core.metrics, core.store
     sink = DatasetSink(cfg.dataset_dir)
+    clock = BrokerClock(offset_s=cfg.fault_clock_offset_s)
     lag = LagReader(
         kafka, worker_groups(cfg.consumer_group, cfg.topic_submissions, cfg.topic_completions)
     )
 
     def lag_poll() -> None:
-        for row in lag.read(ages=True):
+        for row in lag.read(ages=True, now=clock.now(clock.host())):
             labels = {"topic": row.topic, "partition": str(row.partition)}
             metrics.consumer_lag.labels(**labels).set(row.lag)
             metrics.consumer_lag_seconds.labels(**labels).set(row.age_s)
@@ -172,7 +173,7 @@ def build_deps(cfg: Settings, kafka: KafkaClients) -> WorkerDeps:
         lag_poll=lag_poll,
         store_poll=store_poll(store, metrics, cfg),
         ready=core.ready,
-        clock=BrokerClock(offset_s=cfg.fault_clock_offset_s),
+        clock=clock,
     )
 
 

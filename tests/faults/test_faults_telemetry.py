@@ -342,24 +342,30 @@ def test_a_worker_whose_clock_is_behind_judges_by_the_records_time(stack: Stack)
 def test_a_worker_whose_clock_is_ahead_reports_true_latency(stack: Stack) -> None:
     """The worker's host two hours ahead: its submissions batches are read at their
     partitions' ends, so their gap to the records' time is the host's lead; the worker judges
-    and stamps events by the records' time. Before: every ranking's latency_ms was two hours
-    (p50 7,201,761 ms) and the latency alert fired."""
+    and stamps events by the records' time. A submission 29 days old (inside the window) is
+    ranked and adds at most the top bucket (60 s) to the latency histogram's sum. Before:
+    every ranking's latency_ms was two hours (p50 7,201,761 ms) and the latency alert fired;
+    the old submission added 2.5 million seconds to the sum."""
     stack.extra_env.update(WINDOW, LEAP_FAULT_CLOCK_OFFSET_S=str(2 * HOUR))
     now = time.time()
     subs = [_sub(f"ahead{i}", now - 5.0) for i in range(20)]
+    subs.append(_sub("ahead-old", now - 29 * 86_400.0))
     stack.start()
     feeder = Feeder(stack.bootstrap)
     _rank_all(stack, feeder, subs)
     rankings = [orjson.loads(m.value()) for m in read_all(stack.bootstrap, stack.topics["rank"])]
-    latencies = sorted(float(r["latency_ms"]) for r in rankings)
+    latencies = sorted(float(r["latency_ms"]) for r in rankings if r["job_id"] != "job-t-ahead-old")
     assert len(latencies) == 20 and latencies[-1] < 120_000, latencies
+    assert stack.metric("leap_ranking_latency_seconds_count") == 21
+    histogram_sum = stack.metric("leap_ranking_latency_seconds_sum")
+    assert histogram_sum < 60.0 + 20 * 120.0, histogram_sum
     skew = stack.metric("leap_clock_skew_seconds")
     assert 2 * HOUR - 120 < skew < 2 * HOUR + 120, skew
     assert dead_letters(stack.bootstrap, stack.topics["dlq"]) == {}
     assert stack.stop(signal.SIGTERM) == 0, stack.log_tail()
     print(
         f"\n--- worker clock 2 h ahead: 20 of 20 ranked, latency_ms max {latencies[-1]:.0f}, "
-        f"skew {skew:.0f} s"
+        f"skew {skew:.0f} s; with a 29-day-old submission the latency sum is {histogram_sum:.1f} s"
     )
 
 

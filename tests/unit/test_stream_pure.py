@@ -452,10 +452,13 @@ def test_a_submission_batch_counts_its_rankings_by_source_and_fallback() -> None
     cfg = SimpleNamespace(topic_submissions="subs")
     deps: Any = SimpleNamespace(metrics=m, cfg=cfg, stats={}, clock=clock)
     kinds = [("model", "ok")] * 3 + [("lookup", "no_model")] * 2 + [("none", "no_candidate_fits")]
+    # the last submission is 29 days old (inside the 30-day window): counted, but it adds at
+    # most the top bucket (60 s) to the sum, not 2.5 million seconds
+    latencies = [5.0 * (i + 1) for i in range(5)] + [29 * 86_400_000.0]
     res = SubmissionBatchResult(
         rankings=[
-            cast(Any, {"source": s, "reason": r, "latency_ms": 5.0 * (i + 1)})
-            for i, (s, r) in enumerate(kinds)
+            cast(Any, {"source": s, "reason": r, "latency_ms": ms})
+            for (s, r), ms in zip(kinds, latencies, strict=True)
         ],
         valid=6,
     )
@@ -473,6 +476,8 @@ def test_a_submission_batch_counts_its_rankings_by_source_and_fallback() -> None
     assert value("leap_fallback_total", reason="ok") == 0
     assert value("leap_coverage_ratio") == 5 / 6
     assert value("leap_ranking_latency_seconds_count") == 6
+    assert value("leap_ranking_latency_seconds_sum") == pytest.approx(0.075 + 60.0)
+    assert value("leap_ranking_latency_seconds_bucket", le="60.0") == 5
     assert value("leap_events_in_total", topic="subs", outcome="invalid") == 1
     assert value("leap_clock_skew_seconds") == -7.5  # the worker's clock against the records'
     assert deps.stats == {"submissions_in": 7, "rankings_out": 6}
