@@ -118,7 +118,7 @@ LINEAGE_SHRINK = 2.0
 # The ratio model, fitted on the pairs a fleet has (lineages measured on two types); below
 # RATIO_MIN_ROWS pairs the booster difference stays. Deep trees, few of them: 60 trees of 127
 # leaves cost what 100 of 31 did to score (traversal grows with depth) and put more transfer
-# rows within ±10 % (docs/model.md, "Deeper ratio trees")
+# rows within ±10 % (docs/decisions/0004)
 RATIO_PARAMS: dict[str, Any] = {
     **DEFAULT_PARAMS,
     "num_leaves": 127,
@@ -154,7 +154,7 @@ BOOSTER_RATIO = "booster_ratio"  # f(job, candidate) − f(job, B): the main boo
 PHYSICS_RATIO = "physics"
 # prior_B − f(job, B): how far the lineage runs from what its configuration predicts on B. A job
 # slow for its configuration (an input pipeline, a host bottleneck) gains less on a faster type,
-# which no hardware input says (docs/model.md, "Pairs in both directions and the prior's residual")
+# which no hardware input says (docs/decisions/0001)
 PRIOR_RESIDUAL = "prior_residual"
 
 
@@ -431,7 +431,7 @@ class ThroughputModel:
         derived = _derived(blind, prior_f, other)
         n = len(rows)
         # every pair also seen from its other side, below it: the ratio B/A is the inverse of
-        # A/B, and a lineage mostly moved one way (docs/model.md, "Pairs in both directions")
+        # A/B, and a lineage mostly moved one way (docs/decisions/0001)
         X = np.empty((2 * n, len(names)), np.float32)
         X[:n] = _ratio_matrix(pf, names, derived, self._levels, self._luts, dtype=np.float32)
         own_residual = y[rows] - blind  # the lineage on the candidate, against f(job, candidate)
@@ -477,11 +477,11 @@ class ThroughputModel:
         pred = np.choose(kind, [cf["self_log_pd"].to_numpy(np.float64), moved, blind])
         ape = np.abs(np.expm1(pred - yc))
         # transfer residuals in units of their move's width: a prior moved far errs more, and a
-        # ranking moves priors further than lineages did (docs/model.md, "How far a prior moves")
+        # ranking moves priors further than lineages did (docs/decisions/0002)
         move = moved - f64(cf, "other_log_pd")
         transfer_move = move_width(move, resid["transfer"])
         resid["transfer"] = resid["transfer"] / move_factor(transfer_move, move)
-        # and in units of the vendor crossing's width (docs/model.md, "Across vendors")
+        # and in units of the vendor crossing's width (docs/decisions/0003)
         cross = crosses_vendor(cf)
         cross_vendor = spread_ratio(resid["transfer"], cross)
         resid["transfer"] = resid["transfer"] / np.where(cross, cross_vendor, 1.0)

@@ -49,7 +49,7 @@ def within_noise_of_best(
     Why this rule: top-1 is where the model is weakest on types a job never ran on, and a
     scheduler that knows which candidates are indistinguishable from the first can choose
     among them by what it knows (free capacity, queue wait). Measured on the backtest
-    (docs/model.md, "Candidates within the noise of the best"), the set is small and holds
+    (docs/decisions/0005), the set is small and holds
     the measured best far more often than the first place alone. The best row is in its set
     even without an interval (a lookup's prediction); any other row needs one, and a NaN
     keeps a row out.

@@ -51,7 +51,7 @@ TRAIN_ROWS = 150_000
 DEFAULT_RATE = 30000
 ABLATION_KEYS = ("accuracy", "accuracy_ran", "mape", "top1", "savings")
 # Resamples of the fleet's lineages behind the savings share's interval. The share is decided
-# by the few largest jobs (docs/model.md, "Where the savings are lost"), and a lineage's jobs
+# by the few largest jobs (docs/decisions/0006), and a lineage's jobs
 # recur night after night, so it says how far the figure would move on another draw of them.
 SAVINGS_REPLICATES = 200
 

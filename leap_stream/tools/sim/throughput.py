@@ -89,8 +89,7 @@ FP8_EFFICIENCY = 0.72  # share of the fp8 peak speed-up real training keeps (sca
 BW_EFFICIENCY = 0.75
 # Share of the datasheet matrix peak a part sustains under training load, where power caps it
 # below its boost clock: the 72 W L4 ran 1.6-2x slower against H100 in MLPerf Training v3.x
-# (../shared/data) than its 121 TFLOPS predict (docs/model.md, "Does the simulator look like
-# real hardware?"). Every other part: 1.
+# (../shared/data) than its 121 TFLOPS predict (docs/decisions/0007). Every other part: 1.
 SUSTAINED_PEAK = {"l4": 0.55}
 PEAK_EFFICIENCY_EXP = 0.15
 MEMORY_OVERLAP_LOSS = 0.6
