@@ -30,9 +30,9 @@ PHASES: tuple[tuple[str, str, str], ...] = (
     ("    script call", "leap_stream.store.online", "OnlineStore._execute"),
     ("  rank", "leap_stream.core.ranker", "Ranker.rank_batch"),
     ("    feature build", "leap_stream.core.features", "build_columns"),
-    ("    model (with trees)", "leap_stream.core.predictor", "ThroughputModel.predict"),
-    ("      input matrices", "leap_stream.core.predictor", "_matrix"),
-    ("      ratio-model matrix", "leap_stream.core.predictor", "_ratio_matrix"),
+    ("    model (with trees)", "leap_stream.core.predictor.model", "ThroughputModel.predict"),
+    ("      input matrices", "leap_stream.core.predictor.matrix", "_matrix"),
+    ("      ratio-model matrix", "leap_stream.core.predictor.ratio", "_ratio_matrix"),
     ("    candidate entries", "leap_stream.core.ranker", "_RankedRows.of"),
     ("  stored predictions", "leap_stream.stream.batch", "SubmissionProcessor._keep_predictions"),
 )

@@ -6,7 +6,7 @@ only Python loops flatten the per-job history dicts (a handful of entries each).
 
 Throughput features are in log space and *per device* (samples/s ÷ num_devices): per-device
 throughput transfers across device counts far better than whole-job throughput, and the model's
-target is the same quantity (see `predictor.py`).
+target is the same quantity (see `core/predictor`).
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     # Per (model_type × hardware) EWMA aggregates of the candidate.
     "agg": ("agg_cand", "agg_cand_count"),
     # The lineage's own prior throughput (the published lesson: the feature that matters most).
-    # Not booster inputs: the predictor anchors on them (see predictor.py).
+    # Not booster inputs: the predictor anchors on them (see core/predictor).
     "prior": (
         "self_log_pd",
         "self_log_dev_ratio",

@@ -118,7 +118,7 @@ def test_self_rows_skip_the_booster_and_keep_their_estimates(
 def test_matrix_encodes_categoricals_per_row_on_concatenated_frames() -> None:
     """Frames from several builds repeat the `job` numbers (the backtest concatenates a day's
     rows per night): categorical codes must still follow each row, not its job number."""
-    from leap_stream.core.predictor import _matrix
+    from leap_stream.core.predictor.matrix import _matrix
 
     d = S.dataset(400, seed=5)
     m = pit.measured(d)
@@ -149,7 +149,8 @@ def test_matrix_encodes_categoricals_per_row_on_concatenated_frames() -> None:
 
 
 def test_lineage_effects_are_shrunk_means_per_lineage() -> None:
-    from leap_stream.core.predictor import LINEAGE_SHRINK, _lineage_effects
+    from leap_stream.core.predictor.fit import _lineage_effects
+    from leap_stream.core.predictor.params import LINEAGE_SHRINK
 
     ids = np.asarray(["a", "a", "b", "c", "c", "c"], object)
     resid = np.asarray([0.3, 0.1, -0.6, 0.2, 0.2, np.nan])
@@ -198,7 +199,8 @@ def test_a_ratio_model_named_in_the_metadata_must_come_with_its_text(
 
 
 def test_ratio_features_see_both_types_and_the_booster_ratio() -> None:
-    from leap_stream.core.predictor import BOOSTER_RATIO, ratio_features
+    from leap_stream.core.predictor.params import BOOSTER_RATIO
+    from leap_stream.core.predictor.ratio import ratio_features
 
     names = ratio_features(F.booster_features(list(F.GROUPS)))
     assert names[-1] == BOOSTER_RATIO
@@ -219,13 +221,8 @@ def test_a_reversed_pair_is_the_pair_built_from_the_other_side(
     """The ratio model's reversed rows equal the rows built from a frame whose candidate and
     prior hardware columns are swapped: same job inputs, each side's hardware on the other,
     the differences and the booster's ratio negated, the candidate's residual as the prior's."""
-    from leap_stream.core.predictor import (
-        BOOSTER_RATIO,
-        PRIOR_RESIDUAL,
-        _ratio_matrix,
-        _reversed_pairs,
-        ratio_features,
-    )
+    from leap_stream.core.predictor.params import BOOSTER_RATIO, PRIOR_RESIDUAL
+    from leap_stream.core.predictor.ratio import _ratio_matrix, _reversed_pairs, ratio_features
 
     m, fr = data
     model = ThroughputModel.fit(fr, m["samples_per_s"].to_numpy(), m["lineage_id"], num_rounds=20)
@@ -250,12 +247,13 @@ def test_a_reversed_pair_is_the_pair_built_from_the_other_side(
 
 
 def test_the_ratio_model_fits_every_pair_up_to_a_cap() -> None:
-    from leap_stream.core import predictor as P
+    from leap_stream.core.predictor.params import RATIO_PAIRS
+    from leap_stream.core.predictor.ratio import _at_most
 
-    rows = np.arange(0, 3 * (P.RATIO_PAIRS + 10), 3)
-    np.testing.assert_array_equal(P._at_most(rows[:5], P.RATIO_PAIRS, seed=0), rows[:5])
-    many = P._at_most(rows, P.RATIO_PAIRS, seed=0)
-    assert len(many) == P.RATIO_PAIRS == len(np.unique(many))
+    rows = np.arange(0, 3 * (RATIO_PAIRS + 10), 3)
+    np.testing.assert_array_equal(_at_most(rows[:5], RATIO_PAIRS, seed=0), rows[:5])
+    many = _at_most(rows, RATIO_PAIRS, seed=0)
+    assert len(many) == RATIO_PAIRS == len(np.unique(many))
     assert np.isin(many, rows).all() and (np.diff(many) > 0).all()
 
 
@@ -331,7 +329,7 @@ def test_the_learned_roofline_is_the_offset_and_travels_in_the_metadata(
 ) -> None:
     """The booster corrects the learned roofline's rate; a model without one (trained before
     it) corrects the fixed-efficiency physics rate."""
-    from leap_stream.core.predictor import _offset
+    from leap_stream.core.predictor.matrix import _offset
     from leap_stream.core.roofline import LearnedRoofline
 
     m, fr = data

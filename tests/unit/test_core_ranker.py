@@ -283,7 +283,7 @@ def test_the_types_left_out_are_the_fastest_with_enough_held_out_rows() -> None:
     import pandas as pd
 
     from leap_stream.core.intervals import MIN_TYPE_ROWS
-    from leap_stream.core.predictor import _types_to_leave_out
+    from leap_stream.core.predictor.fit import _types_to_leave_out
 
     n = MIN_TYPE_ROWS
     peaks = {"slow": 1.0, "fast": 3.0, "fastest_but_rare": 9.0, "mid": 2.0, "faster": 4.0}

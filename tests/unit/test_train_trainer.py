@@ -199,18 +199,19 @@ def test_a_year_fits_its_boosters_on_a_sample(monkeypatch: pytest.MonkeyPatch) -
     """Above FIT_ROWS training rows the boosters fit a seeded sample of them; the lineage and
     pair effects come from the sampled rows only; the model still predicts every row."""
     from leap_stream.core import predictor as P
+    from leap_stream.core.predictor import fit as fitting
 
     tr = trainer.training_rows(_dataset(3000, seed=10))
     train = ~P.holdout_mask(tr.rows["lineage_id"].to_numpy(object), 0.15, 0)
-    monkeypatch.setattr(P, "FIT_ROWS", 900)
-    sample = P._fit_sample(train, 0)
+    monkeypatch.setattr(fitting, "FIT_ROWS", 900)
+    sample = fitting._fit_sample(train, 0)
     assert sample.sum() == 900 and not (sample & ~train).any()
-    assert (P._fit_sample(train, 0) == sample).all()  # seeded
+    assert (fitting._fit_sample(train, 0) == sample).all()  # seeded
     model = trainer.fit(tr, num_rounds=10)
     p50, _lo, _hi = model.predict(tr.frame)
     assert np.isfinite(p50).all()
-    monkeypatch.setattr(P, "FIT_ROWS", 10**9)
-    assert (P._fit_sample(train, 0) == train).all()
+    monkeypatch.setattr(fitting, "FIT_ROWS", 10**9)
+    assert (fitting._fit_sample(train, 0) == train).all()
 
 
 def test_train_publish_promote_then_gate(tmp_path: Path) -> None:

@@ -1,0 +1,569 @@
+"""`ThroughputModel`: the lineage's own prior, moved across hardware by a LightGBM model.
+
+The booster learns log per-device throughput, log(samples_per_s / num_devices), from the job's
+configuration, the hardware's specs and the model type's aggregates (`BOOSTER_GROUPS`) over
+every measured run. A prediction then anchors on the lineage's history, the published lesson:
+
+* the lineage ran on the candidate before: its last per-device rate there (`self`);
+* it ran elsewhere: its rate on the most similar type B times a learned ratio (`transfer`):
+  prior_B + g(job, candidate, B), where the *ratio model* g is a second, small booster trained
+  on lineages measured on both types (each pair also reversed: a lineage mostly moved one way,
+  and B/A is the inverse of A/B) and fed the main booster's own difference
+  f(job, candidate) − f(job, B) next to the two types' specs; the per-lineage factor (input
+  pipeline, code quality) cancels in a ratio, which a model of absolute throughput cannot see;
+* no history: f(job, candidate) (`model`).
+
+The main booster is fitted twice: the second time on targets with each lineage's own shrunk
+mean residual taken out, so the trees spend themselves on hardware and configuration instead
+of on the hidden per-lineage factor (σ ≈ 0.25 in log), which is noise for every ratio.
+
+f(job, B) and f(job, candidate) come from ONE main-booster call on the stacked rows; the ratio
+model scores the transfer rows in one call of its own.
+
+Intervals: split-conformal quantiles of the log residual per kind, on lineages held out of the
+booster fit; every held-out row also contributes a transfer residual when it has a prior on
+another type (the case the ranker meets most: candidates the lineage never ran on).
+
+On disk (store/artefact.py) the model is LightGBM's text format (`model_text`, never pickle)
+and its metadata (version, trained_at, data window, features, categories, intervals, metrics);
+this module does no file I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import lightgbm as lgb
+import numpy as np
+import pandas as pd
+
+from leap_stream.core import features as F
+from leap_stream.core.columns import (
+    Frame,
+    column_codes,
+    f64,
+    value_ids,
+)
+from leap_stream.core.intervals import (
+    MIN_BUCKET_ROWS,
+    crosses_vendor,
+    devices_changed,
+    further_factor,
+    kind_quantiles,
+    move_factor,
+    move_width,
+    normalised,
+    row_scales,
+    spread_ratio,
+    transfer_width,
+    type_scales,
+    unseen_pair_scale,
+)
+from leap_stream.core.predictor.fit import (
+    _bagging_fraction,
+    _fit_sample,
+    _LeftOut,
+    _levels,
+    _lineage_effects,
+    _train,
+    _train_booster,
+    _TrainData,
+)
+from leap_stream.core.predictor.matrix import _input_dtype, _matrix, _offset, _physics
+from leap_stream.core.predictor.metadata import ModelMetadata, _metadata, check_model_text
+from leap_stream.core.predictor.pairs import RARE_PAIR_ROWS, _pair_effects, _pair_keys
+from leap_stream.core.predictor.params import (
+    COMPILED_KIND,
+    DEFAULT_PARAMS,
+    KIND_SELF,
+    KIND_TRANSFER,
+    KINDS,
+    LIGHTGBM_KIND,
+    LOG_FLOAT_MAX,
+    NUM_ROUNDS,
+    PHYSICS_RATIO,
+    RATIO_EARLY_STOP,
+    RATIO_MIN_ROWS,
+    RATIO_PAIRS,
+    RATIO_PARAMS,
+    RATIO_ROUNDS,
+    BoosterCompiler,
+    Scorer,
+    _threads,
+    anchor_kind,
+    holdout_mask,
+    predict_threads,
+)
+from leap_stream.core.predictor.ratio import (
+    _at_most,
+    _derived,
+    _level_name,
+    _ratio_matrix,
+    _reversed_pairs,
+    ratio_features,
+)
+from leap_stream.core.roofline import LearnedRoofline
+
+
+class ThroughputModel:
+    def __init__(
+        self,
+        booster: lgb.Booster,
+        metadata: ModelMetadata,
+        scorer: Scorer | None = None,
+        scorer_kind: str = LIGHTGBM_KIND,
+        ratio: lgb.Booster | None = None,
+        ratio_scorer: Scorer | None = None,
+    ) -> None:
+        self.booster = booster
+        self.metadata = metadata
+        self.ratio = ratio  # the transfer rows' ratio model (None: the booster difference)
+        self.ratio_features: list[str] = list(metadata.get("ratio_features") or [])
+        roof = metadata.get("roofline")
+        self.roofline = LearnedRoofline.from_json(roof) if roof else None
+        # the ratio model's raw output: LightGBM's predict, or the same trees compiled
+        self.ratio_score: Scorer = ratio_scorer or self.ratio_lightgbm
+        # the trees' raw output for a float matrix: LightGBM's predict, or the same trees
+        # compiled (stream/compiled.py, checked equal to LightGBM's before it serves)
+        self.score: Scorer = scorer or self.score_lightgbm
+        self.scorer_kind = scorer_kind
+        self.feature_names: list[str] = list(metadata["features"])
+        self.groups: list[str] = list(metadata["groups"])
+        self._levels: dict[str, list[str]] = {k: list(v) for k, v in metadata["categories"].items()}
+        pairs = metadata.get("pair_effects") or {}
+        # (model type × hardware) effects as a dense table: two integer look-ups per row
+        split = [k.split("|", 1) for k in pairs]
+        self._pair_mt = {m: i for i, m in enumerate(sorted({m for m, _ in split}))}
+        self._pair_hw = {h: i for i, h in enumerate(sorted({h for _, h in split}))}
+        self._pair_table = np.zeros((len(self._pair_mt) + 1, len(self._pair_hw) + 1))
+        if split:
+            mi = [self._pair_mt[m] for m, _ in split]
+            hi = [self._pair_hw[h] for _, h in split]
+            self._pair_table[mi, hi] = np.asarray(list(pairs.values()), np.float64)
+        self._luts = {c: {v: i for i, v in enumerate(lv)} for c, lv in self._levels.items()}
+        q = metadata["residual_quantiles"]
+        self._qlo = np.asarray([q[k][0] for k in KINDS], np.float64)
+        self._qhi = np.asarray([q[k][1] for k in KINDS], np.float64)
+        scale = metadata.get("interval_scale")
+        by_type: dict[str, float] = dict(scale["by_type"]) if scale else {}
+        # type -> position in `_scales`, whose last entry (code -1) is the sparse scale
+        self._type_code = {t: i for i, t in enumerate(by_type)}
+        self._sparse_scale = float(scale["sparse"]) if scale else 1.0
+        self._scales = np.asarray([*by_type.values(), self._sparse_scale], np.float64)
+        self._unseen_pair_scale = float(scale.get("unseen_pair", 1.0)) if scale else 1.0
+        self._unseen_type_scale = float(scale.get("unseen_type", 0.0)) if scale else 0.0
+        self._devices_changed = float(scale.get("devices_changed", 1.0)) if scale else 1.0
+        self._transfer_move = float(scale.get("transfer_move", 0.0)) if scale else 0.0
+        self._cross_vendor = float(scale.get("cross_vendor", 1.0)) if scale else 1.0
+        # which (model type × hardware) pairs the training rows had enough of for the type's
+        # own interval: at least `rare_pair_rows` (1, their effects' keys, for older models)
+        self._pair_common = np.zeros(self._pair_table.shape, bool)
+        if split:
+            rows = metadata.get("pair_rows") or {}
+            least = int(scale.get("rare_pair_rows", 1)) if scale else 1
+            common = [rows.get(k, least) >= least for k in pairs]
+            self._pair_common[mi, hi] = np.asarray(common, bool)
+
+    @property
+    def version(self) -> str:
+        return str(self.metadata["version"])
+
+    def with_scorer(
+        self, scorer: Scorer, kind: str, ratio_scorer: Scorer | None = None
+    ) -> ThroughputModel:
+        """The same model (boosters, metadata, intervals) scoring its trees with `scorer` (and
+        the ratio model's with `ratio_scorer`, LightGBM's own when None)."""
+        return type(self)(self.booster, self.metadata, scorer, kind, self.ratio, ratio_scorer)
+
+    def ratio_lightgbm(self, X: np.ndarray) -> np.ndarray:
+        """LightGBM's own predict of the ratio model (the reference a scorer is checked on)."""
+        if self.ratio is None:
+            raise ValueError("this model has no ratio model")
+        return np.asarray(self.ratio.predict(X, num_threads=predict_threads(len(X))))
+
+    def score_lightgbm(self, X: np.ndarray) -> np.ndarray:
+        """LightGBM's own predict, whatever `score` is (the reference a scorer is checked on)."""
+        return np.asarray(self.booster.predict(X, num_threads=predict_threads(len(X))))
+
+    # --- training
+    @classmethod
+    def fit(
+        cls,
+        frame: pd.DataFrame,
+        samples_per_s: np.ndarray,
+        lineage_ids: np.ndarray | pd.Series,
+        *,
+        groups: Sequence[str] = tuple(F.GROUPS),
+        params: dict[str, Any] | None = None,
+        num_rounds: int = NUM_ROUNDS,
+        calib_fraction: float = 0.15,
+        seed: int = 0,
+        data_window: tuple[str, str] | None = None,
+        progress: Callable[[int, int], None] | None = None,
+        compile_trees: BoosterCompiler | None = None,
+    ) -> ThroughputModel:
+        """Fit on (job × hardware it ran on) rows; `samples_per_s` is the measured whole-job rate.
+
+        Three steps: the booster on the residual of the physics offset (lineages held out for
+        calibration), the (model type × hardware) effects it cannot reach, then split-conformal
+        interval quantiles on the held-out lineages. With `compile_trees`, the fit scores its
+        main boosters on its own rows with their compiled trees (identical output, faster on
+        millions of rows; the model is the same either way)."""
+        groups = [g for g in F.GROUPS if g in groups]
+        names = F.booster_features(groups)
+        levels = _levels(frame, names)
+        y = np.log(np.asarray(samples_per_s, np.float64)) - frame["log_devices"].to_numpy()
+        calib = holdout_mask(lineage_ids, calib_fraction, seed) if len(frame) >= 400 else None
+        if calib is not None and (calib.all() or not calib.any()):
+            calib = None
+        train_idx = ~calib if calib is not None else np.ones(len(frame), bool)
+        roofline = (
+            LearnedRoofline.fit(frame.loc[train_idx], y[train_idx], seed)
+            if _physics(groups)
+            else None
+        )
+        offset = _offset(frame, groups, roofline)
+        p = {**DEFAULT_PARAMS, **(params or {}), "num_threads": _threads(len(frame)), "seed": seed}
+        fit_idx = _fit_sample(train_idx, seed)  # the boosters' rows (all but for a year)
+        p["bagging_fraction"] = _bagging_fraction(p["bagging_fraction"], int(fit_idx.sum()))
+        # float32: what LightGBM bins from anyway, at half the memory of a year's matrix; the
+        # fitted rows first, so that they and the calibration rows are views, not copies
+        held_out = np.flatnonzero(calib) if calib is not None else np.zeros(0, np.int64)
+        order = np.concatenate([np.flatnonzero(fit_idx), held_out])
+        X = _matrix(frame, names, levels, base=order, dtype=np.float32) if names else None
+        fitted = _train_booster(
+            X, y - offset, names, fit_idx, calib, p, num_rounds, progress, order=order
+        ).compiled(compile_trees, levels)
+        target = y - offset  # less each lineage's own shrunk mean residual, below
+        if names and len(frame) >= 400:
+            # the second fit, on targets without each lineage's own shrunk mean residual
+            target = target - _lineage_effects(
+                lineage_ids, target - fitted.predict(p["num_threads"])
+            )
+            fitted = _train_booster(
+                X,
+                target,
+                names,
+                fit_idx,
+                calib,
+                p,
+                num_rounds,
+                progress,
+                order=order,
+                data=fitted.data,
+            ).compiled(compile_trees, levels)
+        metadata = _metadata(fitted, frame, groups, levels, data_window, p)
+        if roofline is not None:
+            metadata["roofline"] = roofline.to_json()
+            metadata["target"] = "log(samples_per_s / num_devices) - roofline"
+        if "config" in groups and "specs" in groups:
+            metadata["pair_effects"], metadata["pair_rows"] = _pair_effects(
+                fitted, frame, target, fit_idx, p["num_threads"], seed
+            )
+        booster = fitted.booster
+        left_out: _LeftOut | None = None
+        if X is not None and calib is not None and {"config", "specs"} <= set(groups):
+            left_out = _LeftOut.fit(frame, X, target, order, fit_idx, calib, metadata, p, seed)
+        scorer = fitted.scorer
+        del fitted, X  # the matrix and its binned datasets: the ratio model needs the memory
+        # scoring for the ratio model's inputs and the calibration; the model returned scores
+        # with LightGBM (a worker compiles what it loads: stream/models.py)
+        kind = COMPILED_KIND if scorer is not None else LIGHTGBM_KIND
+        model = cls(booster, metadata, scorer, kind)
+        if {"prior", "config", "specs"} <= set(groups):
+            model = model._with_ratio_model(frame, y, train_idx, calib, seed)
+        model._calibrate(frame, y, calib if calib is not None else train_idx, left_out)
+        return cls(booster, model.metadata, ratio=model.ratio)
+
+    def _with_ratio_model(
+        self,
+        frame: pd.DataFrame,
+        y: np.ndarray,
+        train_idx: np.ndarray,
+        calib: np.ndarray | None,
+        seed: int,
+    ) -> ThroughputModel:
+        """This model with a ratio model fitted on the pairs in `frame` (rows whose lineage
+        had run on another type before), or itself when there are too few pairs."""
+        pair = np.isfinite(frame["other_log_pd"].to_numpy(np.float64))
+        if (pair & train_idx).sum() < RATIO_MIN_ROWS:
+            return self
+        rows = _at_most(np.flatnonzero(pair), RATIO_PAIRS, seed)
+        pf = frame.iloc[rows].reset_index(drop=True)
+        blind, _rows, prior_f, physics = self._booster_parts(pf)
+        other = pf["other_log_pd"].to_numpy(np.float64)
+        names = ratio_features(self.feature_names)
+        derived = _derived(blind, prior_f, other)
+        n = len(rows)
+        # every pair also seen from its other side, below it: the ratio B/A is the inverse of
+        # A/B, and a lineage mostly moved one way (docs/decisions/0001)
+        X = np.empty((2 * n, len(names)), np.float32)
+        X[:n] = _ratio_matrix(pf, names, derived, self._levels, self._luts, dtype=np.float32)
+        own_residual = y[rows] - blind  # the lineage on the candidate, against f(job, candidate)
+        _reversed_pairs(X[:n], names, own_residual, out=X[n:])
+        # the trees learn what the physics ratio misses (`ratio_base`)
+        target = np.concatenate([y[rows] - other - physics, other - y[rows] + physics])
+        tr = np.tile(train_idx[rows], 2)
+        va = np.tile(calib[rows], 2) if calib is not None else np.zeros(2 * n, bool)
+        cats = [i for i, c in enumerate(names) if _level_name(c) in self._levels]
+        rp = {**RATIO_PARAMS, "num_threads": _threads(len(rows)), "seed": seed}
+        valid = (X[va], target[va]) if va.sum() >= MIN_BUCKET_ROWS else None
+        data = _TrainData.of((X[tr], target[tr]), valid, names, cats)
+        ratio, best = _train(rp, data, RATIO_ROUNDS, RATIO_EARLY_STOP)
+        meta: ModelMetadata = {
+            **self.metadata,
+            "ratio_features": names,
+            "ratio_best_iteration": best,
+            "ratio_base": PHYSICS_RATIO,
+        }
+        compiled = self.score if self.scorer_kind != LIGHTGBM_KIND else None
+        return type(self)(self.booster, meta, compiled, self.scorer_kind, ratio)
+
+    def _calibrate(
+        self,
+        frame: pd.DataFrame,
+        y: np.ndarray,
+        cal: np.ndarray,
+        left_out: _LeftOut | None = None,
+    ) -> None:
+        """Conformal quantiles and calibration figures on held-out lineages, every applicable
+        anchor per row (into the metadata); with `left_out`, the unseen-type scale."""
+        cf = frame.loc[cal]
+        yc = y[cal]
+        blind, moved = self._log_pd_parts(cf)
+        resid = {
+            "self": yc - cf["self_log_pd"].to_numpy(np.float64),
+            "transfer": yc - moved,
+            "model": yc - blind,
+        }
+        if "prior" not in self.groups:
+            resid["self"] = resid["transfer"] = resid["model"]
+        kind = anchor_kind(cf, self.groups)
+        pred = np.choose(kind, [cf["self_log_pd"].to_numpy(np.float64), moved, blind])
+        ape = np.abs(np.expm1(pred - yc))
+        # transfer residuals in units of their move's width: a prior moved far errs more, and a
+        # ranking moves priors further than lineages did (docs/decisions/0002)
+        move = moved - f64(cf, "other_log_pd")
+        transfer_move = move_width(move, resid["transfer"])
+        resid["transfer"] = resid["transfer"] / move_factor(transfer_move, move)
+        # and in units of the vendor crossing's width (docs/decisions/0003)
+        cross = crosses_vendor(cf)
+        cross_vendor = spread_ratio(resid["transfer"], cross)
+        resid["transfer"] = resid["transfer"] / np.where(cross, cross_vendor, 1.0)
+        quantiles = kind_quantiles(resid)
+        self.metadata["residual_quantiles"] = quantiles
+        own = np.choose(kind, [resid["self"], resid["transfer"], resid["model"]])
+        lo = np.asarray([quantiles[k][0] for k in KINDS])[kind]
+        hi = np.asarray([quantiles[k][1] for k in KINDS])[kind]
+        hw = cf["hardware_type"].to_numpy(object)
+        self.metadata["interval_scale"] = type_scales(hw, own, lo, hi)
+        if transfer_move > 0.0:
+            self.metadata["interval_scale"]["transfer_move"] = transfer_move
+        if cross_vendor != 1.0:
+            self.metadata["interval_scale"]["cross_vendor"] = cross_vendor
+        type_scale = row_scales(self.metadata["interval_scale"], hw)
+        pair_rows = self.metadata.get("pair_rows") or {}
+        mt_hw = _pair_keys(cf["model_type"].to_numpy(object), hw)
+        rows_of_pair = pd.Series(pair_rows, dtype=np.float64).reindex(mt_hw).fillna(0.0)
+        unseen = unseen_pair_scale(
+            type_scale,
+            rows_of_pair.to_numpy() < RARE_PAIR_ROWS,
+            [(resid[k], *quantiles[k]) for k in ("transfer", "model")],
+        )
+        if unseen is not None:
+            self.metadata["interval_scale"]["unseen_pair"] = unseen
+            self.metadata["interval_scale"]["rare_pair_rows"] = RARE_PAIR_ROWS
+        changed = devices_changed(cf)
+        z_changed = normalised(resid["self"], *quantiles["self"])[changed]
+        factor = further_factor(z_changed, type_scale[changed])
+        if factor is not None:
+            self.metadata["interval_scale"]["devices_changed"] = factor
+        if left_out is not None:
+            far = transfer_width(frame, left_out.moved, transfer_move, cross_vendor)
+            unseen_type = left_out.scale(y, quantiles, far)
+            if unseen_type is not None:
+                self.metadata["interval_scale"]["unseen_type"] = unseen_type
+                self.metadata["interval_scale"]["unseen_type_from"] = left_out.types
+        self.metadata["metrics"] = {
+            "calib_rows": int(cal.sum()),
+            "calib_accuracy_10pct": float(np.mean(ape <= 0.10)),
+            "calib_mape": float(np.mean(ape)),
+            "calib_rows_by_kind": {k: int(np.isfinite(v).sum()) for k, v in resid.items()},
+        }
+
+    # --- serving
+    def _log_pd_parts(self, frame: Frame, skip_self: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """(f(job, candidate), prior moved to the candidate) in log per-device samples/s.
+
+        `skip_self`: rows anchored on the lineage's own prior need neither (NaN there), so
+        the booster does not score them (serving; calibration wants every estimate)."""
+        blind, rows, prior_f, physics = self._booster_parts(frame, skip_self)
+        moved = np.full(len(frame), np.nan)
+        if len(rows):
+            other_lpd = f64(frame, "other_log_pd")[rows]
+            moved[rows] = other_lpd + blind[rows] - prior_f
+            if self.ratio is not None:
+                derived = _derived(blind[rows], prior_f, other_lpd)
+                Xr = _ratio_matrix(
+                    frame,
+                    self.ratio_features,
+                    derived,
+                    self._levels,
+                    self._luts,
+                    rows,
+                    dtype=_input_dtype(frame),
+                )
+                base = physics if self.metadata.get("ratio_base") == PHYSICS_RATIO else 0.0
+                moved[rows] = other_lpd + base + self.ratio_score(Xr)
+        return blind, moved
+
+    def _booster_parts(
+        self, frame: Frame, skip_self: bool = False
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(f(job, candidate) per row, the rows with a prior on another type B, f(job, B) of
+        each of them, the physics ratio of each of them: the physics offset and the pair effect
+        on the candidate less on B), f with the physics offset and the pair effect, from one
+        booster call."""
+        n = len(frame)
+        other = np.isfinite(f64(frame, "other_log_pd"))
+        base: np.ndarray | None = None
+        if "prior" not in self.groups:
+            other[:] = False
+        elif skip_self:
+            self_rows = np.isfinite(f64(frame, "self_log_pd"))
+            if self_rows.any():
+                other &= ~self_rows
+                base = np.flatnonzero(~self_rows)
+        # one prior-hardware row per (job, prior type), shared by the job's candidates
+        rows = np.flatnonzero(other)
+        inverse = np.zeros(0, np.int64)
+        pick = rows
+        if len(rows):
+            hw_code = value_ids(frame, "o_hardware_type", rows)
+            key = np.asarray(frame["job"], np.int64)[rows] * (int(hw_code.max()) + 2) + hw_code
+            _u, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+            pick = rows[first]
+        # candidate rows, then the prior-hardware rows stacked under them (job columns copied,
+        # hardware columns from their "o_" twins): one matrix, one booster call
+        dtype = _input_dtype(frame)
+        X = _matrix(frame, self.feature_names, self._levels, pick, base, self._luts, dtype=dtype)
+        # the one call (none when every row is anchored on its own prior)
+        out = self.score(X) if len(X) else np.empty(0)
+        nb = n if base is None else len(base)
+        mt_code = column_codes(frame, "model_type", self._pair_mt) if self._pair_mt else None
+        blind_all = out[:nb] if base is None else np.full(n, np.nan)
+        if base is not None:
+            blind_all[base] = out[:nb]
+        physics = _offset(frame, self.groups, self.roofline) + self._pair(mt_code, frame)
+        blind = blind_all + physics
+        prior_f = physics_ratio = np.zeros(0)
+        if len(rows):
+            prior_physics = (
+                _offset(frame, self.groups, self.roofline, prefix="o_", rows=pick)
+                + self._pair(mt_code, frame, "o_hardware_type")[pick]
+            )[inverse]
+            prior_f = out[nb:][inverse] + prior_physics
+            physics_ratio = physics[rows] - prior_physics
+        return blind, rows, prior_f, physics_ratio
+
+    def _pair(
+        self, mt_code: np.ndarray | None, frame: Frame, hw_col: str = "hardware_type"
+    ) -> np.ndarray:
+        """Per row, the (model type × hardware type) effect; 0 for an unseen pair."""
+        if mt_code is None:
+            return np.zeros(len(frame))
+        hc = column_codes(frame, hw_col, self._pair_hw)
+        return np.asarray(self._pair_table[mt_code, hc])  # -1 → the zero padding row / column
+
+    def support_excess(self, frame: Frame) -> np.ndarray:
+        """Per row, how far (log units) its job lies outside the training support; 0 inside,
+        and 0 for a model trained before the support was recorded."""
+        out = np.zeros(len(frame))
+        for col, (lo, hi) in (self.metadata.get("support") or {}).items():
+            x = f64(frame, col)
+            out = np.fmax(out, np.fmax(lo - x, x - hi))  # NaN (a missing column value) ignored
+        return out
+
+    def predict(
+        self, frame: Frame, excess: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(p50, p10, p90) whole-job samples/s, one booster call for the whole frame. The
+        interval widens by the job's distance outside the training support (``excess``: the
+        caller's `support_excess(frame)`, when it has it already)."""
+        if len(frame) == 0:
+            e = np.empty(0)
+            return e, e, e
+        blind, moved = self._log_pd_parts(frame, skip_self=True)
+        kind = anchor_kind(frame, self.groups)
+        log_pd = np.choose(kind, [f64(frame, "self_log_pd"), moved, blind])
+        log_total = log_pd + f64(frame, "log_devices")
+        p50 = np.exp(log_total)
+        widen = self.support_excess(frame) if excess is None else excess
+        scale = self.interval_scale(frame, kind)
+        if self._transfer_move or self._cross_vendor != 1.0:
+            far = transfer_width(frame, moved, self._transfer_move, self._cross_vendor)
+            scale = np.where(kind == KIND_TRANSFER, scale * far, scale)
+        low = np.exp(log_total + self._qlo[kind] * scale - widen)
+        # a job far outside the support (widen ~ 700 log units) must still get a number
+        high = np.exp(np.fmin(log_total + self._qhi[kind] * scale + widen, LOG_FLOAT_MAX))
+        return p50, low, high
+
+    def interval_scale(self, frame: Frame, kind: np.ndarray | None = None) -> np.ndarray:
+        """Per row, its hardware type's interval scale (`IntervalScale`), times the unseen-pair
+        factor where the training rows had its (model type × hardware) fewer than
+        ``rare_pair_rows`` times (never, for an older model) and the row is not anchored on its
+        own prior there (``kind``; every row when not given); 1 for a model calibrated before
+        types had scales. A type with too few held-out rows for a scale of its own gets at
+        least the unseen-type scale (a model fitted with one), except where anchored on its
+        own prior. A row anchored on the lineage's own prior measured on another device count
+        gets the devices-changed factor (a model fitted with one)."""
+        few: np.ndarray | None = None
+        if not self._type_code:
+            out = np.full(len(frame), self._sparse_scale)
+        else:
+            code = column_codes(frame, "hardware_type", self._type_code)
+            out = np.asarray(self._scales[code])
+            few = code < 0
+        not_self = np.ones(len(frame), bool) if kind is None else kind != KIND_SELF
+        if self._unseen_pair_scale != 1.0:
+            mt = column_codes(frame, "model_type", self._pair_mt)
+            hc = column_codes(frame, "hardware_type", self._pair_hw)
+            common = self._pair_common[mt, hc]  # -1: the padding, unseen
+            out = np.where(common | ~not_self, out, out * self._unseen_pair_scale)
+        if few is not None and self._unseen_type_scale > 0.0:
+            widen = few & not_self
+            out = np.where(widen, np.fmax(out, self._unseen_type_scale), out)
+        if self._devices_changed != 1.0:
+            moved = ~not_self & devices_changed(frame)
+            out = np.where(moved, out * self._devices_changed, out)
+        return out
+
+    def few_measurements(self, frame: Frame) -> np.ndarray:
+        """Per row: its hardware type had too few held-out measurements for a scale of its own
+        (its interval is the widest known type's); False for a model without type scales."""
+        if not self._type_code:
+            return np.zeros(len(frame), bool)
+        return np.asarray(column_codes(frame, "hardware_type", self._type_code) < 0)
+
+    # --- artefact (files: store/artefact.py)
+    def model_text(self) -> str:
+        """The booster in LightGBM's text format."""
+        return str(self.booster.model_to_string())
+
+    def ratio_text(self) -> str | None:
+        """The ratio model in LightGBM's text format (None: the model has none)."""
+        return None if self.ratio is None else str(self.ratio.model_to_string())
+
+    @classmethod
+    def from_text(
+        cls, text: bytes, metadata: ModelMetadata, ratio_text: bytes | None = None
+    ) -> ThroughputModel:
+        check_model_text(text)  # before LightGBM sees it: its parser can crash or hang
+        ratio = None
+        if metadata.get("ratio_features"):
+            if ratio_text is None:
+                raise ValueError("the metadata names a ratio model but its text is missing")
+            check_model_text(ratio_text)
+            ratio = lgb.Booster(model_str=ratio_text.decode("utf-8"))
+        return cls(lgb.Booster(model_str=text.decode("utf-8")), metadata, ratio=ratio)
