@@ -16,8 +16,9 @@ from collections.abc import Callable
 from typing import cast
 
 from leap_stream.contracts import JobSubmitted
+from leap_stream.store.connection import connect
 from leap_stream.store.offline import DatasetSink, flatten, read_dataset
-from leap_stream.store.online import OnlineStore, connect
+from leap_stream.store.online import OnlineStore
 from leap_stream.tools import synthetic_events as synthetic
 
 

@@ -14,7 +14,7 @@ interconnect), and the window restarts from the two.
 The same rules run online (the Redis store applies them in a Lua script) and offline (the
 trainer and the backtest replay the dataset with `HistoryBook`), so a model is trained on exactly
 the history it will see when serving. Keep `judge`, `apply_measurement` and `apply_aggregate` in
-step with `leap_stream/store/online.py`'s script; `tests/` checks that both give the same state.
+step with `leap_stream/store/lua/apply.lua`; `tests/` checks that both give the same state.
 """
 
 from __future__ import annotations

@@ -30,8 +30,9 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, cfg: Settings) -> int:
     if args.action == "rebuild-history":
+        from leap_stream.store.connection import connect_with
         from leap_stream.store.offline import completions_from_frame, read_dataset
-        from leap_stream.store.online import OnlineStore, connect_with
+        from leap_stream.store.online import OnlineStore
 
         t0 = time.perf_counter()
         completions = completions_from_frame(read_dataset(args.dataset or cfg.dataset_dir))

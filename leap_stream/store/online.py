@@ -17,18 +17,13 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from importlib import resources
-from operator import itemgetter
 from typing import Any, TypeVar
 
-import numpy as np
 import orjson
 import redis
-from redis.backoff import ExponentialBackoff
 from redis.cluster import RedisCluster
-from redis.retry import Retry
 
 from leap_stream.contracts.events import JobCompleted, JobSubmitted
 from leap_stream.contracts.timestamps import epoch_s
@@ -36,18 +31,35 @@ from leap_stream.core.aggregates import AggregateTable
 from leap_stream.core.history import (
     DEFAULT_RULES,
     HISTORY_EWMA_ALPHA,
-    QUARANTINE_RULES,
     HistoryRules,
     LineageHistory,
-    Measurement,
     event_time,
     is_measurement,
     job_key,
     log_per_device,
-    measurement,
 )
-from leap_stream.core.rows import SUBMISSION_COLUMNS, submission_fields
+from leap_stream.core.rows import submission_fields
 from leap_stream.settings import Settings
+from leap_stream.store.connection import Client, connect_with
+from leap_stream.store.keys import KeyLayout
+from leap_stream.store.pipelines import _MGets, _NodePipelines, _ReadCall
+from leap_stream.store.values import (
+    _SUB_CANDIDATES,
+    _SUB_DEVICES,
+    _SUB_LINEAGE,
+    _SUB_MODEL_TYPE,
+    ApplyResult,
+    Hash,
+    Prediction,
+    _aggregate_table,
+    _from_flat,
+    _result,
+    _text,
+    decode_measurement,
+    decode_predictions,
+    decode_submission,
+    encode_submission,
+)
 
 T = TypeVar("T")
 
@@ -64,75 +76,6 @@ class OnlineStoreUnavailable(Exception):
         super().__init__(f"online store {op} failed: {type(cause).__name__}: {cause}")
         self.op = op
         self.cause = cause
-
-
-# What the script did with one completion (its return codes, see APPLY_LUA)
-_OUTCOMES = {
-    1: "none",
-    2: "accepted",
-    3: "corroborated",
-    4: "lineage",
-    5: "aggregate",
-    6: "devices",
-    7: "physics",
-    8: "mismatch",
-    9: "no_submission",
-    10: "repeat",
-    11: "speed",
-}
-_AGGREGATE_HELD = 20  # added to an outcome when the aggregate speed bound held the aggregate
-
-
-@dataclass(frozen=True, slots=True)
-class ApplyResult:
-    """One completion's fate. ``outcome``: ``none`` (no measurement), ``accepted``,
-    ``corroborated``, ``devices`` / ``lineage`` / ``aggregate`` / ``physics`` / ``speed``
-    (quarantined by that rule), ``mismatch`` (its stored submission names another lineage or
-    model type), ``no_submission`` (none stored and orphans are not allowed) or ``repeat``
-    (another completion of the same job attempt was taken before: an attempt completes once);
-    for a duplicate, what the first delivery got. ``aggregate_held``: the measurement entered
-    the history but the aggregate speed bound held its model type's aggregate back."""
-
-    event_id: str
-    new: bool  # False: seen before (duplicate), nothing changed
-    outcome: str = "none"
-    aggregate_held: bool = False
-
-    @property
-    def measured(self) -> bool:
-        """The history was updated by this delivery."""
-        return self.new and self.outcome in ("accepted", "corroborated")
-
-    @property
-    def quarantine(self) -> str | None:
-        """The rule that quarantined the measurement (this delivery or the first one)."""
-        return self.outcome if self.outcome in QUARANTINE_RULES else None
-
-    @property
-    def applied(self) -> bool:
-        """The completion was taken (now or before): not a mismatch, not waiting for its
-        submission."""
-        return self.outcome not in ("mismatch", "no_submission", "repeat")
-
-
-def _result(event_id: str, code: int) -> ApplyResult:
-    new = code < 100
-    code = code if new else code - 100
-    held = code > _AGGREGATE_HELD
-    code = code - _AGGREGATE_HELD if held else code
-    outcome = _OUTCOMES[code] if new else _OUTCOMES.get(code, "none")
-    return ApplyResult(event_id, new, outcome, held)
-
-
-def decode_measurement(v: Sequence[Any]) -> Measurement:
-    """A stored lineage entry; the 4-value form is the single-measurement layout of 0.x."""
-    if len(v) == 4:
-        nd = int(v[1])
-        x = log_per_device(float(v[0]), nd)
-        return measurement(((float(v[2]), x),), nd, float(v[2]), int(v[3]), None)
-    pending = (float(v[4]), float(v[5])) if v[3] == 1 else None
-    recent = tuple((float(v[j]), float(v[j + 1])) for j in range(6, len(v) - 1, 2))
-    return measurement(recent, int(v[0]), float(v[1]), int(v[2]), pending)
 
 
 # The completions script (its arguments and return codes: the head of lua/apply.lua)
@@ -155,327 +98,8 @@ def _sha1(script: str) -> str:
     return hashlib.sha1(script.encode()).hexdigest()
 
 
-def _text(v: bytes | str) -> str:
-    return v.decode() if isinstance(v, bytes) else v
-
-
-Hash = tuple[Sequence[Any], Sequence[Any]]  # (fields, values) of one HGETALL
-
-
-def _from_flat(flat: Sequence[Any]) -> Hash:
-    return flat[0::2], flat[1::2]
-
-
-def _aggregate_table(
-    hashes: Sequence[Hash], decoded: list[Any], model_types: Sequence[str], names: dict[Any, str]
-) -> AggregateTable:
-    """The model types' aggregate hashes (in ``model_types`` order) as one flat table."""
-    hardware: dict[str, int] = {}
-    owner: list[int] = []
-    codes: list[int] = []
-    for i, (fields, _vs) in enumerate(hashes):
-        for f in fields:
-            name = names.get(f)
-            if name is None:
-                name = names[f] = _text(f)
-            code = hardware.get(name)
-            if code is None:
-                code = hardware[name] = len(hardware)
-            codes.append(code)
-        owner.extend([i] * len(fields))
-    if len(decoded) != len(codes):
-        raise ValueError(f"{len(decoded)} aggregate values for {len(codes)} fields")
-    values = np.asarray(decoded, np.float64).reshape(len(codes), -1) if codes else np.empty((0, 3))
-    if values.shape[1] != 3:  # [EWMA, count, last_at] (core.history.apply_aggregate)
-        raise ValueError(f"aggregate values of {values.shape[1]} numbers, expected 3")
-    return AggregateTable(model_types, list(hardware), np.asarray(owner), np.asarray(codes), values)
-
-
 def _unique(values: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(values))
-
-
-_SUB_FORMAT = 1  # first element of a stored submission: the column list it was written with
-# 1-based positions (the Lua script's) of the fields a completion must agree with
-_SUB_LINEAGE = SUBMISSION_COLUMNS.index("lineage_id") + 2
-_SUB_MODEL_TYPE = SUBMISSION_COLUMNS.index("model_type") + 2
-_SUB_DEVICES = SUBMISSION_COLUMNS.index("num_devices") + 2
-_SUB_CANDIDATES = SUBMISSION_COLUMNS.index("candidate_hardware") + 2  # '|'-joined
-
-
-_SUBMISSION_VALUES = itemgetter(*SUBMISSION_COLUMNS)  # one C call for the 25 values
-
-
-def encode_submission(fields: Mapping[str, Any]) -> bytes:
-    """Values only, in `SUBMISSION_COLUMNS` order: half the memory of a JSON object."""
-    return orjson.dumps([_SUB_FORMAT, *_SUBMISSION_VALUES(fields)])
-
-
-def decode_submission(raw: bytes | str | None) -> dict[str, Any] | None:
-    """A stored submission; None when absent or unreadable (the completion becomes an orphan)."""
-    if raw is None:
-        return None
-    try:
-        value = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return None
-    if (
-        isinstance(value, list)
-        and value
-        and value[0] == _SUB_FORMAT
-        and len(value) == len(SUBMISSION_COLUMNS) + 1
-    ):
-        return dict(zip(SUBMISSION_COLUMNS, value[1:], strict=True))
-    return None
-
-
-Prediction = tuple[str, int, str, bytes]  # (job_id, attempt, model_type, encode_predictions(...))
-Client = redis.Redis | RedisCluster
-ANCHORS = ("self", "transfer", "model")
-
-
-def encode_predictions(
-    hardware: Sequence[str],
-    predicted: Sequence[float],
-    num_devices: int,
-    history: Collection[str],
-) -> bytes:
-    """A ranking's predictions, for the online accuracy when the completion comes: the
-    candidates' types and whole-job samples/s (one list each, no object per candidate: this
-    runs for every ranked job), the job's device count, and the anchor kind, from the types the
-    lineage has a prior on (``history``): `self` there, else `transfer` when it has any prior,
-    else `model`."""
-    own = sorted(set(history).intersection(hardware))
-    other = "transfer" if history else "model"
-    return orjson.dumps(
-        {"hw": hardware, "p": predicted, "nd": num_devices, "self": own, "else": other}
-    )
-
-
-def decode_predictions(raw: bytes | str) -> dict[str, tuple[float, str]]:
-    """hw -> (per-device prediction, anchor); empty when unreadable (the metric skips it).
-    Reads the list of ``[hw, per-device samples/s, anchor]`` that 0.x stored too."""
-    try:
-        value = orjson.loads(raw)
-        if isinstance(value, list):
-            return {str(hw): (float(v), str(a)) for hw, v, a in value}
-        nd, own, other = float(value["nd"]), set(value["self"]), str(value["else"])
-        return {
-            str(hw): (float(p) / nd, "self" if hw in own else other)
-            for hw, p in zip(value["hw"], value["p"], strict=True)
-        }
-    except (orjson.JSONDecodeError, TypeError, ValueError, KeyError, ZeroDivisionError):
-        return {}
-
-
-def connect(
-    url: str,
-    *,
-    password: str = "",
-    timeout_s: float = 1.0,
-    retries: int = 2,
-    cluster: bool = False,
-) -> Client:
-    """A client with short timeouts and a few quick retries: a dead Redis must fail fast.
-
-    ``rediss://`` URLs use TLS (redis-py verifies the server certificate by default); a
-    password in the URL wins over ``password``. ``cluster``: ``url`` is one node of a Redis
-    Cluster, the client discovers the others.
-    """
-    kwargs: dict[str, Any] = {
-        "socket_timeout": timeout_s,
-        "socket_connect_timeout": timeout_s,
-        "retry": Retry(ExponentialBackoff(cap=0.25, base=0.01), retries),
-        "health_check_interval": 30,
-    }
-    if password and "@" not in url.split("//", 1)[-1]:
-        kwargs["password"] = password
-    if cluster:
-        return RedisCluster.from_url(url, **kwargs)
-    return redis.Redis.from_url(
-        url, retry_on_error=[redis.ConnectionError, redis.TimeoutError], **kwargs
-    )
-
-
-def connect_with(cfg: Settings, url: str | None = None) -> Client:
-    """`connect` with the configured URL (or ``url``), password, timeout, retries, and
-    whether it is a cluster."""
-    return connect(
-        url or cfg.require_redis(),
-        password=cfg.redis_password,
-        timeout_s=cfg.redis_timeout_s,
-        retries=cfg.redis_retries,
-        cluster=cfg.redis_cluster,
-    )
-
-
-@dataclass(frozen=True)
-class KeyLayout:
-    """Key names under ``prefix``. ``tagged`` (a cluster): each key starts with its model type
-    as hash tag, ``{p}{llama-7b}:lin:<lineage>``; a model type with braces in its name is tagged
-    by its digest, so the tag is always what sits between the first braces. Untagged:
-    ``{p}lin:<lineage>`` as before clusters were supported (a standalone Redis keeps its
-    data)."""
-
-    prefix: str
-    tagged: bool = False
-
-    def __post_init__(self) -> None:
-        if self.tagged and ("{" in self.prefix or "}" in self.prefix):
-            raise ValueError(f"a cluster key prefix cannot contain braces: {self.prefix!r}")
-
-    def _head(self, model_type: str) -> str:
-        if not self.tagged:
-            return self.prefix
-        tag = model_type
-        if not tag or "{" in tag or "}" in tag:
-            tag = "h" + hashlib.sha1(model_type.encode()).hexdigest()[:16]
-        return f"{self.prefix}{{{tag}}}:"
-
-    def lin(self, lineage_id: str, model_type: str) -> str:
-        return f"{self._head(model_type)}lin:{lineage_id}"
-
-    def agg(self, model_type: str) -> str:
-        return f"{self._head(model_type)}agg:{model_type}"
-
-    def seen(self, event_id: str, model_type: str) -> str:
-        return f"{self._head(model_type)}seen:{event_id}"
-
-    def sub(self, job_id: str, attempt: int, model_type: str) -> str:
-        return f"{self._head(model_type)}sub:{job_id}:{attempt}"
-
-    def done(self, job_id: str, attempt: int, model_type: str) -> str:
-        """The marker of a job attempt whose completion was taken: an attempt completes once."""
-        return f"{self._head(model_type)}done:{job_id}:{attempt}"
-
-    def guard(self, lineage_id: str, model_type: str) -> str:
-        """The speed rule's state of a lineage's entries (core.history.Guard), per type."""
-        return f"{self._head(model_type)}lguard:{lineage_id}"
-
-    def aggregate_guard(self, model_type: str) -> str:
-        return f"{self._head(model_type)}aguard:{model_type}"
-
-    def pred(self, job_id: str, attempt: int, model_type: str) -> str:
-        return f"{self._head(model_type)}pred:{job_id}:{attempt}"
-
-    def pattern(self, kind: str) -> str:
-        """SCAN pattern of every key of one kind (``lin``, ``agg``, ``seen``, …)."""
-        return f"{self.prefix}{{*}}:{kind}:*" if self.tagged else f"{self.prefix}{kind}:*"
-
-    def group(self, model_type: str) -> str:
-        """Keys of one group can go to one script call: one per model type on a cluster."""
-        return self._head(model_type) if self.tagged else ""
-
-
-class _NodePipelines:
-    """A pipeline over a cluster: redis-py's cluster pipeline refuses EVALSHA, so the commands
-    are grouped by the node owning their slot and sent as one plain pipeline per node. Replies
-    come back in call order; a command that failed (MOVED after a resharding, NOSCRIPT after a
-    node restart) is in the replies as its exception, like `pipeline.execute(raise_on_error=
-    False)`."""
-
-    def __init__(self, cluster: RedisCluster) -> None:
-        self.cluster = cluster
-        self.calls: list[tuple[str, str, tuple[Any, ...], dict[str, Any]]] = []
-
-    def evalsha(self, sha: str, numkeys: int, *keys_and_args: Any) -> None:
-        self.calls.append((str(keys_and_args[0]), "evalsha", (sha, numkeys, *keys_and_args), {}))
-
-    def mget(self, names: Sequence[str]) -> None:
-        self.calls.append((names[0], "mget", (list(names),), {}))
-
-    def set(self, name: str, value: Any, ex: int | None = None) -> None:
-        self.calls.append((name, "set", (name, value), {"ex": ex}))
-
-    def execute(self, scripts: Sequence[str] = ()) -> list[Any]:
-        """Send every call; rerun the calls that did not run: after MOVED / ASK (slots moved:
-        the slot map is read again) and NOSCRIPT (``scripts`` are loaded on that node). A slot
-        that moved to a node that never ran the script needs both, hence up to `_SENDS` sends.
-        Calls that ran are never repeated: other nodes' scripts already applied."""
-        replies: list[Any] = [None] * len(self.calls)
-        todo = list(range(len(self.calls)))
-        for attempt in range(_SENDS):
-            retry: list[int] = []
-            for node, idx in self._by_node(todo).values():
-                pipe = self.cluster.get_redis_connection(node).pipeline(transaction=False)
-                for i in idx:
-                    _key, name, args, kwargs = self.calls[i]
-                    getattr(pipe, name)(*args, **kwargs)
-                got = pipe.execute(raise_on_error=False)
-                if any(isinstance(x, redis.exceptions.NoScriptError) for x in got):
-                    for script in scripts:
-                        self.cluster.get_redis_connection(node).script_load(script)
-                for i, reply in zip(idx, got, strict=True):
-                    replies[i] = reply
-                    if isinstance(reply, _NOT_RUN):
-                        retry.append(i)
-            if not retry or attempt == _SENDS - 1:
-                break
-            if any(isinstance(replies[i], _MOVED) for i in retry):
-                self.cluster.nodes_manager.initialize()
-            todo = retry
-        return replies
-
-    def _by_node(self, idx: Sequence[int]) -> dict[str, tuple[Any, list[int]]]:
-        out: dict[str, tuple[Any, list[int]]] = {}
-        for i in idx:
-            slot = self.cluster.keyslot(self.calls[i][0])
-            node = self.cluster.nodes_manager.get_node_from_slot(slot)  # type: ignore[arg-type]
-            out.setdefault(node.name, (node, []))[1].append(i)
-        return out
-
-
-_SENDS = 3  # a first send, a rerun after MOVED, one after NOSCRIPT on the new owner
-_MOVED = (redis.exceptions.MovedError, redis.exceptions.AskError)
-_NOT_RUN = (redis.exceptions.NoScriptError, *_MOVED)
-
-
-@dataclass
-class _ReadCall:
-    """One read script call: the hashes it reads (and where each goes in the batch's reply),
-    then the keys it sets with their values."""
-
-    reads: list[str] = field(default_factory=list)
-    positions: list[int] = field(default_factory=list)
-    writes: list[str] = field(default_factory=list)
-    values: list[bytes] = field(default_factory=list)
-
-    def read(self, key: str, position: int) -> None:
-        self.reads.append(key)
-        self.positions.append(position)
-
-    def write(self, key: str, value: bytes) -> None:
-        self.writes.append(key)
-        self.values.append(value)
-
-
-@dataclass(frozen=True)
-class _MGets:
-    """An MGET per key group (one on a single Redis; a cluster's MGET must stay in one slot),
-    replies put back in the order of ``names``."""
-
-    calls: list[list[str]]
-    positions: list[list[int]]
-    n: int
-
-    @classmethod
-    def of(cls, names: Sequence[str], groups: Sequence[str]) -> _MGets:
-        by: dict[str, list[int]] = {}
-        for i, g in enumerate(groups):
-            by.setdefault(g, []).append(i)
-        positions = list(by.values())
-        return cls([[names[i] for i in idx] for idx in positions], positions, len(names))
-
-    def queue(self, pipe: Any) -> None:
-        for names in self.calls:
-            pipe.mget(names)
-
-    def collect(self, replies: Sequence[Any]) -> list[Any]:
-        out: list[Any] = [None] * self.n
-        for idx, got in zip(self.positions, replies, strict=True):
-            for i, v in zip(idx, got, strict=True):
-                out[i] = v
-        return out
 
 
 class OnlineStore:
@@ -963,15 +587,4 @@ def eviction_problem(policy: str | None, allowed: bool) -> str | None:
     )
 
 
-__all__ = [
-    "APPLY_LUA",
-    "READ_LUA",
-    "ApplyResult",
-    "OnlineStore",
-    "OnlineStoreUnavailable",
-    "connect",
-    "decode_measurement",
-    "decode_predictions",
-    "encode_predictions",
-    "eviction_problem",
-]
+__all__ = ["APPLY_LUA", "READ_LUA", "OnlineStore", "OnlineStoreUnavailable", "eviction_problem"]

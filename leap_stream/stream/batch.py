@@ -41,7 +41,7 @@ from leap_stream.core.features import SpecArrays, log_rate_ceiling
 from leap_stream.core.history import LineageHistory, TypeAggregates
 from leap_stream.core.rows import SUBMISSION_COLUMNS
 from leap_stream.store.offline import flatten
-from leap_stream.store.online import Prediction, encode_predictions
+from leap_stream.store.values import Prediction, encode_predictions
 
 log = logging.getLogger(__name__)
 

@@ -271,7 +271,8 @@ class WorkerStack:
     def online_store(self) -> OnlineStore:
         """A client of the online store this world's worker writes (a Redis Cluster when
         ``extra_env`` says LEAP_REDIS_CLUSTER=1); the caller closes ``.r``."""
-        from leap_stream.store.online import OnlineStore, connect
+        from leap_stream.store.connection import connect
+        from leap_stream.store.online import OnlineStore
 
         cluster = self.extra_env.get("LEAP_REDIS_CLUSTER") == "1"
         return OnlineStore(connect(self.redis_url, cluster=cluster), prefix=self.prefix)

@@ -24,8 +24,9 @@ import pytest
 from leap_stream.contracts import parse_ts
 from leap_stream.core.history import HistoryBook
 from leap_stream.store.artefact import write_model
+from leap_stream.store.connection import connect
 from leap_stream.store.offline import DatasetSink, read_dataset
-from leap_stream.store.online import OnlineStore, connect
+from leap_stream.store.online import OnlineStore
 from leap_stream.stream.client import RankingsClient
 from leap_stream.stream.kafka import KafkaClients
 from leap_stream.stream.lag import LagReader, total_lag, worker_groups

@@ -19,7 +19,8 @@ import pytest
 from _stack import Feeder, Fleet, Stack, check_nothing_lost, dead_letters, feed, fleet
 
 from leap_stream.core.history import HistoryBook
-from leap_stream.store.online import OnlineStore, connect
+from leap_stream.store.connection import connect
+from leap_stream.store.online import OnlineStore
 from leap_stream.stream.client import RankingsClient
 from leap_stream.stream.kafka import KafkaClients
 from leap_stream.stream.lag import LagReader, total_lag, worker_groups

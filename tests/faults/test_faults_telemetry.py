@@ -25,8 +25,9 @@ import pytest
 from _stack import Feeder, Stack, dead_letters, read_all
 
 from leap_stream.contracts.timestamps import format_ts
+from leap_stream.store.connection import connect
 from leap_stream.store.offline import read_dataset
-from leap_stream.store.online import OnlineStore, connect
+from leap_stream.store.online import OnlineStore
 from leap_stream.stream.client import RankingsClient
 from leap_stream.stream.kafka import KafkaClients
 from leap_stream.tools.harness import wait_for

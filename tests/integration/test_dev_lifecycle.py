@@ -93,7 +93,7 @@ def test_up_twice_status_down_twice(home: Path) -> None:
 
 
 def test_up_with_a_redis_cluster_exports_it_and_down_stops_every_master(tmp_path: Path) -> None:
-    from leap_stream.store.online import connect
+    from leap_stream.store.connection import connect
 
     up = _cli(tmp_path, "up", "--no-kafka", "--redis-cluster", "--env")
     try:

@@ -13,14 +13,9 @@ import pytest
 from leap_stream.contracts.timestamps import epoch_s, format_ts
 from leap_stream.core.history import QUARANTINE_RULES, HistoryBook, is_measurement
 from leap_stream.core.rows import submission_fields
+from leap_stream.store.connection import connect
 from leap_stream.store.offline import flatten
-from leap_stream.store.online import (
-    APPLY_LUA,
-    READ_LUA,
-    OnlineStore,
-    OnlineStoreUnavailable,
-    connect,
-)
+from leap_stream.store.online import APPLY_LUA, READ_LUA, OnlineStore, OnlineStoreUnavailable
 from leap_stream.tools import synthetic_events as synthetic
 
 pytestmark = pytest.mark.services

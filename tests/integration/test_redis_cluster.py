@@ -76,7 +76,8 @@ def test_the_store_follows_a_slot_moved_under_it(cluster: LocalRedisCluster) -> 
     is read again, and nothing is applied twice."""
     from redis.crc import key_slot
 
-    from leap_stream.store.online import OnlineStore, connect
+    from leap_stream.store.connection import connect
+    from leap_stream.store.online import OnlineStore
     from leap_stream.tools import synthetic_events as synthetic
 
     store = OnlineStore(connect(cluster.url, timeout_s=10, cluster=True), "moved:")

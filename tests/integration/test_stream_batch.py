@@ -18,7 +18,8 @@ from leap_stream.contracts import validate_event
 from leap_stream.core.history import HistoryBook
 from leap_stream.core.lookup import LookupTable
 from leap_stream.core.ranker import Ranker
-from leap_stream.store.online import OnlineStore, OnlineStoreUnavailable, connect
+from leap_stream.store.connection import connect
+from leap_stream.store.online import OnlineStore, OnlineStoreUnavailable
 from leap_stream.stream.batch import CompletionProcessor, Record, SubmissionProcessor
 from leap_stream.stream.client import RankingsClient
 from leap_stream.stream.kafka import KafkaClients

@@ -18,7 +18,8 @@ from leap_stream.catalog import load_catalog
 from leap_stream.core.history import LineageHistory, TypeAggregates
 from leap_stream.core.lookup import LookupTable
 from leap_stream.core.ranker import Ranker
-from leap_stream.store.online import OnlineStore, OnlineStoreUnavailable, connect
+from leap_stream.store.connection import connect
+from leap_stream.store.online import OnlineStore, OnlineStoreUnavailable
 from leap_stream.stream.batch import Record, SubmissionBatchResult, SubmissionProcessor
 from leap_stream.stream.kafka import KafkaClients
 from leap_stream.stream.lag import LagReader, total_lag

@@ -7,7 +7,9 @@ import pytest
 import redis
 
 from leap_stream.settings import Settings, SettingsError
-from leap_stream.store.online import KeyLayout, OnlineStore, connect, connect_with
+from leap_stream.store.connection import connect, connect_with
+from leap_stream.store.keys import KeyLayout
+from leap_stream.store.online import OnlineStore
 from leap_stream.tools import synthetic_events as synthetic
 
 
@@ -61,7 +63,7 @@ def test_key_layout_is_the_design() -> None:
 
 def test_submission_encoding_round_trips() -> None:
     from leap_stream.core.rows import submission_fields
-    from leap_stream.store.online import decode_submission, encode_submission
+    from leap_stream.store.values import decode_submission, encode_submission
 
     for sub, _c in synthetic.pairs(20, seed=3):
         fields = submission_fields(sub)
@@ -110,7 +112,7 @@ def test_a_cluster_prefix_with_braces_is_refused() -> None:
 
 
 def test_predictions_round_trip_with_their_anchor_kinds() -> None:
-    from leap_stream.store.online import decode_predictions, encode_predictions
+    from leap_stream.store.values import decode_predictions, encode_predictions
 
     raw = encode_predictions(["h100", "a100", "t4"], [800.0, 400.0, 80.0], 8, {"a100": "x"})
     assert decode_predictions(raw) == {

@@ -37,7 +37,8 @@ import pandas as pd
 
 from leap_stream.contracts import TimeWindow
 from leap_stream.settings import Settings
-from leap_stream.store.online import OnlineStore, connect
+from leap_stream.store.connection import connect
+from leap_stream.store.online import OnlineStore
 from leap_stream.stream.client import RankingsClient
 from leap_stream.stream.kafka import KafkaClients, produce_waiting
 from leap_stream.tools.bench.stats import due, percentile_ms, rate, widen_candidates

@@ -420,7 +420,7 @@ def model_versions(worker: WorkerProcess) -> dict[str, float]:
 
 
 def cleanup(bootstrap: str, redis_url: str, topics: list[str], prefix: str) -> None:
-    from leap_stream.store.online import connect
+    from leap_stream.store.connection import connect
     from leap_stream.tools.dev.topics import delete_topics
 
     try:
@@ -517,8 +517,9 @@ class _Demo:
         self.step("services_and_topics")
 
     def seed_and_train(self) -> None:
+        from leap_stream.store.connection import connect
         from leap_stream.store.offline import DatasetSink, completions_from_frame, read_dataset
-        from leap_stream.store.online import OnlineStore, connect
+        from leap_stream.store.online import OnlineStore
         from leap_stream.tools.sim.events import submission_events
         from leap_stream.train.trainer import train_and_publish
 
