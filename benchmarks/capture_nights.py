@@ -168,7 +168,7 @@ def _usable(base: pd.DataFrame, p: np.ndarray) -> np.ndarray:
 def _choice_figures(night: dict[str, Any], p: np.ndarray) -> tuple[dict[str, float], pd.DataFrame]:
     """(top-1, savings, regret as the backtest scores them, per-job frame of the regret) for the
     predictions `p` of a captured night's candidates."""
-    from leap_stream.tools.backtest import _choice_costs, _predictor_metrics, _top_choice
+    from leap_stream.tools.backtest.scoring import _choice_costs, _predictor_metrics, _top_choice
 
     base, tr = night["base"], night["truth"]
     usable = _usable(base, p)

@@ -28,7 +28,7 @@ from leap_stream.catalog import load_catalog
 from leap_stream.contracts.timestamps import epoch_seconds
 from leap_stream.core import features as F
 from leap_stream.core.predictor import KINDS, ThroughputModel, anchor_kind
-from leap_stream.tools.backtest import _candidates
+from leap_stream.tools.backtest.truth import _candidates
 from leap_stream.tools.sim.fleet import FleetSimulator, SimConfig
 from leap_stream.train import pit
 

@@ -33,10 +33,11 @@ def test_backtest_plots_without_matplotlib_stops_before_the_run(
 
     from leap_stream.settings import Settings
     from leap_stream.tools import backtest
+    from leap_stream.tools.backtest import cli as backtest_cli
 
     monkeypatch.setattr(P, "plots_available", lambda: False)
     ran: list[object] = []
-    monkeypatch.setattr(backtest, "run_backtest", lambda **kw: ran.append(kw))
+    monkeypatch.setattr(backtest_cli, "run_backtest", lambda **kw: ran.append(kw))
     parser = argparse.ArgumentParser()
     backtest.register(parser)
     args = parser.parse_args(["--nights", "1", "--plots", str(tmp_path)])

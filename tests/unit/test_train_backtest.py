@@ -7,13 +7,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from leap_stream.tools.backtest import (
-    LineageResamples,
-    Night,
-    _argmax_per_job,
-    run_backtest,
-    savings_replicates,
-)
+from leap_stream.tools.backtest import LineageResamples, Night, run_backtest, savings_replicates
+from leap_stream.tools.backtest.truth import _argmax_per_job
 
 
 def test_argmax_per_job_ignores_non_finite_and_keeps_ties_first() -> None:
@@ -154,7 +149,8 @@ def test_lookup_scores_match_a_lookup_only_ranker() -> None:
     from leap_stream.catalog import load_catalog
     from leap_stream.core.lookup import LookupTable
     from leap_stream.core.ranker import Ranker
-    from leap_stream.tools.backtest import _candidates, _lookup_only
+    from leap_stream.tools.backtest.scoring import _lookup_only
+    from leap_stream.tools.backtest.truth import _candidates
     from leap_stream.tools.sim.fleet import SimConfig, simulate
     from leap_stream.train import pit
 

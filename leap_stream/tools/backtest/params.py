@@ -1,0 +1,22 @@
+"""The backtest's settings and the names of what it reports."""
+
+from __future__ import annotations
+
+PREDICTORS = ("model", "lookup", "oracle")
+# the informed oracle (tools/sim/informed.py): the ceiling every model figure is read against
+INFORMED = "informed"
+KIND_KEYS = ("self", "transfer", "model")
+# transfer rows by whether the lineage's prior is on the candidate's vendor
+TRANSFER_KEYS = ("transfer_same_vendor", "transfer_cross_vendor")
+# the figures reported as model / informed oracle (`ceiling`)
+CEILING_KEYS = ("accuracy", "accuracy_ran", "top1", "savings")
+# Nightly training set: the last days' point-in-time rows, subsampled. At the simulator's full
+# rate (30000/day) that is ~25k measured rows a day; older rows add little under drift.
+TRAIN_WINDOW_DAYS = 14
+TRAIN_ROWS = 150_000
+DEFAULT_RATE = 30000
+ABLATION_KEYS = ("accuracy", "accuracy_ran", "mape", "top1", "savings")
+# Resamples of the fleet's lineages behind the savings share's interval. The share is decided
+# by the few largest jobs (docs/decisions/0006), and a lineage's jobs
+# recur night after night, so it says how far the figure would move on another draw of them.
+SAVINGS_REPLICATES = 200

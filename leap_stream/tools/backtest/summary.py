@@ -1,0 +1,121 @@
+"""The run's summary: nights pooled, the savings share's interval, every headline figure as
+model / informed oracle."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from leap_stream.tools.backtest.params import (
+    ABLATION_KEYS,
+    CEILING_KEYS,
+    INFORMED,
+    KIND_KEYS,
+    PREDICTORS,
+    TRANSFER_KEYS,
+)
+
+
+def _savings_share(out: dict[str, Any], replicates: list[dict[str, np.ndarray]]) -> dict[str, Any]:
+    """The model's savings as a share of the oracle's (each the mean over nights), and its 95 %
+    interval over resampled lineages (None without resamples)."""
+    oracle = out["oracle"]["savings"]
+    share = round(out["model"]["savings"] / oracle, 4) if oracle > 0 else None
+    interval = None
+    if replicates and share is not None:
+        model = np.nanmean([r["model"] for r in replicates], axis=0)
+        ratio = model / np.nanmean([r["oracle"] for r in replicates], axis=0)
+        interval = [round(float(q), 4) for q in np.nanquantile(ratio, [0.025, 0.975])]
+    return {"savings_share_of_oracle": share, "savings_share_of_oracle_95": interval}
+
+
+def _summarise(
+    per_night: list[dict[str, Any]],
+    variants: list[str],
+    replicates: list[dict[str, np.ndarray]],
+) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    keys = (
+        "accuracy",
+        "accuracy_ran",
+        "mape",
+        "median_ape",
+        "top1",
+        "regret",
+        "savings",
+        "coverage",
+        "coverage_device_hours",
+    )
+    names = [*PREDICTORS, *([INFORMED] if per_night and INFORMED in per_night[0] else [])]
+    for name in names:
+        out[name] = {k: round(float(np.nanmean([n[name][k] for n in per_night])), 4) for k in keys}
+    for k, src in (
+        ("interval_coverage_80", "interval_coverage"),
+        ("interval_coverage_80_ran", "interval_coverage_ran"),
+        ("noise_set_size", "noise_set_size"),
+        ("best_in_noise_set", "best_in_noise_set"),
+    ):
+        out["model"][k] = round(float(np.nanmean([n["model"][src] for n in per_night])), 4)
+    out["model"].update(_savings_share(out, replicates))
+    if INFORMED in out and out["oracle"]["savings"] > 0:
+        share = out[INFORMED]["savings"] / out["oracle"]["savings"]
+        out[INFORMED]["savings_share_of_oracle"] = round(share, 4)
+    ablation: dict[str, Any] = {}
+    for v in variants[1:]:
+        ablation[v[1:]] = {
+            k: round(float(np.nanmean([n[v][k] for n in per_night])) - out["model"][k], 4)
+            for k in ABLATION_KEYS
+        }
+    for key in ("by_anchor", "by_anchor_informed"):
+        if pooled := _pooled_anchors(per_night, key):
+            out[key] = pooled
+    if INFORMED in out:
+        out["ceiling"] = _ceiling(out)
+    if ablation:
+        out["ablation_delta"] = ablation  # variant minus full model, mean over nights
+    return out
+
+
+def _pooled_anchors(per_night: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    """The nights' anchor counts under `key`, pooled: accuracy (a candidate without a
+    prediction is a miss), the coverage and width of the intervals given (as the overall
+    coverage: a candidate the ranking excluded has no interval to hold or miss), and the
+    share of rows per breakdown key."""
+    by: dict[str, dict[str, list[float]]] = {}
+    for n in per_night:
+        for scope, d in n.get(key, {}).items():
+            tgt = by.setdefault(scope, {})
+            for k, counts in d.items():
+                acc = tgt.setdefault(k, [0, 0, 0, 0, 0.0])
+                for i, c in enumerate(counts):
+                    acc[i] += c
+    return {
+        scope: {
+            k: {
+                "accuracy": round(c[1] / c[0], 4) if c[0] else None,
+                "interval_coverage_80": round(c[2] / c[3], 4) if c[3] else None,
+                "interval_width_log": round(c[4] / c[3], 4) if c[3] else None,
+                "rows": int(c[0]),
+                "share": round(
+                    c[0] / max(1, sum(v[0] for kk, v in d.items() if kk in KIND_KEYS)), 4
+                ),
+            }
+            for k, c in sorted(d.items())
+        }
+        for scope, d in by.items()
+    }
+
+
+def _ceiling(out: dict[str, Any]) -> dict[str, dict[str, float | None]]:
+    """Each headline figure as model / informed oracle (`share`: the model's share of it)."""
+    figures = {k: (out["model"][k], out[INFORMED][k]) for k in CEILING_KEYS}
+    model_rows = out.get("by_anchor", {}).get("all", {})
+    informed_rows = out.get("by_anchor_informed", {}).get("all", {})
+    for k in ("transfer", *TRANSFER_KEYS):
+        if k in model_rows and k in informed_rows:
+            figures[k] = (model_rows[k]["accuracy"], informed_rows[k]["accuracy"])
+    return {
+        k: {"model": m, "informed": i, "share": round(m / i, 4) if m is not None and i else None}
+        for k, (m, i) in figures.items()
+    }
