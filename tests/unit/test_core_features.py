@@ -10,6 +10,7 @@ import pytest
 
 from leap_stream.core import features as F
 from leap_stream.core.history import Measurement, TypeAggregate
+from leap_stream.core.physics import min_memory_per_device_gib
 from leap_stream.tools import synthetic_rows as S
 
 NOW = 1_800_000_000.0
@@ -141,7 +142,7 @@ def _state_gib(**over: object) -> float:
         "layers": 1,
         "num_devices": 1,
     }
-    return float(F.min_memory_per_device_gib(_jobs(1, **{**tiny, **over}))[0])
+    return float(min_memory_per_device_gib(_jobs(1, **{**tiny, **over}))[0])
 
 
 def test_the_memory_lower_bound_counts_what_every_sharding_must_keep() -> None:
