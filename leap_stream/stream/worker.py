@@ -24,9 +24,9 @@ from typing import Any
 
 from leap_stream.settings import Settings
 from leap_stream.store.online import OnlineStore, OnlineStoreUnavailable, eviction_problem
-from leap_stream.stream.app import WorkerDeps
 from leap_stream.stream.batch import SubmissionProcessor
 from leap_stream.stream.clock import BrokerClock
+from leap_stream.stream.deps import WorkerDeps
 from leap_stream.stream.kafka import KafkaClients
 from leap_stream.stream.metrics import Metrics
 from leap_stream.stream.models import RankerHolder

@@ -12,10 +12,12 @@ import pytest
 from prometheus_client import generate_latest
 
 from leap_stream.contracts import validate_event
-from leap_stream.stream.app import _Pending, dead_letter_key, faust_broker_url
+from leap_stream.stream.app import faust_broker_url
 from leap_stream.stream.batch import Backoff, Record, decode_records
 from leap_stream.stream.client import summary_line
 from leap_stream.stream.clock import BrokerClock
+from leap_stream.stream.completions import _Pending
+from leap_stream.stream.deps import dead_letter_key
 from leap_stream.stream.lag import compute_lag, total_lag, while_coordinator_moves
 from leap_stream.stream.metrics import Metrics
 from leap_stream.stream.waiting import WaitingCompletions
@@ -275,7 +277,7 @@ def test_the_worker_s_faust_consumer_records_only_the_acks_it_gives() -> None:
 def test_batcher_accumulates_while_busy_and_applies_backpressure() -> None:
     import asyncio
 
-    from leap_stream.stream.app import Batcher
+    from leap_stream.stream.completions import Batcher
 
     async def scenario() -> tuple[list[int], list[int], bool]:
         b = Batcher(max_batch=5, max_backlog=8)
@@ -490,7 +492,7 @@ def test_a_new_consumer_generation_starts_the_completions_gate_over() -> None:
     from types import SimpleNamespace
 
     from leap_stream.stream.acks import ExplicitAcks
-    from leap_stream.stream.app import CompletionsAgent
+    from leap_stream.stream.completions import CompletionsAgent
 
     app = SimpleNamespace(consumer_generation_id=1, explicit_acks=ExplicitAcks())
     cfg = SimpleNamespace(max_waiting_completions=10, orphan_grace_s=60.0)

@@ -325,8 +325,8 @@ def pipeline_processor(world: BenchWorld) -> tuple[Any, dict[str, Any]]:
 
 def pipeline_work(world: BenchWorld) -> tuple[Work, Any]:
     """The worker's batch function (`SubmissionProcessor.process`), same store and ranker."""
-    from leap_stream.stream.app import dead_letter_key
     from leap_stream.stream.batch import Record
+    from leap_stream.stream.deps import dead_letter_key
 
     proc, stats = pipeline_processor(world)
 
