@@ -4,8 +4,6 @@ say "nothing lost, nothing doubled" (rankings, dataset, Redis history against a 
 
 from __future__ import annotations
 
-import os
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,43 +73,6 @@ class Feeder:
     def flush(self) -> None:
         assert self.p.flush(60) == 0
         assert not self.errors, self.errors
-
-
-def read_all(bootstrap: str, topic: str, idle_s: float = 1.5, max_s: float = 60) -> list[Any]:
-    """Every message of a topic (from the beginning) until idle_s without a new one."""
-    from confluent_kafka import Consumer
-
-    c = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"faults-reader-{os.urandom(4).hex()}",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-            "fetch.message.max.bytes": 20 * 1024 * 1024,
-        }
-    )
-    c.subscribe([topic])
-    out: list[Any] = []
-    end = time.monotonic() + max_s
-    last = time.monotonic()
-    while time.monotonic() < end and time.monotonic() - last < idle_s:
-        msgs = c.consume(1000, timeout=0.3)
-        for m in msgs:
-            if m.error() is None:
-                out.append(m)
-                last = time.monotonic()
-    c.close()
-    return out
-
-
-def dead_letters(bootstrap: str, topic: str) -> dict[tuple[str, int, int], dict[str, Any]]:
-    """Dead letters by their source (topic, partition, offset); repeats collapse."""
-    out = {}
-    for m in read_all(bootstrap, topic):
-        d = orjson.loads(m.value())
-        s = d["source"]
-        out[(s["topic"], s["partition"], s["offset"])] = d
-    return out
 
 
 @dataclass

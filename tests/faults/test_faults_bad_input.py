@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 import pytest
-from _stack import Feeder, Stack, dead_letters
+from _stack import Feeder, Stack
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -28,6 +28,7 @@ from leap_stream.store.offline import read_dataset
 from leap_stream.stream.client import RankingsClient
 from leap_stream.stream.kafka import KafkaClients
 from leap_stream.tools.harness import wait_for
+from leap_stream.tools.observe import dead_letters
 
 pytestmark = pytest.mark.faults
 

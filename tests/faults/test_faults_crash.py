@@ -6,12 +6,13 @@ import signal
 import time
 
 import pytest
-from _stack import Feeder, Stack, check_nothing_lost, dead_letters, feed, fleet
+from _stack import Feeder, Stack, check_nothing_lost, feed, fleet
 
 from leap_stream.stream.client import RankingsClient
 from leap_stream.stream.kafka import KafkaClients
 from leap_stream.stream.lag import LagReader, total_lag, worker_groups
 from leap_stream.tools.harness import wait_for
+from leap_stream.tools.observe import dead_letters
 
 pytestmark = pytest.mark.faults
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _stack import Feeder, Fleet, Stack, check_nothing_lost, dead_letters, feed, fleet
+from _stack import Feeder, Fleet, Stack, check_nothing_lost, feed, fleet
 
 from leap_stream.core.history import HistoryBook
 from leap_stream.store.connection import connect
@@ -26,6 +26,7 @@ from leap_stream.stream.kafka import KafkaClients
 from leap_stream.stream.lag import LagReader, total_lag, worker_groups
 from leap_stream.tools.dev import redis as dev_redis
 from leap_stream.tools.harness import free_port, wait_for, worker_topics
+from leap_stream.tools.observe import dead_letters
 
 pytestmark = pytest.mark.faults
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import orjson
 import pytest
-from _stack import Feeder, Stack, dead_letters, read_all
+from _stack import Feeder, Stack
 
 from leap_stream.contracts.timestamps import format_ts
 from leap_stream.store.connection import connect
@@ -31,6 +31,7 @@ from leap_stream.store.online import OnlineStore
 from leap_stream.stream.client import RankingsClient
 from leap_stream.stream.kafka import KafkaClients
 from leap_stream.tools.harness import wait_for
+from leap_stream.tools.observe import dead_letters, read_all
 from leap_stream.train import trainer
 
 pytestmark = pytest.mark.faults

@@ -45,7 +45,8 @@ def _terminate(_signum: int, _frame: object) -> None:
 
 
 def run(args: argparse.Namespace, _settings: Settings) -> int:
-    from leap_stream.tools.demo.runner import DemoOptions, run_demo
+    from leap_stream.tools.demo.options import DemoOptions
+    from leap_stream.tools.demo.runner import run_demo
 
     opts = DemoOptions(out=args.out, seed=args.seed, services=args.services)
     if args.fast:
