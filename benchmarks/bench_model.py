@@ -112,7 +112,7 @@ def main() -> int:
     # scoring under the worker's collector policy: with Python's default, when a full
     # collection of the fit's leftovers lands inside the passes moved rows/s by 25 %
     from leap_stream.settings import Settings
-    from leap_stream.tools.bench.harness import worker_gc
+    from leap_stream.tools.bench.loops import worker_gc
 
     with worker_gc(Settings.from_env()):
         for _ in range(args.repeats):

@@ -42,7 +42,7 @@ def timed_phases() -> dict[str, float]:
     """Wrap every phase's function to add its CPU seconds to the returned totals."""
     import importlib
 
-    from leap_stream.tools.bench.harness import cpu_timed
+    from leap_stream.tools.bench.loops import cpu_timed
 
     spent: dict[str, float] = defaultdict(float)
     for label, module, path in PHASES:
@@ -71,7 +71,8 @@ def main() -> int:
 
     from leap_stream.settings import Settings
     from leap_stream.stream.batch import Record
-    from leap_stream.tools.bench.harness import build_world, pipeline_processor, worker_gc
+    from leap_stream.tools.bench.loops import pipeline_processor, worker_gc
+    from leap_stream.tools.bench.world import build_world
 
     settings = Settings.from_env()
     redis_url = settings.redis_url or "redis://127.0.0.1:6379/0"

@@ -98,7 +98,7 @@ def test_the_pipeline_stage_runs_under_the_workers_collector_policy() -> None:
     import gc
 
     from leap_stream.settings import Settings
-    from leap_stream.tools.bench.harness import worker_gc
+    from leap_stream.tools.bench.loops import worker_gc
 
     before = gc.get_threshold()
     cfg = Settings.from_env({"LEAP_GC_THRESHOLD": "12345", "LEAP_GC_FREEZE": "1"})

@@ -67,7 +67,22 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     from leap_stream.stream.compiled import wanted as wanted_compiled
-    from leap_stream.tools.bench import harness as H
+    from leap_stream.tools.bench.http import http_latency
+    from leap_stream.tools.bench.loops import (
+        batch_loop,
+        load_topic,
+        naive_loop,
+        passthrough_work,
+        pipeline_work,
+        worker_gc,
+    )
+    from leap_stream.tools.bench.worker_stages import (
+        WorkerProc,
+        burst,
+        offered_load,
+        worker_backlog,
+    )
+    from leap_stream.tools.bench.world import build_world, log
     from leap_stream.tools.dev import ensure_services, stop_services
 
     stages = {s.strip() for s in args.only.split(",") if s.strip()}
@@ -85,7 +100,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     world = None
     worker = None
     try:
-        world = H.build_world(
+        world = build_world(
             services.kafka_bootstrap, redis_url, args.events, args.candidates, settings
         )
         figs["hardware_types"] = len(world.types)
@@ -100,25 +115,25 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
         if "passthrough" in stages:
             src, dst = world.topic("pt-in"), world.topic("pt-out")
-            H.load_topic(world.bootstrap, src, world.submissions, world.lines)
-            d = H.batch_loop(world.bootstrap, src, dst, dst, n, H.passthrough_work, args.batch)
+            load_topic(world.bootstrap, src, world.submissions, world.lines)
+            d = batch_loop(world.bootstrap, src, dst, dst, n, passthrough_work, args.batch)
             detail["passthrough"] = d
-            H.log(
+            log(
                 f"passthrough: {d['events']} events in {d['seconds']}s = {d['eps']:.0f}/s "
                 f"({d['eps_per_cpu_s']:.0f} per CPU-second)"
             )
         if "pipeline" in stages:
             src, dst, dlq = world.topic("pl-in"), world.topic("pl-out"), world.topic("pl-dlq")
-            H.load_topic(world.bootstrap, src, world.submissions, world.lines)
-            work, st = H.pipeline_work(world)
+            load_topic(world.bootstrap, src, world.submissions, world.lines)
+            work, st = pipeline_work(world)
             profiler = None
             if args.profile:
                 from pyinstrument import Profiler
 
                 profiler = Profiler(interval=0.002)
                 profiler.start()
-            with H.worker_gc(world.settings):  # the worker's collector policy
-                d = H.batch_loop(world.bootstrap, src, dst, dlq, n, work, args.batch)
+            with worker_gc(world.settings):  # the worker's collector policy
+                d = batch_loop(world.bootstrap, src, dst, dlq, n, work, args.batch)
             if profiler is not None:
                 profiler.stop()
                 text = (
@@ -128,15 +143,15 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
                 )
                 with open(args.profile, "w") as fh:
                     fh.write(text)
-                H.log(f"profile written to {args.profile}")
+                log(f"profile written to {args.profile}")
             d.update(st)
             d.update(overhead(d["cpu_s"], st["trees_cpu_s"], d["events"]))
             detail["pipeline"] = d
-            H.log(
+            log(
                 f"pipeline: {d['events']} events in {d['seconds']}s = {d['eps']:.0f}/s "
                 f"({d['eps_per_cpu_s']:.0f} per CPU-second; {d['batches']} batches, {st['model']} ranked by the model, {st['dead']} dead)"
             )
-            H.log(
+            log(
                 f"pipeline CPU {d['pipeline_cpu_us_per_job']:.0f} us per job, of which the "
                 f"trees {d['trees_cpu_us_per_job']:.0f} us: overhead ratio "
                 f"{d['overhead_ratio']:.1f}"
@@ -148,14 +163,14 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
                 "rank": world.topic("wk-rank"),
                 "dlq": world.topic("wk-dlq"),
             }
-            worker = H.WorkerProc(world, topics, count=args.workers, split_roles=args.split_roles)
+            worker = WorkerProc(world, topics, count=args.workers, split_roles=args.split_roles)
             if compiled:  # the backlog waits until the workers serve compiled trees
                 worker.start()
-                H.log(f"workers serving compiled trees after {worker.wait_compiled():.1f}s")
-            H.load_topic(world.bootstrap, topics["sub"], world.submissions, world.lines)
-            d = H.worker_backlog(world, worker, n)
+                log(f"workers serving compiled trees after {worker.wait_compiled():.1f}s")
+            load_topic(world.bootstrap, topics["sub"], world.submissions, world.lines)
+            d = worker_backlog(world, worker, n)
             detail["worker"] = d
-            H.log(
+            log(
                 f"worker x{args.workers}: "
                 f"{n} events in {d['span_s']}s = {d['eps']:.0f}/s "
                 f"({d['eps_per_cpu_s']:.0f} per worker CPU-second); "
@@ -163,9 +178,9 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             )
             if "load" in stages:
                 time.sleep(1.0)
-                d = H.offered_load(world, worker, args.rate, args.seconds)
+                d = offered_load(world, worker, args.rate, args.seconds)
                 detail["load"] = d
-                H.log(
+                log(
                     f"offered {args.rate:.0f}/s for {args.seconds:.0f}s: {d['ranked']}/{d['sent']} "
                     f"ranked, p50 {d['p50_ms']:.1f} ms, p90 {d['p90_ms']:.1f} ms, "
                     f"p99 {d['p99_ms']:.1f} ms, max {d['max_ms']:.1f} ms"
@@ -173,9 +188,9 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
                 runs = []
                 for k in range(args.mixed_runs):
                     time.sleep(1.0)
-                    d = H.offered_load(world, worker, args.rate, args.seconds, mixed_run=k)
+                    d = offered_load(world, worker, args.rate, args.seconds, mixed_run=k)
                     runs.append(d)
-                    H.log(
+                    log(
                         f"mixed run {k + 1}/{args.mixed_runs}: {args.rate:.0f} submissions/s + "
                         f"{d['completions'] / args.seconds:.0f} completions/s: "
                         f"{d['ranked']}/{d['sent']} ranked, p50 {d['p50_ms']:.1f} ms, "
@@ -183,34 +198,34 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
                     )
                 detail["mixed"] = mixed_summary(runs)
                 detail["mixed_runs"] = runs
-                H.log(
+                log(
                     f"mixed: p99 under 50 ms in {detail['mixed']['runs_under_50ms']} of "
                     f"{len(runs)} runs; p99 of the runs {detail['mixed']['p99_ms_runs']}"
                 )
             if "burst" in stages:
                 time.sleep(1.0)
-                d = H.burst(world, worker, args.burst)
+                d = burst(world, worker, args.burst)
                 detail["burst"] = d
-                H.log(
+                log(
                     f"burst: {d['ranked']}/{d['events']} submissions at once (produced in "
                     f"{d['produce_s']}s) cleared in {d['clear_s']}s = {d['eps']:.0f}/s; first "
                     f"1000: p50 {d['p50_ms_first_1000']:.1f} ms, p99 {d['p99_ms_first_1000']:.1f} ms"
                 )
             worker.stop()
         if "http" in stages:
-            d = H.http_latency(world, world.topic("http-rank"), args.http_rate, args.seconds)
+            d = http_latency(world, world.topic("http-rank"), args.http_rate, args.seconds)
             detail["http"] = d
-            H.log(
+            log(
                 f"serve: {args.http_rate:.0f} requests/s for {args.seconds:.0f}s: {d['requests']} "
                 f"answered, p50 {d['p50_ms']:.1f} ms, p99 {d['p99_ms']:.1f} ms, max "
                 f"{d['max_ms']:.1f} ms; one process answers {d['max_rps']:.0f} requests/s"
             )
         if "naive" in stages:
             src, dst = world.topic("nv-in"), world.topic("nv-out")
-            H.load_topic(world.bootstrap, src, world.submissions[:naive_n], world.lines[:naive_n])
-            d = H.naive_loop(world, src, dst, naive_n)
+            load_topic(world.bootstrap, src, world.submissions[:naive_n], world.lines[:naive_n])
+            d = naive_loop(world, src, dst, naive_n)
             detail["naive"] = d
-            H.log(
+            log(
                 f"naive: {d['events']} events in {d['seconds']}s = {d['eps']:.1f}/s "
                 f"({d['predict_calls']} predict calls)"
             )
