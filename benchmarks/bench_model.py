@@ -46,8 +46,9 @@ def main() -> int:
     from leap_stream.core.lookup import LookupTable
     from leap_stream.core.predictor import ThroughputModel
     from leap_stream.core.ranker import Ranker
+    from leap_stream.tools.sim.config import SimConfig
     from leap_stream.tools.sim.events import submission_events
-    from leap_stream.tools.sim.fleet import SimConfig, simulate
+    from leap_stream.tools.sim.fleet import simulate
     from leap_stream.train import pit, trainer
 
     figures: dict[str, Any] = {}

@@ -20,6 +20,7 @@ from typing import Any
 
 import orjson
 
+from leap_stream.tools.sim.config import SimConfig, SimResult
 from leap_stream.tools.sim.events import (
     completion_events,
     completion_lines,
@@ -27,7 +28,7 @@ from leap_stream.tools.sim.events import (
     submission_lines,
     write_jsonl,
 )
-from leap_stream.tools.sim.fleet import SimConfig, SimResult, simulate
+from leap_stream.tools.sim.fleet import simulate
 
 
 def _timed(fn: Callable[[], Any]) -> tuple[Any, float, float]:

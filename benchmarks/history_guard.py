@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 
 from leap_stream.core.history import QUARANTINE_RULES, HistoryBook, HistoryRules
-from leap_stream.tools.sim.fleet import SimConfig, simulate
+from leap_stream.tools.sim.config import SimConfig
+from leap_stream.tools.sim.fleet import simulate
 from leap_stream.train import pit
 
 

@@ -23,7 +23,8 @@ import pandas as pd
 from leap_stream.catalog import load_catalog, load_reference_catalog
 from leap_stream.tools.evaluate.protocol import pairs
 from leap_stream.tools.evaluate.table import read_table
-from leap_stream.tools.sim.fleet import SimConfig, simulate
+from leap_stream.tools.sim.config import SimConfig
+from leap_stream.tools.sim.fleet import simulate
 
 TABLES = ("mlperf_training_results_v0.5-v3.1.csv", "neusight_e2e.csv")
 MIN_REAL = 8  # pairs of rows a type pair needs to be shown

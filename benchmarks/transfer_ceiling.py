@@ -29,7 +29,8 @@ from leap_stream.contracts.timestamps import epoch_seconds
 from leap_stream.core import features as F
 from leap_stream.core.predictor import KINDS, ThroughputModel, anchor_kind
 from leap_stream.tools.backtest.truth import _candidates
-from leap_stream.tools.sim.fleet import FleetSimulator, SimConfig
+from leap_stream.tools.sim.config import SimConfig
+from leap_stream.tools.sim.fleet import FleetSimulator
 from leap_stream.train import pit
 
 

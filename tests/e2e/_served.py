@@ -25,8 +25,9 @@ from leap_stream.tools.harness import (
     wait_for,
     worker_env,
 )
+from leap_stream.tools.sim.config import SimConfig
 from leap_stream.tools.sim.events import submission_events
-from leap_stream.tools.sim.fleet import SimConfig, simulate
+from leap_stream.tools.sim.fleet import simulate
 from leap_stream.train.trainer import fit, training_rows
 
 

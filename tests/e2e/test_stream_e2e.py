@@ -40,12 +40,13 @@ from leap_stream.tools.harness import (
     wait_for,
     worker_topics,
 )
+from leap_stream.tools.sim.config import SimConfig
 from leap_stream.tools.sim.events import (
     completion_events,
     completions_in_arrival_order,
     submission_events,
 )
-from leap_stream.tools.sim.fleet import SimConfig, simulate
+from leap_stream.tools.sim.fleet import simulate
 
 pytestmark = pytest.mark.e2e
 

@@ -17,8 +17,9 @@ from leap_stream.stream.client import RankingsClient
 from leap_stream.stream.kafka import KafkaClients
 from leap_stream.stream.lag import LagReader, total_lag, worker_groups
 from leap_stream.tools.harness import WorkerStack
+from leap_stream.tools.sim.config import SimConfig
 from leap_stream.tools.sim.events import submission_events
-from leap_stream.tools.sim.fleet import SimConfig, simulate
+from leap_stream.tools.sim.fleet import simulate
 
 pytestmark = [pytest.mark.e2e, pytest.mark.faults]
 

@@ -17,12 +17,13 @@ from leap_stream.store.artefact import write_model
 from leap_stream.store.offline import read_dataset
 from leap_stream.stream.kafka import produce_waiting
 from leap_stream.tools.harness import WorkerStack, aggregate_differences, lineage_differences
+from leap_stream.tools.sim.config import SimConfig
 from leap_stream.tools.sim.events import (
     completion_events,
     completions_in_arrival_order,
     submission_events,
 )
-from leap_stream.tools.sim.fleet import SimConfig, simulate
+from leap_stream.tools.sim.fleet import simulate
 
 # quick timers and short timeouts: faults must show within a test's patience
 FAULT_SETTINGS = {

@@ -16,7 +16,8 @@ from leap_stream.store.registry import MANIFEST, Registry, _manifest
 from leap_stream.stream.client import RankingsClient
 from leap_stream.stream.kafka import KafkaClients
 from leap_stream.tools.harness import wait_for
-from leap_stream.tools.sim.fleet import SimConfig, simulate
+from leap_stream.tools.sim.config import SimConfig
+from leap_stream.tools.sim.fleet import simulate
 
 pytestmark = pytest.mark.faults
 

@@ -167,8 +167,9 @@ def test_simulator_dataset_equals_flattened_simulator_events(tmp_path: Path) -> 
     """The contract both ways: the simulator's dataset.parquet is what the worker would write."""
     import orjson
 
+    from leap_stream.tools.sim.config import SimConfig
     from leap_stream.tools.sim.events import write_jsonl
-    from leap_stream.tools.sim.fleet import SimConfig, simulate
+    from leap_stream.tools.sim.fleet import simulate
 
     paths = write_jsonl(simulate(SimConfig(seed=2, days=1, rate=600)), tmp_path / "sim")
     subs = {}

@@ -23,8 +23,9 @@ from leap_stream.stream.output import OutputProducer
 from leap_stream.stream.serve import Publisher, RankService, create_app
 from leap_stream.stream.worker import ranking_core
 from leap_stream.tools.harness import free_port
+from leap_stream.tools.sim.config import SimConfig
 from leap_stream.tools.sim.events import submission_events
-from leap_stream.tools.sim.fleet import SimConfig, simulate
+from leap_stream.tools.sim.fleet import simulate
 from leap_stream.train.trainer import fit, training_rows
 
 pytestmark = pytest.mark.services

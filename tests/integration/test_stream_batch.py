@@ -25,12 +25,13 @@ from leap_stream.stream.client import RankingsClient
 from leap_stream.stream.kafka import KafkaClients
 from leap_stream.stream.lag import LagReader, total_lag
 from leap_stream.stream.output import DeliveryError, OutputProducer
+from leap_stream.tools.sim.config import SimConfig, SimResult
 from leap_stream.tools.sim.events import (
     completion_events,
     completions_in_arrival_order,
     submission_events,
 )
-from leap_stream.tools.sim.fleet import SimConfig, SimResult, simulate
+from leap_stream.tools.sim.fleet import simulate
 
 pytestmark = pytest.mark.services
 

@@ -25,8 +25,9 @@ from leap_stream.stream.kafka import KafkaClients
 from leap_stream.stream.lag import LagReader, total_lag
 from leap_stream.stream.submission_loop import SubmissionLoop, submissions_group
 from leap_stream.tools.harness import wait_for as _wait_for
+from leap_stream.tools.sim.config import SimConfig, SimResult
 from leap_stream.tools.sim.events import submission_events
-from leap_stream.tools.sim.fleet import SimConfig, SimResult, simulate
+from leap_stream.tools.sim.fleet import simulate
 
 pytestmark = pytest.mark.services
 

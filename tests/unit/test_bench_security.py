@@ -61,7 +61,8 @@ def test_a_pickle_next_to_a_good_model_is_never_read(
     import pandas as pd
 
     import leap_stream.train.trainer  # noqa: F401 - imported before pickle is disarmed
-    from leap_stream.tools.sim.fleet import SimConfig, simulate
+    from leap_stream.tools.sim.config import SimConfig
+    from leap_stream.tools.sim.fleet import simulate
     from leap_stream.train.trainer import fit, training_rows
 
     sim = simulate(SimConfig(seed=3, days=1, rate=1500))

@@ -14,6 +14,7 @@ from leap_stream.catalog import HardwareCatalog, load_catalog
 from leap_stream.contracts.schemas import validator
 from leap_stream.core.rows import SUBMISSION_COLUMNS
 from leap_stream.store.offline import DATASET_COLUMNS
+from leap_stream.tools.sim.config import DriftEvent, SimConfig, SimResult
 from leap_stream.tools.sim.events import (
     completion_events,
     completion_lines,
@@ -22,14 +23,7 @@ from leap_stream.tools.sim.events import (
     timeline,
     write_jsonl,
 )
-from leap_stream.tools.sim.fleet import (
-    DriftEvent,
-    FleetSimulator,
-    SimConfig,
-    SimResult,
-    jobs_from_frame,
-    simulate,
-)
+from leap_stream.tools.sim.fleet import FleetSimulator, jobs_from_frame, simulate
 from leap_stream.tools.sim.models import model_catalog
 from leap_stream.tools.sim.throughput import HardwareArrays, base_throughput, memory_per_device_gib
 
@@ -354,7 +348,8 @@ def test_dataset_rows_equal_what_the_offline_store_builds_from_the_events(
 
 
 def test_hardware_from_keeps_a_type_out_until_its_day() -> None:
-    from leap_stream.tools.sim.fleet import SimConfig, simulate
+    from leap_stream.tools.sim.config import SimConfig
+    from leap_stream.tools.sim.fleet import simulate
 
     plain = simulate(SimConfig(seed=2, days=3, rate=600))
     same = simulate(SimConfig(seed=2, days=3, rate=600, hardware_from=()))

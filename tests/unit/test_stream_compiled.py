@@ -18,8 +18,9 @@ from leap_stream.store.registry import Registry
 from leap_stream.stream import compiled as C
 from leap_stream.stream.metrics import Metrics
 from leap_stream.stream.models import RankerHolder
+from leap_stream.tools.sim.config import SimConfig, SimResult
 from leap_stream.tools.sim.events import submission_events
-from leap_stream.tools.sim.fleet import SimConfig, SimResult, simulate
+from leap_stream.tools.sim.fleet import simulate
 from leap_stream.train.trainer import TrainingRows, fit, training_rows
 
 pytest.importorskip("lleaves")  # the `compiled` extra is in the dev extras (Python < 3.13)

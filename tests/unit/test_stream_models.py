@@ -17,8 +17,9 @@ from leap_stream.store.artefact import read_model, write_model
 from leap_stream.store.registry import Registry
 from leap_stream.stream.metrics import Metrics
 from leap_stream.stream.models import RankerHolder, lookup_from_dataset
+from leap_stream.tools.sim.config import SimConfig, SimResult
 from leap_stream.tools.sim.events import submission_events
-from leap_stream.tools.sim.fleet import SimConfig, SimResult, simulate
+from leap_stream.tools.sim.fleet import simulate
 from leap_stream.train.trainer import fit, training_rows
 
 NOW = datetime(2026, 11, 2, tzinfo=UTC)

@@ -151,7 +151,8 @@ def test_lookup_scores_match_a_lookup_only_ranker() -> None:
     from leap_stream.core.ranker import Ranker
     from leap_stream.tools.backtest.scoring import _lookup_only
     from leap_stream.tools.backtest.truth import _candidates
-    from leap_stream.tools.sim.fleet import SimConfig, simulate
+    from leap_stream.tools.sim.config import SimConfig
+    from leap_stream.tools.sim.fleet import simulate
     from leap_stream.train import pit
 
     res = simulate(SimConfig(seed=5, days=2, rate=500))
@@ -170,7 +171,7 @@ def test_lookup_scores_match_a_lookup_only_ranker() -> None:
 
 def test_drift_recovery_follows_the_changed_family_and_vendor() -> None:
     from leap_stream.tools.backtest import drift_recovery
-    from leap_stream.tools.sim.fleet import DriftEvent
+    from leap_stream.tools.sim.config import DriftEvent
 
     key = "fv=dense_llm|nvidia"
 

@@ -66,7 +66,8 @@ def run_backtest(
     from tqdm import tqdm
 
     from leap_stream.catalog import load_catalog
-    from leap_stream.tools.sim.fleet import FleetSimulator, SimConfig
+    from leap_stream.tools.sim.config import SimConfig
+    from leap_stream.tools.sim.fleet import FleetSimulator
     from leap_stream.tools.sim.informed import InformedOracle
 
     catalog = load_catalog()

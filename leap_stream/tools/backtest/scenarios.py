@@ -43,7 +43,7 @@ DRIFT_OFFSETS = (-1, 0, 1, 2, 3, 5, 7)
 def parse_drift(text: str) -> Any:
     """FAMILY:VENDOR:DAY:FACTOR → the simulator's DriftEvent (ValueError naming what is off)."""
     from leap_stream.contracts.vocab import FAMILIES, VENDORS
-    from leap_stream.tools.sim.fleet import DriftEvent
+    from leap_stream.tools.sim.config import DriftEvent
 
     parts = text.split(":")
     if len(parts) != 4:

@@ -92,8 +92,9 @@ def build_world(
     from leap_stream.core.lookup import LookupTable
     from leap_stream.store.artefact import write_model
     from leap_stream.store.registry import Registry
+    from leap_stream.tools.sim.config import SimConfig
     from leap_stream.tools.sim.events import completion_events, submission_events
-    from leap_stream.tools.sim.fleet import SimConfig, simulate
+    from leap_stream.tools.sim.fleet import simulate
     from leap_stream.train.trainer import fit, training_rows
 
     tmp = Path(tempfile.mkdtemp(prefix="leap-bench-"))

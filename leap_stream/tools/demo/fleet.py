@@ -34,7 +34,8 @@ class Fleet:
 
 
 def simulate_fleet(opts: DemoOptions) -> Fleet:
-    from leap_stream.tools.sim.fleet import SimConfig, simulate
+    from leap_stream.tools.sim.config import SimConfig
+    from leap_stream.tools.sim.fleet import simulate
 
     cfg = SimConfig(seed=opts.seed, days=opts.days_history + 2, rate=opts.per_day)
     res = simulate(cfg)

@@ -16,7 +16,7 @@ import orjson
 
 from leap_stream.settings import Settings
 from leap_stream.stream.kafka import KafkaClients, produce_waiting
-from leap_stream.tools.sim.fleet import SimConfig
+from leap_stream.tools.sim.config import SimConfig
 
 
 def register(parser: argparse.ArgumentParser) -> None:

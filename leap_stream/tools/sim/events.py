@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 
 from leap_stream.contracts.events import JobSubmitted
 from leap_stream.contracts.timestamps import epoch_ms, format_column
-from leap_stream.tools.sim.fleet import SimResult
+from leap_stream.tools.sim.config import SimResult
 
 
 def submission_events(subs: pd.DataFrame) -> list[JobSubmitted]:
