@@ -67,6 +67,7 @@ class TrainingSpec(TypedDict):
     tensor_parallel: int
     pipeline_parallel: int
     activation_checkpointing: bool
+    planned_samples: NotRequired[float]  # the user's estimate of the samples it will train on
 
 
 class JobSubmitted(TypedDict):

@@ -365,3 +365,24 @@ def test_hardware_from_keeps_a_type_out_until_its_day() -> None:
     assert len(early) and not (early["hardware_type"] == "mi355x").any()
     with pytest.raises(ValueError, match="catalog lacks"):
         simulate(SimConfig(seed=2, days=1, rate=100, hardware_from=(("no-such", 1),)))
+
+
+def test_submissions_carry_their_users_estimate_of_the_work() -> None:
+    """`planned_samples`: the attempt's planned work on its default type, off by the user's
+    lognormal error (σ 0.5); a job that succeeded on its default type processed its planned
+    work, so the estimate over what it processed is that error alone."""
+    sim = simulate(SimConfig(seed=3, days=1, rate=3000))
+    subs, comps = sim.submissions, sim.completions
+    planned = subs["planned_samples"].to_numpy(np.float64)
+    assert np.isfinite(planned).all() and (planned > 0).all()
+    events = submission_events(subs.head(50))  # schema-valid: test_every_event_is_schema_valid
+    assert [e["training"]["planned_samples"] for e in events] == planned[:50].tolist()
+    done = comps.merge(subs, on=["job_id", "attempt"], suffixes=("", "_sub"))
+    done = done[
+        (done["status"] == "succeeded") & (done["hardware_type"] == done["default_hardware"])
+    ]
+    processed = done["steps"].to_numpy(np.float64) * done["global_batch_size"].to_numpy(np.float64)
+    error = np.log(done["planned_samples"].to_numpy(np.float64) / processed)
+    assert len(error) > 500
+    assert abs(float(np.median(error))) < 0.1
+    assert 0.4 < float(np.std(error)) < 0.6

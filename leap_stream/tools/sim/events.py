@@ -23,7 +23,8 @@ from leap_stream.tools.sim.config import SimResult
 
 
 def submission_events(subs: pd.DataFrame) -> list[JobSubmitted]:
-    """One job-submitted event per row of a submissions frame."""
+    """One job-submitted event per row of a submissions frame (with its ``planned_samples``
+    where the frame has them)."""
     split_cache: dict[str, list[str]] = {}
     cands = []
     for c in subs["candidate_hardware"].tolist():
@@ -60,7 +61,7 @@ def submission_events(subs: pd.DataFrame) -> list[JobSubmitted]:
         subs["default_hardware"].tolist(),
         strict=True,
     )
-    return [
+    events: list[JobSubmitted] = [
         {
             "schema_version": 1,
             "event_id": eid,
@@ -123,6 +124,11 @@ def submission_events(subs: pd.DataFrame) -> list[JobSubmitted]:
             dflt,
         ) in rows
     ]
+    if "planned_samples" in subs.columns:
+        for ev, planned in zip(events, subs["planned_samples"].tolist(), strict=True):
+            if planned == planned and planned > 0:  # not NaN
+                ev["training"]["planned_samples"] = float(planned)
+    return events
 
 
 def completion_events(comp: pd.DataFrame) -> list[dict[str, Any]]:
@@ -244,6 +250,12 @@ def _submission_array(subs: pd.DataFrame) -> pa.Array | None:
         pa.scalar("true", _LS),
         pa.scalar("false", _LS),
     )
+    planned: list[Any] = []
+    if "planned_samples" in subs.columns:
+        values = subs["planned_samples"].to_numpy(np.float64)
+        if not (np.isfinite(values) & (values > 0)).all():
+            return None  # the per-event path leaves the field out where it has none
+        planned = [',"planned_samples":', _floats(subs["planned_samples"])]
     return _join(
         [
             '{"schema_version":1,"event_id":"',
@@ -294,6 +306,7 @@ def _submission_array(subs: pd.DataFrame) -> pa.Array | None:
             _ints(subs["pipeline_parallel"]),
             ',"activation_checkpointing":',
             ckpt,
+            *planned,
             '},"candidate_hardware":',
             cands,
             ',"default_hardware":"',

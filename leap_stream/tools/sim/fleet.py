@@ -32,6 +32,8 @@ from leap_stream.tools.sim.config import (
     FRAMEWORK_VERSIONS,
     MAX_DEVICES,
     OPT_P,
+    PLANNED_SAMPLES_SIGMA,
+    PLANNED_SAMPLES_STREAM,
     POPULARITY,
     PREC_P,
     REFERENCE_MEMORY_GIB,
@@ -523,6 +525,7 @@ class FleetSimulator:
         cand = self._lin["cand"][s["lin"]] & self.available(d)
         subs = self._submissions_frame(s, ids, cand)
         true, measured, truth, pos = self._truth(rng, d, s, ids, cand)
+        subs["planned_samples"] = self._planned_samples(d, s, true, pos)
         chosen, invalid = self._choose(policy, subs, s, cand)
         comp, has_thr, ended = self._completions_frame(s, ids, true, measured, pos, chosen)
         subs["has_prior"] = self._has_prior(s, has_thr, ended)
@@ -666,6 +669,21 @@ class FleetSimulator:
             invalid = int((~ok).sum())
             chosen = np.where(ok, p_idx, chosen)
         return chosen, invalid
+
+    def _planned_samples(
+        self,
+        d: int,
+        s: dict[str, np.ndarray[Any, Any]],
+        true: np.ndarray[Any, Any],
+        pos: np.ndarray[Any, Any],
+    ) -> F64:
+        """What each attempt's user says it will process: the samples its planned hours take on
+        its default type, off by a lognormal factor (σ `PLANNED_SAMPLES_SIGMA`: jobs end early,
+        run longer). Drawn from a stream of its own, so the fleet's other draws do not move."""
+        rows = np.arange(len(s["lin"]))
+        work = s["planned_h"] * 3600.0 * true[pos[rows, s["default"]]]
+        own = np.random.default_rng([self.config.seed, d, PLANNED_SAMPLES_STREAM])
+        return np.asarray(work * np.exp(own.normal(0.0, PLANNED_SAMPLES_SIGMA, len(rows))))
 
     def _completions_frame(
         self,
