@@ -31,6 +31,14 @@ def test_tiny_backtest_reports_every_predictor() -> None:
     assert summary["oracle"]["regret"] < 0.05
     assert summary["oracle"]["top1"] >= summary["model"]["top1"]
     assert summary["model"]["coverage"] > 0.95
+    # closed loop by default: the jobs ran on the ranking's first choice
+    assert summary["policy"] == "ranked"
+    assert summary["model"]["regret_top1pct"] >= summary["oracle"]["regret_top1pct"] >= 0.0
+    night = summary["per_night"][0]
+    assert 0.0 <= night["transfer_accuracy"] <= 1.0
+    assert night["transfer_accuracy"] == round(
+        night["by_anchor"]["all"]["transfer"][1] / night["by_anchor"]["all"]["transfer"][0], 4
+    )
     # the first candidate and those within the noise of it: at least the first, and holding the
     # measured best at least as often as the first alone
     assert summary["model"]["noise_set_size"] >= 1.0
@@ -219,3 +227,13 @@ def test_new_hardware_summary_finds_the_night_it_is_routed() -> None:
     assert out["savings_share_of_oracle"] == round((0.2 + 0.3 + 0.3) / 3 / 0.4, 4)
     never = new_hardware_summary([night(0, 5, 0.1)] * 2, "x", from_day=0, warmup_days=14)
     assert never["nights_until_routed"] is None
+
+
+def test_the_regret_of_the_worst_jobs_sums_the_largest_share() -> None:
+    from leap_stream.tools.backtest.scoring import regret_of_the_worst
+
+    regret = np.asarray([5.0, 0.0, 100.0, 1.0] + [0.5] * 196)  # 200 jobs: the top 1 % is 2
+    assert regret_of_the_worst(regret) == 105.0
+    assert regret_of_the_worst(regret, share=0.5) == 5.0 + 100.0 + 1.0 + 0.5 * 97
+    assert regret_of_the_worst(np.asarray([3.0])) == 3.0  # at least one job
+    assert regret_of_the_worst(np.asarray([])) == 0.0

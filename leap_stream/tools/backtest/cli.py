@@ -95,7 +95,14 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="subsample the nightly training rows to at most this many (0: all)",
     )
     parser.add_argument("--ablate", default="", help="feature groups to drop, e.g. prior,specs")
-    parser.add_argument("--policy", choices=("default", "ranked"), default="default")
+    parser.add_argument(
+        "--policy",
+        choices=("ranked", "default"),
+        default="ranked",
+        help="ranked (closed loop, the default): every job runs on the ranking's first choice, "
+        "so the history and the training rows grow from those runs; default (open loop): jobs "
+        "run where their users asked, whatever the ranking said",
+    )
     parser.add_argument(
         "--new-hardware",
         metavar="TYPE",

@@ -50,7 +50,7 @@ def run_backtest(
     warmup_days: int = 14,
     rate: int = DEFAULT_RATE,
     ablate: list[str] | None = None,
-    policy: str = "default",
+    policy: str = "ranked",
     progress: bool = True,
     train_window_days: int = TRAIN_WINDOW_DAYS,
     train_rows: int = TRAIN_ROWS,

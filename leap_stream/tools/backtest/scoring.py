@@ -123,6 +123,7 @@ def _predictor_metrics(
     if hi is not None:
         m.update(_noise_set(tr, p, hi, usable, e))
     m["regret"] = float(chosen_cost[e].sum() / best_cost[e].sum() - 1.0) if e.any() else 0.0
+    m["regret_top1pct"] = regret_of_the_worst(chosen_cost[e] - best_cost[e])
     m["savings"] = float(1.0 - chosen_cost[e].sum() / tr.cost_default[e].sum()) if e.any() else 0.0
     has = tr.has_cand
     m["coverage"] = float(covered[has].mean()) if has.any() else 0.0
@@ -131,6 +132,15 @@ def _predictor_metrics(
         float(tr.dev_hours[covered & has].sum() / hours) if hours > 0 else 0.0
     )
     return m
+
+
+def regret_of_the_worst(regret: np.ndarray, share: float = 0.01) -> float:
+    """The regret (cost of the choice less the measured best's, in dollars) of the ``share`` of
+    jobs with the most of it: where the savings are lost (docs/decisions/0006)."""
+    if len(regret) == 0:
+        return 0.0
+    k = max(1, int(np.ceil(share * len(regret))))
+    return float(np.sort(regret)[-k:].sum())
 
 
 def _score_night(
@@ -235,6 +245,9 @@ def _night_eval(
                 none,
                 np.full(len(base), np.nan),
             )
+        # the rows a closed loop moves: the lineage's prior on another type, over every candidate
+        rows, hits = (out["by_anchor"]["all"].get("transfer") or [0, 0])[:2]
+        out["transfer_accuracy"] = round(hits / rows, 4) if rows else None
     if watch is not None:
         out["new_hardware"] = _watched_type(
             watch, base, tr, preds["model"], usable_m, inside, width

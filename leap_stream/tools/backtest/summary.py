@@ -43,6 +43,7 @@ def _summarise(
         "median_ape",
         "top1",
         "regret",
+        "regret_top1pct",
         "savings",
         "coverage",
         "coverage_device_hours",
