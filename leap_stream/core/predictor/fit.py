@@ -17,8 +17,6 @@ from leap_stream.core.columns import (
 )
 from leap_stream.core.intervals import (
     MIN_TYPE_ROWS,
-    conformal,
-    normalised,
 )
 from leap_stream.core.predictor.metadata import ModelMetadata
 from leap_stream.core.predictor.params import (
@@ -144,23 +142,6 @@ class _LeftOut:
             frame.iloc[scored]
         )
         return cls(types, blind, moved)
-
-    def scale(
-        self, y: np.ndarray, quantiles: dict[str, list[float]], far: np.ndarray
-    ) -> float | None:
-        """The conformal `INTERVAL_LEVEL` quantile (at least 1) of these estimates' residuals,
-        each over its kind's quantile on its side (a moved one also over its move's width
-        `far`); None with fewer than `MIN_TYPE_ROWS`."""
-        z = np.concatenate(
-            [
-                normalised(y - self.blind, *quantiles["model"]),
-                normalised((y - self.moved) / far, *quantiles["transfer"]),
-            ]
-        )
-        z = z[np.isfinite(z)]
-        if len(z) < MIN_TYPE_ROWS:
-            return None
-        return round(max(1.0, conformal(z)), 4)
 
 
 def _types_to_leave_out(frame: pd.DataFrame, hw: np.ndarray, calib: np.ndarray) -> list[str]:

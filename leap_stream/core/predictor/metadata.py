@@ -14,10 +14,7 @@ import pandas as pd
 from leap_stream.core.columns import (
     f64,
 )
-from leap_stream.core.intervals import (
-    INTERVAL_LEVEL,
-    IntervalScale,
-)
+from leap_stream.core.intervals import INTERVAL_LEVEL, Calibration
 from leap_stream.core.predictor.params import KINDS, SUPPORT_COLUMNS, SUPPORT_QUANTILES
 
 if TYPE_CHECKING:
@@ -44,7 +41,7 @@ class ModelMetadata(TypedDict):
     pair_effects: NotRequired[dict[str, float]]
     pair_rows: NotRequired[dict[str, int]]  # training rows per pair (of the pair sample)
     support: NotRequired[dict[str, list[float]]]
-    interval_scale: NotRequired[IntervalScale]
+    calibration: NotRequired[Calibration]  # the one interval calibration (core/intervals.py)
     ratio_features: NotRequired[list[str]]
     ratio_best_iteration: NotRequired[int]
     ratio_base: NotRequired[str]  # `PHYSICS_RATIO`, or absent: the ratio model's whole ratio

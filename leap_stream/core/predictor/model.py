@@ -47,18 +47,16 @@ from leap_stream.core.columns import (
 )
 from leap_stream.core.intervals import (
     MIN_BUCKET_ROWS,
+    MIN_TYPE_ROWS,
+    Calibration,
+    bin_quantiles,
+    calibration_bin,
     crosses_vendor,
     devices_changed,
-    further_factor,
+    fit_calibration,
     kind_quantiles,
-    move_factor,
-    move_width,
-    normalised,
-    row_scales,
-    spread_ratio,
-    transfer_width,
-    type_scales,
-    unseen_pair_scale,
+    scale_terms,
+    sigma,
 )
 from leap_stream.core.predictor.fit import (
     _bagging_fraction,
@@ -76,8 +74,6 @@ from leap_stream.core.predictor.pairs import RARE_PAIR_ROWS, _pair_effects, _pai
 from leap_stream.core.predictor.params import (
     COMPILED_KIND,
     DEFAULT_PARAMS,
-    KIND_SELF,
-    KIND_TRANSFER,
     KINDS,
     LIGHTGBM_KIND,
     LOG_FLOAT_MAX,
@@ -145,23 +141,20 @@ class ThroughputModel:
         q = metadata["residual_quantiles"]
         self._qlo = np.asarray([q[k][0] for k in KINDS], np.float64)
         self._qhi = np.asarray([q[k][1] for k in KINDS], np.float64)
-        scale = metadata.get("interval_scale")
-        by_type: dict[str, float] = dict(scale["by_type"]) if scale else {}
-        # type -> position in `_scales`, whose last entry (code -1) is the sparse scale
-        self._type_code = {t: i for i, t in enumerate(by_type)}
-        self._sparse_scale = float(scale["sparse"]) if scale else 1.0
-        self._scales = np.asarray([*by_type.values(), self._sparse_scale], np.float64)
-        self._unseen_pair_scale = float(scale.get("unseen_pair", 1.0)) if scale else 1.0
-        self._unseen_type_scale = float(scale.get("unseen_type", 0.0)) if scale else 0.0
-        self._devices_changed = float(scale.get("devices_changed", 1.0)) if scale else 1.0
-        self._transfer_move = float(scale.get("transfer_move", 0.0)) if scale else 0.0
-        self._cross_vendor = float(scale.get("cross_vendor", 1.0)) if scale else 1.0
+        # the interval calibration; a model without one (trained before it) gives each anchor
+        # kind's residual quantiles, the same for every row
+        cal = metadata.get("calibration")
+        self._calibration: Calibration | None = cal
+        self._type_code: dict[str, int] = {}
+        if cal is not None:
+            self._type_code = {t: i for i, t in enumerate(cal["by_type"])}
+            self._bin_lo, self._bin_hi = bin_quantiles(cal)
         # which (model type × hardware) pairs the training rows had enough of for the type's
         # own interval: at least `rare_pair_rows` (1, their effects' keys, for older models)
         self._pair_common = np.zeros(self._pair_table.shape, bool)
         if split:
             rows = metadata.get("pair_rows") or {}
-            least = int(scale.get("rare_pair_rows", 1)) if scale else 1
+            least = RARE_PAIR_ROWS
             common = [rows.get(k, least) >= least for k in pairs]
             self._pair_common[mi, hi] = np.asarray(common, bool)
 
@@ -327,8 +320,9 @@ class ThroughputModel:
         cal: np.ndarray,
         left_out: _LeftOut | None = None,
     ) -> None:
-        """Conformal quantiles and calibration figures on held-out lineages, every applicable
-        anchor per row (into the metadata); with `left_out`, the unseen-type scale."""
+        """The interval calibration and calibration figures on held-out lineages, every
+        applicable anchor per row (into the metadata); `left_out`'s rows calibrate a type with
+        too few held-out rows of its own."""
         cf = frame.loc[cal]
         yc = y[cal]
         blind, moved = self._log_pd_parts(cf)
@@ -342,55 +336,59 @@ class ThroughputModel:
         kind = anchor_kind(cf, self.groups)
         pred = np.choose(kind, [cf["self_log_pd"].to_numpy(np.float64), moved, blind])
         ape = np.abs(np.expm1(pred - yc))
-        # transfer residuals in units of their move's width: a prior moved far errs more, and a
-        # ranking moves priors further than lineages did (docs/decisions/0002)
-        move = moved - f64(cf, "other_log_pd")
-        transfer_move = move_width(move, resid["transfer"])
-        resid["transfer"] = resid["transfer"] / move_factor(transfer_move, move)
-        # and in units of the vendor crossing's width (docs/decisions/0003)
-        cross = crosses_vendor(cf)
-        cross_vendor = spread_ratio(resid["transfer"], cross)
-        resid["transfer"] = resid["transfer"] / np.where(cross, cross_vendor, 1.0)
-        quantiles = kind_quantiles(resid)
-        self.metadata["residual_quantiles"] = quantiles
-        own = np.choose(kind, [resid["self"], resid["transfer"], resid["model"]])
-        lo = np.asarray([quantiles[k][0] for k in KINDS])[kind]
-        hi = np.asarray([quantiles[k][1] for k in KINDS])[kind]
-        hw = cf["hardware_type"].to_numpy(object)
-        self.metadata["interval_scale"] = type_scales(hw, own, lo, hi)
-        if transfer_move > 0.0:
-            self.metadata["interval_scale"]["transfer_move"] = transfer_move
-        if cross_vendor != 1.0:
-            self.metadata["interval_scale"]["cross_vendor"] = cross_vendor
-        type_scale = row_scales(self.metadata["interval_scale"], hw)
-        pair_rows = self.metadata.get("pair_rows") or {}
-        mt_hw = _pair_keys(cf["model_type"].to_numpy(object), hw)
-        rows_of_pair = pd.Series(pair_rows, dtype=np.float64).reindex(mt_hw).fillna(0.0)
-        unseen = unseen_pair_scale(
-            type_scale,
-            rows_of_pair.to_numpy() < RARE_PAIR_ROWS,
-            [(resid[k], *quantiles[k]) for k in ("transfer", "model")],
-        )
-        if unseen is not None:
-            self.metadata["interval_scale"]["unseen_pair"] = unseen
-            self.metadata["interval_scale"]["rare_pair_rows"] = RARE_PAIR_ROWS
-        changed = devices_changed(cf)
-        z_changed = normalised(resid["self"], *quantiles["self"])[changed]
-        factor = further_factor(z_changed, type_scale[changed])
-        if factor is not None:
-            self.metadata["interval_scale"]["devices_changed"] = factor
-        if left_out is not None:
-            far = transfer_width(frame, left_out.moved, transfer_move, cross_vendor)
-            unseen_type = left_out.scale(y, quantiles, far)
-            if unseen_type is not None:
-                self.metadata["interval_scale"]["unseen_type"] = unseen_type
-                self.metadata["interval_scale"]["unseen_type_from"] = left_out.types
+        self.metadata["residual_quantiles"] = kind_quantiles(resid)
+        self.metadata["calibration"] = self._one_calibration(cf, resid, moved, left_out, frame, y)
         self.metadata["metrics"] = {
             "calib_rows": int(cal.sum()),
             "calib_accuracy_10pct": float(np.mean(ape <= 0.10)),
             "calib_mape": float(np.mean(ape)),
             "calib_rows_by_kind": {k: int(np.isfinite(v).sum()) for k, v in resid.items()},
         }
+
+    def _one_calibration(
+        self,
+        cf: pd.DataFrame,
+        resid: dict[str, np.ndarray],
+        moved: np.ndarray,
+        left_out: _LeftOut | None,
+        frame: pd.DataFrame,
+        y: np.ndarray,
+    ) -> Calibration:
+        """The one calibration (core/intervals.py): every held-out row under every anchor kind
+        it can have, and the rows of the types left out of a refit as a few-rows type."""
+        hw = cf["hardware_type"].to_numpy(object).astype(str)
+        counts = pd.Series(hw).value_counts()
+        known = {str(t) for t, n in counts.items() if n >= MIN_TYPE_ROWS}
+        few = ~np.isin(hw, list(known))
+        pair_rows = self.metadata.get("pair_rows") or {}
+        mt_hw = _pair_keys(cf["model_type"].to_numpy(object), hw)
+        seen = pd.Series(pair_rows, dtype=np.float64).reindex(mt_hw).fillna(0.0).to_numpy()
+        rare = seen < RARE_PAIR_ROWS
+        move = moved - f64(cf, "other_log_pd")
+        cross, changed = crosses_vendor(cf), devices_changed(cf)
+        fam = cf["family"].to_numpy(object).astype(str)
+        parts = []
+        for code, name in enumerate(KINDS):
+            k = np.full(len(cf), code, np.int64)
+            t = scale_terms(k, move, cross, rare, changed, few)
+            parts.append((resid[name], t, hw, fam, k, few))
+        if left_out is not None:
+            rows = np.isfinite(left_out.blind)
+            lf = frame.loc[rows]
+            lhw = lf["hardware_type"].to_numpy(object).astype(str)
+            ones = np.ones(int(rows.sum()), bool)
+            lmove = left_out.moved[rows] - f64(lf, "other_log_pd")
+            for code, est in ((2, left_out.blind[rows]), (1, left_out.moved[rows])):
+                k = np.full(len(lhw), code, np.int64)
+                t = scale_terms(k, lmove, crosses_vendor(lf), ones, devices_changed(lf), ones)
+                lfam = lf["family"].to_numpy(object).astype(str)
+                parts.append((y[rows] - est, t, lhw, lfam, k, ones))
+        r = np.concatenate([p[0] for p in parts])
+        terms = np.concatenate([p[1] for p in parts])
+        types = np.concatenate([p[2] for p in parts])
+        families = np.concatenate([p[3] for p in parts])
+        bins = np.concatenate([calibration_bin(p[4], p[5]) for p in parts])
+        return fit_calibration(r, terms, types, families, bins, known)
 
     # --- serving
     def _log_pd_parts(self, frame: Frame, skip_self: bool = False) -> tuple[np.ndarray, np.ndarray]:
@@ -500,48 +498,46 @@ class ThroughputModel:
         log_total = log_pd + f64(frame, "log_devices")
         p50 = np.exp(log_total)
         widen = self.support_excess(frame) if excess is None else excess
-        scale = self.interval_scale(frame, kind)
-        if self._transfer_move or self._cross_vendor != 1.0:
-            far = transfer_width(frame, moved, self._transfer_move, self._cross_vendor)
-            scale = np.where(kind == KIND_TRANSFER, scale * far, scale)
-        low = np.exp(log_total + self._qlo[kind] * scale - widen)
+        if self._calibration is not None:
+            lo, hi = self._calibrated(frame, kind, moved)
+        else:
+            lo, hi = self._qlo[kind], self._qhi[kind]
+        low = np.exp(log_total + lo - widen)
         # a job far outside the support (widen ~ 700 log units) must still get a number
-        high = np.exp(np.fmin(log_total + self._qhi[kind] * scale + widen, LOG_FLOAT_MAX))
+        high = np.exp(np.fmin(log_total + hi + widen, LOG_FLOAT_MAX))
         return p50, low, high
 
-    def interval_scale(self, frame: Frame, kind: np.ndarray | None = None) -> np.ndarray:
-        """Per row, its hardware type's interval scale (`IntervalScale`), times the unseen-pair
-        factor where the training rows had its (model type × hardware) fewer than
-        ``rare_pair_rows`` times (never, for an older model) and the row is not anchored on its
-        own prior there (``kind``; every row when not given); 1 for a model calibrated before
-        types had scales. A type with too few held-out rows for a scale of its own gets at
-        least the unseen-type scale (a model fitted with one), except where anchored on its
-        own prior. A row anchored on the lineage's own prior measured on another device count
-        gets the devices-changed factor (a model fitted with one)."""
-        few: np.ndarray | None = None
-        if not self._type_code:
-            out = np.full(len(frame), self._sparse_scale)
-        else:
-            code = column_codes(frame, "hardware_type", self._type_code)
-            out = np.asarray(self._scales[code])
-            few = code < 0
-        not_self = np.ones(len(frame), bool) if kind is None else kind != KIND_SELF
-        if self._unseen_pair_scale != 1.0:
-            mt = column_codes(frame, "model_type", self._pair_mt)
-            hc = column_codes(frame, "hardware_type", self._pair_hw)
-            common = self._pair_common[mt, hc]  # -1: the padding, unseen
-            out = np.where(common | ~not_self, out, out * self._unseen_pair_scale)
-        if few is not None and self._unseen_type_scale > 0.0:
-            widen = few & not_self
-            out = np.where(widen, np.fmax(out, self._unseen_type_scale), out)
-        if self._devices_changed != 1.0:
-            moved = ~not_self & devices_changed(frame)
-            out = np.where(moved, out * self._devices_changed, out)
-        return out
+    def _calibrated(
+        self, frame: Frame, kind: np.ndarray, moved: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(low, high) log offsets of each row's interval from the model's one calibration."""
+        assert self._calibration is not None
+        hw = np.asarray(frame["hardware_type"], object)
+        few = column_codes(frame, "hardware_type", self._type_code) < 0
+        terms = scale_terms(
+            kind,
+            moved - f64(frame, "other_log_pd"),
+            crosses_vendor(frame),
+            self._rare_pair(frame),
+            devices_changed(frame),
+            few,
+        )
+        family = np.asarray(frame["family"], object)
+        b = calibration_bin(kind, few)
+        s = sigma(self._calibration, terms, hw, family)
+        return self._bin_lo[b] * s, self._bin_hi[b] * s
+
+    def _rare_pair(self, frame: Frame) -> np.ndarray:
+        """Per row: its (model type × hardware) pair had fewer than `RARE_PAIR_ROWS` training
+        rows."""
+        mt = column_codes(frame, "model_type", self._pair_mt)
+        hc = column_codes(frame, "hardware_type", self._pair_hw)
+        return np.asarray(~self._pair_common[mt, hc])
 
     def few_measurements(self, frame: Frame) -> np.ndarray:
-        """Per row: its hardware type had too few held-out measurements for a scale of its own
-        (its interval is the widest known type's); False for a model without type scales."""
+        """Per row: its hardware type had too few held-out measurements for an offset of its
+        own (its interval is calibrated on the types left out of a refit); False for a model
+        without a calibration."""
         if not self._type_code:
             return np.zeros(len(frame), bool)
         return np.asarray(column_codes(frame, "hardware_type", self._type_code) < 0)
