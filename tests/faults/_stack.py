@@ -128,7 +128,9 @@ def check_nothing_lost(
     assert len(ids) == len(set(ids)), "a completion appears twice in the dataset"
     want = {c["event_id"] for c in fl.comps}
     lost = want - set(ids)
-    assert not lost, f"{len(lost)} completions missing from the dataset"
+    assert not lost, (
+        f"{len(lost)} completions missing from the dataset: {_whereabouts(stack, fl, lost)}"
+    )
     assert set(ids) == want
     book = HistoryBook()
     arrival = stack.comp_offsets
@@ -169,6 +171,20 @@ def check_nothing_lost(
     )
     store.r.close()
     return {"rankings": len(latest), "dataset_rows": len(ids), "lineages": len(book.lineage_ids)}
+
+
+def _whereabouts(stack: Stack, fl: Fleet, lost: set[str]) -> list[tuple[Any, ...]]:
+    """For a failure message: the first missing completions' offsets, whether Redis applied
+    them (their dedup marker), their status and end."""
+    store = stack.online_store()
+    by_id = {c["event_id"]: c for c in fl.comps}
+    out = []
+    for e in sorted(lost)[:10]:
+        c = by_id[e]
+        seen = store.r.get(store.keys.seen(e, c["model_type"]))
+        out.append((e, stack.comp_offsets.get(e), seen, c["status"], c["ended_at"]))
+    store.r.close()
+    return out
 
 
 def promote_model(registry_dir: Path, dataset: pd.DataFrame, rounds: int = 30) -> str:
