@@ -140,8 +140,19 @@ class Measurement:
     pending: Timed | None = None  # quarantined, awaiting corroboration (no prior while alone)
 
 
+def window_median(recent: Sequence[Timed]) -> float:
+    """The median of a window's values: the prior, in log per-device samples/s."""
+    return median([x for _at, x in recent])
+
+
+def window_with(recent: Sequence[Timed], this: Timed, rules: HistoryRules) -> tuple[Timed, ...]:
+    """The window once ``this`` is added: the newest ``rules.recent`` by measured_at (ties by
+    value), so the same set of accepted values gives the same window."""
+    return tuple(sorted((*recent, this)))[-rules.recent :]
+
+
 def prior_samples_per_s(recent: Sequence[Timed], num_devices: int) -> float:
-    return math.exp(median([x for _at, x in recent])) * num_devices
+    return math.exp(window_median(recent)) * num_devices
 
 
 def measurement(
@@ -205,7 +216,7 @@ def refreshed(
     stands once the last one is ``speed_period_s`` old (or where none was kept yet)."""
     if previous is None or not previous.recent:
         return guard
-    prior = median([v for _at, v in previous.recent])
+    prior = window_median(previous.recent)
     if guard is None:
         return Guard(prior, t)
     if guard.reference is None or t - guard.since >= rules.speed_period_s:
@@ -231,7 +242,7 @@ def guard_after(
     """The guard once a measurement got ``verdict`` and the entry became ``entry``."""
     if verdict in QUARANTINE_RULES:
         return replace(guard or Guard(None, t), pending_t=t, pending_job=job)
-    prior = median([v for _at, v in entry.recent])
+    prior = window_median(entry.recent)
     if verdict == "corroborated":
         return Guard(prior, t, jumped_at=t)
     if guard is None or guard.reference is None:
@@ -291,7 +302,7 @@ def judge(
     if submitted_devices is not None and num_devices != submitted_devices:
         rule = "devices"
     elif previous is not None and previous.recent and num_devices == previous.num_devices:
-        ref = median([v for _at, v in previous.recent])
+        ref = window_median(previous.recent)
         rule = "lineage" if abs(x - ref) > rules.lineage_limit else None
     elif aggregate is not None and aggregate.count >= rules.aggregate_min_count:
         off = abs(x - aggregate.ewma_log_per_device)
@@ -331,8 +342,8 @@ def _too_fast(
 ) -> bool:
     if previous is None or not previous.recent or guard is None or guard.reference is None:
         return False
-    window = sorted((*previous.recent, (measured_at, x)))[-rules.recent :]
-    return abs(median([v for _at, v in window]) - guard.reference) > rules.speed_limit
+    window = window_with(previous.recent, (measured_at, x), rules)
+    return abs(window_median(window) - guard.reference) > rules.speed_limit
 
 
 def apply_measurement(
@@ -359,7 +370,7 @@ def apply_measurement(
     if previous is None or not previous.recent:
         count = 0 if previous is None else previous.count
         return measurement((this,), num_devices, measured_at, count + 1, None)
-    recent = tuple(sorted((*previous.recent, this)))[-rules.recent :]
+    recent = window_with(previous.recent, this, rules)
     if measured_at < previous.measured_at:  # a late arrival: the newest keeps its device count
         nd, at = previous.num_devices, previous.measured_at
         return measurement(recent, nd, at, previous.count + 1, None)
@@ -523,12 +534,6 @@ class HistoryBook:
     def lineage(self, lineage_id: str) -> LineageHistory:
         """The types this lineage has a prior on (quarantine-only entries are not history)."""
         return {t: m for t, m in self._lineages.get(lineage_id, {}).items() if m.recent}
-
-    def guard(self, lineage_id: str, hardware_type: str) -> Guard | None:
-        return self._guards.get((lineage_id, hardware_type))
-
-    def aggregate_guard(self, model_type: str, hardware_type: str) -> Guard | None:
-        return self._aggregate_guards.get((model_type, hardware_type))
 
     def entries(self, lineage_id: str) -> dict[str, Measurement]:
         """Every entry, quarantine-only ones included (what the online store holds)."""

@@ -159,26 +159,30 @@ def fit_calibration(
     n_terms = 1 + X.shape[1]
     coef = {"const": round(float(beta[0]), 4)}
     coef.update({n: round(float(w), 4) for n, w in zip(SCALE_TERMS, beta[1:n_terms], strict=True)})
-    offsets = beta[n_terms:]
+    shifts = beta[n_terms:]
     cal: Calibration = {
         "coef": coef,
-        "by_type": {x: round(float(w), 4) for x, w in zip(types, offsets, strict=False)},
+        "by_type": {x: round(float(w), 4) for x, w in zip(types, shifts, strict=False)},
         "by_family": {
-            x: round(float(w), 4) for x, w in zip(families, offsets[len(types) :], strict=True)
+            x: round(float(w), 4) for x, w in zip(families, shifts[len(types) :], strict=True)
         },
         "quantiles": {},
     }
-    z = r / sigma(cal, X, t, f)
+    z = r / sigma(cal, X, offsets(cal, t, f))
     cal["quantiles"] = kind_quantiles({BINS[k]: z[b == k] for k in np.unique(b)})
     return cal
 
 
-def sigma(cal: Calibration, terms: np.ndarray, hw: np.ndarray, family: np.ndarray) -> np.ndarray:
-    """σ(x) per row (0 offset for a type or family without one of its own)."""
+def offsets(cal: Calibration, hw: np.ndarray, family: np.ndarray) -> np.ndarray:
+    """Per row, its type's and its family's log-σ offsets (0 for one without its own)."""
+    by_type = map_values(np.asarray(hw, object), cal["by_type"], 0.0)
+    return by_type + map_values(np.asarray(family, object), cal["by_family"], 0.0)
+
+
+def sigma(cal: Calibration, terms: np.ndarray, offset: np.ndarray) -> np.ndarray:
+    """σ(x) per row from its terms and its `offsets`."""
     coef = cal["coef"]
     w = np.asarray([coef[name] for name in SCALE_TERMS], np.float64)
-    offset = map_values(np.asarray(hw, object), cal["by_type"], 0.0)
-    offset = offset + map_values(np.asarray(family, object), cal.get("by_family", {}), 0.0)
     return np.asarray(np.exp(coef["const"] + terms @ w + offset))
 
 

@@ -70,7 +70,7 @@ from leap_stream.core.predictor.fit import (
 )
 from leap_stream.core.predictor.matrix import _input_dtype, _matrix, _offset, _physics
 from leap_stream.core.predictor.metadata import ModelMetadata, _metadata, check_model_text
-from leap_stream.core.predictor.pairs import RARE_PAIR_ROWS, _pair_effects, _pair_keys
+from leap_stream.core.predictor.pairs import RARE_PAIR_ROWS, _pair_effects
 from leap_stream.core.predictor.params import (
     COMPILED_KIND,
     DEFAULT_PARAMS,
@@ -147,15 +147,18 @@ class ThroughputModel:
         self._calibration: Calibration | None = cal
         self._type_code: dict[str, int] = {}
         if cal is not None:
+            # type and family -> position in their offsets, whose last entry (code -1) is 0
             self._type_code = {t: i for i, t in enumerate(cal["by_type"])}
+            self._family_code = {f: i for i, f in enumerate(cal["by_family"])}
+            self._type_offset = np.asarray([*cal["by_type"].values(), 0.0])
+            self._family_offset = np.asarray([*cal["by_family"].values(), 0.0])
             self._bin_lo, self._bin_hi = bin_quantiles(cal)
-        # which (model type × hardware) pairs the training rows had enough of for the type's
-        # own interval: at least `rare_pair_rows` (1, their effects' keys, for older models)
+        # which (model type × hardware) pairs the training rows had at least `RARE_PAIR_ROWS`
+        # of (a model without row counts: every pair it has an effect for)
         self._pair_common = np.zeros(self._pair_table.shape, bool)
         if split:
             rows = metadata.get("pair_rows") or {}
-            least = RARE_PAIR_ROWS
-            common = [rows.get(k, least) >= least for k in pairs]
+            common = [rows.get(k, RARE_PAIR_ROWS) >= RARE_PAIR_ROWS for k in pairs]
             self._pair_common[mi, hi] = np.asarray(common, bool)
 
     @property
@@ -360,28 +363,21 @@ class ThroughputModel:
         counts = pd.Series(hw).value_counts()
         known = {str(t) for t, n in counts.items() if n >= MIN_TYPE_ROWS}
         few = ~np.isin(hw, list(known))
-        pair_rows = self.metadata.get("pair_rows") or {}
-        mt_hw = _pair_keys(cf["model_type"].to_numpy(object), hw)
-        seen = pd.Series(pair_rows, dtype=np.float64).reindex(mt_hw).fillna(0.0).to_numpy()
-        rare = seen < RARE_PAIR_ROWS
-        move = moved - f64(cf, "other_log_pd")
-        cross, changed = crosses_vendor(cf), devices_changed(cf)
         fam = cf["family"].to_numpy(object).astype(str)
         parts = []
         for code, name in enumerate(KINDS):
             k = np.full(len(cf), code, np.int64)
-            t = scale_terms(k, move, cross, rare, changed, few)
-            parts.append((resid[name], t, hw, fam, k, few))
+            parts.append((resid[name], self._terms(cf, k, moved, few), hw, fam, k, few))
         if left_out is not None:
+            # a type left out of the refit: every pair of it was rare there, and it had few rows
             rows = np.isfinite(left_out.blind)
             lf = frame.loc[rows]
             lhw = lf["hardware_type"].to_numpy(object).astype(str)
+            lfam = lf["family"].to_numpy(object).astype(str)
             ones = np.ones(int(rows.sum()), bool)
-            lmove = left_out.moved[rows] - f64(lf, "other_log_pd")
             for code, est in ((2, left_out.blind[rows]), (1, left_out.moved[rows])):
                 k = np.full(len(lhw), code, np.int64)
-                t = scale_terms(k, lmove, crosses_vendor(lf), ones, devices_changed(lf), ones)
-                lfam = lf["family"].to_numpy(object).astype(str)
+                t = self._terms(lf, k, left_out.moved[rows], ones, rare=ones)
                 parts.append((y[rows] - est, t, lhw, lfam, k, ones))
         r = np.concatenate([p[0] for p in parts])
         terms = np.concatenate([p[1] for p in parts])
@@ -512,20 +508,33 @@ class ThroughputModel:
     ) -> tuple[np.ndarray, np.ndarray]:
         """(low, high) log offsets of each row's interval from the model's one calibration."""
         assert self._calibration is not None
-        hw = np.asarray(frame["hardware_type"], object)
-        few = column_codes(frame, "hardware_type", self._type_code) < 0
-        terms = scale_terms(
+        type_code = column_codes(frame, "hardware_type", self._type_code)
+        few = type_code < 0
+        offset = self._type_offset[type_code]
+        offset = offset + self._family_offset[column_codes(frame, "family", self._family_code)]
+        s = sigma(self._calibration, self._terms(frame, kind, moved, few), offset)
+        b = calibration_bin(kind, few)
+        return self._bin_lo[b] * s, self._bin_hi[b] * s
+
+    def _terms(
+        self,
+        frame: Frame,
+        kind: np.ndarray,
+        moved: np.ndarray,
+        few: np.ndarray,
+        rare: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """The scale model's inputs (`intervals.scale_terms`) of ``frame``'s rows, ``moved``
+        their priors moved to the candidate; ``rare``: whether their pair counts as rare (the
+        model's pair row counts when None)."""
+        return scale_terms(
             kind,
             moved - f64(frame, "other_log_pd"),
             crosses_vendor(frame),
-            self._rare_pair(frame),
+            self._rare_pair(frame) if rare is None else rare,
             devices_changed(frame),
             few,
         )
-        family = np.asarray(frame["family"], object)
-        b = calibration_bin(kind, few)
-        s = sigma(self._calibration, terms, hw, family)
-        return self._bin_lo[b] * s, self._bin_hi[b] * s
 
     def _rare_pair(self, frame: Frame) -> np.ndarray:
         """Per row: its (model type × hardware) pair had fewer than `RARE_PAIR_ROWS` training
