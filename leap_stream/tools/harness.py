@@ -348,6 +348,15 @@ def aggregate_differences(
     return differ
 
 
+def dispute_worker_holds(book: HistoryBook, dataset: Any) -> None:
+    """Count as disputed (`HistoryBook.disputed`, `disputed_types`) the lineages and model types
+    of the dataset rows the worker quarantined: a value the worker held that a topic-order
+    replay took makes the state depend on arrival order too (`lineage_differences`)."""
+    held = dataset.loc[dataset["quarantine"].notna(), ["lineage_id", "model_type"]]
+    book.disputed.update(held["lineage_id"].astype(str))
+    book.disputed_types.update(held["model_type"].astype(str))
+
+
 def lineage_differences(
     got: Sequence[Mapping[str, Any]], book: HistoryBook, lineage_ids: Sequence[str]
 ) -> tuple[list[tuple[str, Any, Any]], int]:

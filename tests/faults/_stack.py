@@ -16,7 +16,12 @@ from leap_stream.core.history import HistoryBook
 from leap_stream.store.artefact import write_model
 from leap_stream.store.offline import read_dataset
 from leap_stream.stream.kafka import produce_waiting
-from leap_stream.tools.harness import WorkerStack, aggregate_differences, lineage_differences
+from leap_stream.tools.harness import (
+    WorkerStack,
+    aggregate_differences,
+    dispute_worker_holds,
+    lineage_differences,
+)
 from leap_stream.tools.sim.config import SimConfig
 from leap_stream.tools.sim.events import (
     completion_events,
@@ -145,11 +150,7 @@ def check_nothing_lost(
     types_of = {c["lineage_id"]: c["model_type"] for c in fl.comps}
     lineage_types = [types_of[x] for x in book.lineage_ids]
     hist, aggs = store.read_batch(book.lineage_ids, book.model_types, lineage_types)
-    # a value the worker held that the replay took (or the other way round) makes a lineage's
-    # state depend on arrival order, as a completion that waited for its submission does
-    held = frame.loc[frame["quarantine"].notna(), ["lineage_id", "model_type"]]
-    book.disputed.update(held["lineage_id"].astype(str))
-    book.disputed_types.update(held["model_type"].astype(str))
+    dispute_worker_holds(book, frame)
     differ_lin, disputed = lineage_differences(hist, book, book.lineage_ids)
     assert not differ_lin, (
         f"Redis history differs from a replay for {len(differ_lin)} lineages; first (lineage, "
