@@ -330,7 +330,7 @@ class Settings:
     aggregate_speed_factor: float = _setting(
         "LEAP_AGGREGATE_SPEED_FACTOR",
         "8",
-        "Within a day, an established model type's aggregate moves at most this factor; the excess of an update is held (leap_aggregate_updates_held_total). Honest simulated telemetry: 0.09 % of updates held at 8, 0.8 % at 4.",
+        "Within a day, an established model type's aggregate moves at most this factor; the excess of an update is held (leap_aggregate_updates_held_total). Why 8: docs/decisions/0010.",
         _float(1, above=True),
     )
     corroboration_gap_s: float = _setting(
@@ -342,7 +342,7 @@ class Settings:
     corroborated_factor: float = _setting(
         "LEAP_CORROBORATED_FACTOR",
         "20",
-        "A corroborated change may move a prior at most this factor from where it stood when the day began (honest simulated changes: ×3.1 median, ×13.3 at most); a larger one stays quarantined as `speed`.",
+        "A corroborated change may move a prior at most this factor from where it stood when the day began (why 20: docs/decisions/0010); a larger one stays quarantined as `speed`.",
         _float(1, above=True),
     )
     allow_orphans: bool = _setting(
