@@ -171,3 +171,15 @@ def test_cli_owned_service_outlives_sessions_until_down(tmp_path: Path) -> None:
     assert state.pid_alive(pid, "sleep 305")
     assert stop_services(home=tmp_path, names=["redis"]) == {"redis": "stopped"}  # `dev down`
     assert not state.pid_alive(pid)
+
+
+def test_spawned_pid_is_the_command_not_its_shell(tmp_path: Path) -> None:
+    pids = [
+        spawn_detached(["sleep", f"{303 + i}"], tmp_path / "d.out", tmp_path) for i in range(10)
+    ]
+    try:
+        seen = [state._proc_cmdline(pid) for pid in pids]
+        assert seen == [f"sleep {303 + i} " for i in range(10)]
+    finally:
+        for pid in pids:
+            state.stop_pid(pid, timeout=5)

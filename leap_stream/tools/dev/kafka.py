@@ -243,7 +243,9 @@ def spawn_detached(cmd: list[str], out_file: Path, cwd: Path) -> int:
     """Start `cmd` in its own session, detached from us, and return its pid.
 
     A throwaway `sh` backgrounds the command and exits at once, so the service is not our child:
-    no zombie in a long-lived test process and no Popen "still running" warning at exit.
+    no zombie in a long-lived test process and no Popen "still running" warning at exit. The pid
+    is returned once the backgrounded shell has exec'd the command, so a liveness check by
+    command line right after the start sees the service, not the shell.
     """
     script = 'out=$1; shift; "$@" >>"$out" 2>&1 </dev/null & echo $!'
     proc = subprocess.run(
@@ -254,7 +256,11 @@ def spawn_detached(cmd: list[str], out_file: Path, cwd: Path) -> int:
         start_new_session=True,
         check=True,
     )
-    return int(proc.stdout.strip())
+    pid = int(proc.stdout.strip())
+    deadline = time.monotonic() + 5.0
+    while script in (state._proc_cmdline(pid) or "") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return pid
 
 
 def _size(path: Path) -> int:
