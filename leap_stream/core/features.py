@@ -130,6 +130,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "other_log_bw_ratio",
         "other_count",
         "other_age_days",
+        "other_log_dev_ratio",
         "hist_types",
         "est_transfer",
         "agg_prior",
@@ -509,6 +510,8 @@ def _history_columns(
     f["other_log_bw_ratio"] = np.where(has_other, log_bw[hw] - log_bw[other_hw], np.nan)
     f["other_count"] = other(h_cnt)
     f["other_age_days"] = (now_j[job] - other(h_at)) / DAY_S
+    # the job's devices now ÷ the prior's: per-device rates fall as one job spreads wider
+    f["other_log_dev_ratio"] = _log(nd_j[job]) - _log(other(h_nd))
     return other_hw, other_lpd
 
 

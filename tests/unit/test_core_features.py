@@ -55,6 +55,7 @@ def test_self_prior_is_per_device_and_other_is_most_similar_type() -> None:
     # for h100 the most similar *other* type by FLOP/s + bandwidth is mi300x, not l4
     # (the only other nvidia part, l4, is farther than the vendor penalty)
     assert math.isclose(h100["other_log_pd"], math.log(900.0 / 8))
+    assert h100["other_log_dev_ratio"] == 0.0  # mi300x ran on 8, as now
     specs = S.SPECS
     flops_ratio = math.log(
         specs.loc["h100-sxm", "peak_bf16_tflops"] / specs.loc["mi300x", "peak_bf16_tflops"]
@@ -63,6 +64,7 @@ def test_self_prior_is_per_device_and_other_is_most_similar_type() -> None:
     a100 = fr.iloc[1]
     assert math.isnan(a100["self_log_pd"])
     assert math.isclose(a100["other_log_pd"], math.log(800.0 / 4))  # h100 is nearest to a100
+    assert math.isclose(a100["other_log_dev_ratio"], math.log(8 / 4))  # h100 ran on 4
 
 
 def test_aggregate_ratio_between_candidate_and_prior_hardware() -> None:

@@ -10,9 +10,18 @@ import pytest
 
 from leap_stream.core import features as F
 from leap_stream.core.predictor import ThroughputModel
+from leap_stream.core.predictor import model as model_module
+from leap_stream.core.predictor.type_pairs import TypePairEffects
 from leap_stream.store.artefact import read_model, write_model
 from leap_stream.tools import synthetic_rows as S
 from leap_stream.train import pit
+
+
+@pytest.fixture(autouse=True)
+def trees_on_few_model_types(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fixture's six model types stand for a fleet's hundreds: the ratio model's trees
+    form (the effects form on few model types has its own test)."""
+    monkeypatch.setattr(model_module, "RATIO_MIN_MODEL_TYPES", 2)
 
 
 @pytest.fixture(scope="module")
@@ -297,3 +306,37 @@ def test_the_ratio_model_corrects_the_physics_ratio(
         fr
     )
     np.testing.assert_allclose(moved[rows] - moved_whole[rows], physics)
+
+
+def test_on_few_model_types_the_type_pair_effects_move_priors(
+    data: tuple[pd.DataFrame, pd.DataFrame], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Fewer model types than `RATIO_MIN_MODEL_TYPES` among the pairs: no trees; a transfer
+    estimate is the prior + the physics ratio + the type-pair effects, better than the booster
+    difference held out in time, and it survives a save and load."""
+    from leap_stream.core.predictor import KIND_TRANSFER, anchor_kind
+
+    monkeypatch.setattr(model_module, "RATIO_MIN_MODEL_TYPES", 7)  # the fixture has 6
+    m, fr = data
+    tr = _split(m)
+    y = m["samples_per_s"].to_numpy()
+    model = ThroughputModel.fit(fr[tr], y[tr], m["lineage_id"][tr], num_rounds=30)
+    assert model.ratio is None and "type_pair_effects" in model.metadata
+    test = fr[~tr].reset_index(drop=True)
+    _blind, rows, _prior_f, physics = model._booster_parts(test)
+    effects = TypePairEffects.from_json(model.metadata["type_pair_effects"])
+    _blind, moved = model._log_pd_parts(test)
+    other = test["other_log_pd"].to_numpy()[rows]
+    shift = effects.predict(effects.codes(test, rows))
+    np.testing.assert_allclose(moved[rows], other + physics + shift)
+    meta = {k: v for k, v in model.metadata.items() if k != "type_pair_effects"}
+    difference_only = ThroughputModel(model.booster, meta)  # type: ignore[arg-type]
+    kind = anchor_kind(test, model.groups) == KIND_TRANSFER
+    truth = np.log(y[~tr][kind]) - test["log_devices"].to_numpy()[kind]
+    err = {
+        name: np.median(np.abs(mdl._log_pd_parts(test)[1][kind] - truth))
+        for name, mdl in (("effects", model), ("difference", difference_only))
+    }
+    assert err["effects"] < err["difference"], err
+    again = read_model(write_model(tmp_path / "m", model))
+    np.testing.assert_allclose(again.predict(test)[0], model.predict(test)[0])

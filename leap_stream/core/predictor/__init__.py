@@ -3,8 +3,9 @@ moves a lineage's prior across hardware, and their intervals (docs/model.md).
 
 One idea per module: `model` (`ThroughputModel`: fit, predict, intervals, text), `params`
 (hyper-parameters, sizes, anchor kinds, the training support), `fit` (the boosters' training),
-`ratio` (the ratio model's pairs and inputs), `matrix` (the main booster's inputs and offset),
-`pairs` ((model type × hardware) effects), `metadata` (what a model says about itself).
+`ratio` (the ratio model's pairs and inputs), `type_pairs` (its form on few model types),
+`matrix` (the main booster's inputs and offset), `pairs` ((model type × hardware) effects),
+`metadata` (what a model says about itself).
 """
 
 from leap_stream.core.predictor.metadata import ModelMetadata, check_model_text

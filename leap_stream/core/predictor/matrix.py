@@ -107,7 +107,8 @@ def _offset(
     learned roofline's (core/roofline.py), or for a model without one the fixed-efficiency
     `log_phys_rate` of `features.hw_columns`. Trees then learn an efficiency in a narrow range,
     not a rate spanning ten orders of magnitude, and the hardware ratio starts from physics
-    where data is thin. 0 where the physics inputs are missing."""
+    where data is thin. Where the job's configuration is missing (a benchmark table without
+    it), the datasheets' geometric mean of peak FLOP/s and bandwidth; 0 without specs."""
     n = len(frame) if rows is None else len(rows)
     if not _physics(groups):
         return np.zeros(n)
@@ -116,4 +117,6 @@ def _offset(
     else:
         r = f64(frame, prefix + "log_phys_rate")
         r = r if rows is None else r[rows]
-    return np.asarray(np.where(np.isfinite(r), r, 0.0))
+    spec = 0.5 * (f64(frame, prefix + "log_peak_tflops") + f64(frame, prefix + "log_mem_bw"))
+    spec = spec if rows is None else spec[rows]
+    return np.asarray(np.where(np.isfinite(r), r, np.where(np.isfinite(spec), spec, 0.0)))

@@ -45,6 +45,7 @@ class ModelMetadata(TypedDict):
     ratio_features: NotRequired[list[str]]
     ratio_best_iteration: NotRequired[int]
     ratio_base: NotRequired[str]  # `PHYSICS_RATIO`, or absent: the ratio model's whole ratio
+    type_pair_effects: NotRequired[dict[str, Any]]  # `TypePairEffects.to_json`
     roofline: NotRequired[dict[str, Any]]  # `LearnedRoofline.to_json`: the booster's offset
     metrics: NotRequired[dict[str, Any]]
     gate: NotRequired[dict[str, Any]]

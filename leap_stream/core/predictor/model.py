@@ -10,7 +10,9 @@ every measured run. A prediction then anchors on the lineage's history, the publ
   on lineages measured on both types (each pair also reversed: a lineage mostly moved one way,
   and B/A is the inverse of A/B) and fed the main booster's own difference
   f(job, candidate) − f(job, B) next to the two types' specs; the per-lineage factor (input
-  pipeline, code quality) cancels in a ratio, which a model of absolute throughput cannot see;
+  pipeline, code quality) cancels in a ratio, which a model of absolute throughput cannot see.
+  Where the pairs hold fewer than `RATIO_MIN_MODEL_TYPES` model types, g is the type-pair
+  effects instead (`type_pairs`: shrunk medians over the physics ratio, decision 0012);
 * no history: f(job, candidate) (`model`).
 
 The main booster is fitted twice: the second time on targets with each lineage's own shrunk
@@ -38,6 +40,7 @@ import lightgbm as lgb
 import numpy as np
 import pandas as pd
 
+from leap_stream.contracts.vocab import FAMILIES, VENDORS
 from leap_stream.core import features as F
 from leap_stream.core.columns import (
     Frame,
@@ -80,6 +83,7 @@ from leap_stream.core.predictor.params import (
     NUM_ROUNDS,
     PHYSICS_RATIO,
     RATIO_EARLY_STOP,
+    RATIO_MIN_MODEL_TYPES,
     RATIO_MIN_ROWS,
     RATIO_PAIRS,
     RATIO_PARAMS,
@@ -99,6 +103,7 @@ from leap_stream.core.predictor.ratio import (
     _reversed_pairs,
     ratio_features,
 )
+from leap_stream.core.predictor.type_pairs import TypePairEffects
 from leap_stream.core.roofline import LearnedRoofline
 
 
@@ -138,6 +143,8 @@ class ThroughputModel:
             hi = [self._pair_hw[h] for _, h in split]
             self._pair_table[mi, hi] = np.asarray(list(pairs.values()), np.float64)
         self._luts = {c: {v: i for i, v in enumerate(lv)} for c, lv in self._levels.items()}
+        tp = metadata.get("type_pair_effects")
+        self._type_pairs = TypePairEffects.from_json(tp) if tp else None
         q = metadata["residual_quantiles"]
         self._qlo = np.asarray([q[k][0] for k in KINDS], np.float64)
         self._qhi = np.asarray([q[k][1] for k in KINDS], np.float64)
@@ -281,40 +288,53 @@ class ThroughputModel:
         seed: int,
     ) -> ThroughputModel:
         """This model with a ratio model fitted on the pairs in `frame` (rows whose lineage
-        had run on another type before), or itself when there are too few pairs."""
+        had run on another type before), one of two (docs/decisions/0012): trees over the
+        physics ratio, where `RATIO_MIN_ROWS` pairs or more of `RATIO_MIN_MODEL_TYPES` model
+        types or more teach them; else the type-pair effects. Itself without a pair."""
         pair = np.isfinite(frame["other_log_pd"].to_numpy(np.float64))
-        if (pair & train_idx).sum() < RATIO_MIN_ROWS:
+        if not (pair & train_idx).any():
             return self
         rows = _at_most(np.flatnonzero(pair), RATIO_PAIRS, seed)
         pf = frame.iloc[rows].reset_index(drop=True)
         blind, _rows, prior_f, physics = self._booster_parts(pf)
         other = pf["other_log_pd"].to_numpy(np.float64)
-        names = ratio_features(self.feature_names)
-        derived = _derived(blind, prior_f, other)
-        n = len(rows)
-        # every pair also seen from its other side, below it: the ratio B/A is the inverse of
-        # A/B, and a lineage mostly moved one way (docs/decisions/0001)
-        X = np.empty((2 * n, len(names)), np.float32)
-        X[:n] = _ratio_matrix(pf, names, derived, self._levels, self._luts, dtype=np.float32)
-        own_residual = y[rows] - blind  # the lineage on the candidate, against f(job, candidate)
-        _reversed_pairs(X[:n], names, own_residual, out=X[n:])
-        # the trees learn what the physics ratio misses (`ratio_base`)
+        # what the physics ratio misses; every pair also seen from its other side, below it:
+        # the ratio B/A is the inverse of A/B, and a lineage mostly moved one way (decision 0001)
         target = np.concatenate([y[rows] - other - physics, other - y[rows] + physics])
         tr = np.tile(train_idx[rows], 2)
-        va = np.tile(calib[rows], 2) if calib is not None else np.zeros(2 * n, bool)
+        meta: ModelMetadata = {**self.metadata, "ratio_base": PHYSICS_RATIO}
+        compiled = self.score if self.scorer_kind != LIGHTGBM_KIND else None
+        model_types = len(pd.unique(pf["model_type"].to_numpy(object)[train_idx[rows]]))
+        if (pair & train_idx).sum() < RATIO_MIN_ROWS or model_types < RATIO_MIN_MODEL_TYPES:
+            codes = self._type_pair_levels().codes(pf)
+            codes = codes.stacked(codes.reversed())
+            effects = self._type_pair_levels().fit(np.where(tr, target, np.nan), codes)
+            meta["type_pair_effects"] = effects.to_json()
+            return type(self)(self.booster, meta, compiled, self.scorer_kind)
+        names = ratio_features(self.feature_names)
+        X = np.empty((2 * len(rows), len(names)), np.float32)
+        derived = _derived(blind, prior_f, other)
+        X[: len(rows)] = _ratio_matrix(
+            pf, names, derived, self._levels, self._luts, dtype=np.float32
+        )
+        own_residual = y[rows] - blind  # the lineage on the candidate, against f(job, candidate)
+        _reversed_pairs(X[: len(rows)], names, own_residual, out=X[len(rows) :])
         cats = [i for i, c in enumerate(names) if _level_name(c) in self._levels]
         rp = {**RATIO_PARAMS, "num_threads": _threads(len(rows)), "seed": seed}
+        va = np.tile(calib[rows], 2) if calib is not None else np.zeros(2 * len(rows), bool)
         valid = (X[va], target[va]) if va.sum() >= MIN_BUCKET_ROWS else None
         data = _TrainData.of((X[tr], target[tr]), valid, names, cats)
         ratio, best = _train(rp, data, RATIO_ROUNDS, RATIO_EARLY_STOP)
-        meta: ModelMetadata = {
-            **self.metadata,
-            "ratio_features": names,
-            "ratio_best_iteration": best,
-            "ratio_base": PHYSICS_RATIO,
-        }
-        compiled = self.score if self.scorer_kind != LIGHTGBM_KIND else None
+        meta = {**meta, "ratio_features": names, "ratio_best_iteration": best}
         return type(self)(self.booster, meta, compiled, self.scorer_kind, ratio)
+
+    def _type_pair_levels(self) -> TypePairEffects:
+        """Zero type-pair effects over the types, vendors and families this model knows."""
+        return TypePairEffects.levels_of(
+            self._levels.get("hardware_type", []),
+            list(VENDORS),
+            list(FAMILIES),
+        )
 
     def _calibrate(
         self,
@@ -397,7 +417,10 @@ class ThroughputModel:
         if len(rows):
             other_lpd = f64(frame, "other_log_pd")[rows]
             moved[rows] = other_lpd + blind[rows] - prior_f
-            if self.ratio is not None:
+            if self._type_pairs is not None:  # the ratio model's effects form
+                codes = self._type_pairs.codes(frame, rows)
+                moved[rows] = other_lpd + physics + self._type_pairs.predict(codes)
+            elif self.ratio is not None:  # its trees form
                 derived = _derived(blind[rows], prior_f, other_lpd)
                 Xr = _ratio_matrix(
                     frame,

@@ -71,6 +71,10 @@ RATIO_PARAMS: dict[str, Any] = {
 RATIO_ROUNDS = 60
 RATIO_EARLY_STOP = 20
 RATIO_MIN_ROWS = 500
+# the ratio model's trees need pairs of this many model types or more to move the prior of a
+# model type they never saw better than the type-pair effects; with fewer (a benchmark table,
+# a fleet's first weeks) the effects move priors alone (docs/decisions/0012)
+RATIO_MIN_MODEL_TYPES = 30
 # Pairs the ratio model fits at most, each in both directions (`_at_most`): every pair of a
 # backtest's night (tens of thousands), a sample of a year's ~3M, whose matrix was the peak
 # of a year's training (docs/benchmarks.md)

@@ -32,6 +32,7 @@ def ratio_features(booster_features: Sequence[str]) -> list[str]:
         *("d_" + c for c in diffs),
         "other_count",
         "other_age_days",
+        "other_log_dev_ratio",
         PRIOR_RESIDUAL,
         BOOSTER_RATIO,
     ]

@@ -1,0 +1,214 @@
+"""`TypePairEffects`: what moving a job from one hardware type to another does beyond the
+physics ratio: a device-count exponent (per-device rates fall as one job spreads over more
+devices), then shrunk medians down a hierarchy: vendor pair → type pair → family × type pair.
+
+Each level is the median residual of the pairs it groups, times n / (n + k) (`LEVELS`: k
+pseudo-pairs at zero), fitted on what the levels above left; a level seen often moves far from
+physics, one never seen stays on its parent. It is the ratio model's form where its pairs hold
+too few model types for trees to generalise to a new one (a benchmark table, a fleet's first
+weeks): a prior then moves by the physics ratio plus these effects (decision 0012). The same
+medians make `evaluate`'s `table_estimator`. Pure: arrays in, arrays out; JSON in the model's
+metadata.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from leap_stream.core.columns import Frame, column_codes, f64
+
+# per-device rate ∝ (devices now ÷ the prior's)^e: the exponents tried, 0 first (a table of one
+# size, or a fleet whose jobs keep their size, stays at 0); least absolute residual wins
+EXPONENTS = np.linspace(0.0, -1.0, 21)
+# (level, pseudo-pairs at zero residual): a level seen k times moves half-way to its median
+LEVELS: tuple[tuple[str, float], ...] = (
+    ("vendor_pair", 4.0),
+    ("type_pair", 2.0),
+    ("family_type_pair", 2.0),
+)
+
+
+def _by_key_then_value(k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """The order of `np.lexsort((v, k))` from one float sort: integer key + value scaled
+    into [0, 0.5), below one key step."""
+    if not len(v):
+        return np.zeros(0, np.int64)
+    scaled = (v - v.min()) / (2.0 * float(np.ptp(v)) + 1e-300)
+    return np.argsort(k + np.minimum(scaled, 0.49999))
+
+
+def shrunk_medians(
+    keys: np.ndarray, values: np.ndarray, shrink: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """(sorted unique keys, per key the median of its finite `values` × n / (n + shrink))."""
+    ok = np.isfinite(values)
+    k, v = keys[ok], values[ok]
+    order = _by_key_then_value(k, v)
+    k, v = k[order], v[order]
+    uniq, start, n = np.unique(k, return_index=True, return_counts=True)
+    median = 0.5 * (v[start + (n - 1) // 2] + v[start + n // 2])
+    return uniq, median * n / (n + shrink)
+
+
+@dataclass(frozen=True)
+class PairCodes:
+    """Per pair: the candidate's and the prior's type and vendor, and the job's family, as
+    codes into the effects' levels (-1: a level they do not have)."""
+
+    cand: np.ndarray
+    prior: np.ndarray
+    cand_vendor: np.ndarray
+    prior_vendor: np.ndarray
+    family: np.ndarray
+    log_dev_ratio: np.ndarray  # log(devices now ÷ the prior's devices); 0 where unknown
+
+    def reversed(self) -> PairCodes:
+        """The same pairs seen from the other side."""
+        return PairCodes(
+            self.prior,
+            self.cand,
+            self.prior_vendor,
+            self.cand_vendor,
+            self.family,
+            -self.log_dev_ratio,
+        )
+
+    def take(self, mask: np.ndarray) -> PairCodes:
+        return PairCodes(*(part[mask] for part in self.parts()))
+
+    def stacked(self, other: PairCodes) -> PairCodes:
+        return PairCodes(
+            *(np.concatenate([a, b]) for a, b in zip(self.parts(), other.parts(), strict=True))
+        )
+
+    def parts(self) -> tuple[np.ndarray, ...]:
+        return (
+            self.cand,
+            self.prior,
+            self.cand_vendor,
+            self.prior_vendor,
+            self.family,
+            self.log_dev_ratio,
+        )
+
+
+@dataclass(frozen=True)
+class TypePairEffects:
+    """Dense tables of the three levels over `types`, `vendors` and `families`; the last
+    index of every axis is the padding a level never seen looks up (0)."""
+
+    types: tuple[str, ...]
+    vendors: tuple[str, ...]
+    families: tuple[str, ...]
+    vendor_pair: np.ndarray  # (V + 1, V + 1): candidate vendor, prior vendor
+    type_pair: np.ndarray  # (T + 1, T + 1)
+    family_type_pair: np.ndarray  # (F + 1, T + 1, T + 1)
+    device_exponent: float = 0.0
+
+    @classmethod
+    def levels_of(
+        cls, types: list[str], vendors: list[str], families: list[str]
+    ) -> TypePairEffects:
+        """Zero effects over these levels (what `fit` fills)."""
+        t, v, f = len(types) + 1, len(vendors) + 1, len(families) + 1
+        return cls(
+            tuple(types),
+            tuple(vendors),
+            tuple(families),
+            np.zeros((v, v)),
+            np.zeros((t, t)),
+            np.zeros((f, t, t)),
+        )
+
+    def codes(self, frame: Frame, rows: np.ndarray | None = None) -> PairCodes:
+        """The pair codes of `rows` of a feature frame (candidate: `hardware_type`; prior:
+        `o_hardware_type`)."""
+
+        def of(col: str, levels: tuple[str, ...]) -> np.ndarray:
+            c = column_codes(frame, col, {x: i for i, x in enumerate(levels)})
+            return c if rows is None else c[rows]
+
+        d = f64(frame, "other_log_dev_ratio")
+        d = np.where(np.isfinite(d), d, 0.0)
+        return PairCodes(
+            of("hardware_type", self.types),
+            of("o_hardware_type", self.types),
+            of("vendor", self.vendors),
+            of("o_vendor", self.vendors),
+            of("family", self.families),
+            d if rows is None else d[rows],
+        )
+
+    def _indices(self, c: PairCodes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Flat indices of each pair into the three tables (-1 → the padding)."""
+        t, v, f = len(self.types) + 1, len(self.vendors) + 1, len(self.families) + 1
+        cand, prior = np.where(c.cand < 0, t - 1, c.cand), np.where(c.prior < 0, t - 1, c.prior)
+        cv = np.where(c.cand_vendor < 0, v - 1, c.cand_vendor)
+        pv = np.where(c.prior_vendor < 0, v - 1, c.prior_vendor)
+        fam = np.where(c.family < 0, f - 1, c.family)
+        return cv * v + pv, cand * t + prior, (fam * t + cand) * t + prior
+
+    def fit(self, residual: np.ndarray, c: PairCodes) -> TypePairEffects:
+        """The levels fitted on `residual` (the measured log ratio less the physics ratio) of
+        pairs `c`, each on what the levels above left."""
+        resid = np.asarray(residual, np.float64)
+        ok = np.isfinite(resid)
+        misfit = np.abs(resid[ok, None] - c.log_dev_ratio[ok, None] * EXPONENTS).sum(axis=0)
+        exponent = float(EXPONENTS[int(np.argmin(misfit))]) if ok.any() else 0.0
+        resid = resid - exponent * c.log_dev_ratio
+        tables = []
+        for (name, shrink), idx in zip(LEVELS, self._indices(c), strict=True):
+            table = np.zeros(getattr(self, name).shape)
+            keys, effects = shrunk_medians(idx, resid, shrink)
+            table.ravel()[keys] = effects
+            for axis in range(table.ndim):  # the padding: a level never seen is its parent's
+                np.moveaxis(table, axis, 0)[-1] = 0.0
+            tables.append(table)
+            resid = resid - table.ravel()[idx]
+        vendor_pair, type_pair, family_type_pair = tables
+        return TypePairEffects(
+            self.types,
+            self.vendors,
+            self.families,
+            vendor_pair,
+            type_pair,
+            family_type_pair,
+            exponent,
+        )
+
+    def predict(self, c: PairCodes) -> np.ndarray:
+        """Per pair, its device-count term and the sum of its three levels."""
+        iv, it, ift = self._indices(c)
+        return np.asarray(
+            self.device_exponent * c.log_dev_ratio
+            + self.vendor_pair.ravel()[iv]
+            + self.type_pair.ravel()[it]
+            + self.family_type_pair.ravel()[ift]
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "types": list(self.types),
+            "vendors": list(self.vendors),
+            "families": list(self.families),
+            **{name: getattr(self, name).round(6).tolist() for name, _k in LEVELS},
+            "device_exponent": self.device_exponent,
+        }
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> TypePairEffects:
+        vendor_pair, type_pair, family_type_pair = (
+            np.asarray(doc[name], np.float64) for name, _k in LEVELS
+        )
+        return cls(
+            tuple(doc["types"]),
+            tuple(doc["vendors"]),
+            tuple(doc["families"]),
+            vendor_pair,
+            type_pair,
+            family_type_pair,
+            float(doc.get("device_exponent", 0.0)),
+        )

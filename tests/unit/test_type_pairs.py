@@ -1,0 +1,101 @@
+"""Type-pair effects: a device exponent, then shrunk medians vendor pair → type pair →
+family × type pair; pure arrays."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from leap_stream.core.predictor.matrix import _offset
+from leap_stream.core.predictor.type_pairs import (
+    LEVELS,
+    PairCodes,
+    TypePairEffects,
+    shrunk_medians,
+)
+
+TYPES = ["a", "b", "c"]
+VENDORS = ["nvidia", "amd"]
+FAMILIES = ["dense_llm", "vision_cnn"]
+VENDOR_OF = {0: 0, 1: 0, 2: 1}  # a, b: nvidia; c: amd
+
+
+def _codes(pairs: list[tuple[int, int, int]], dev: list[float] | None = None) -> PairCodes:
+    cand = np.asarray([c for c, _p, _f in pairs])
+    prior = np.asarray([p for _c, p, _f in pairs])
+    return PairCodes(
+        cand,
+        prior,
+        np.asarray([VENDOR_OF.get(int(c), -1) for c in cand]),
+        np.asarray([VENDOR_OF.get(int(p), -1) for p in prior]),
+        np.asarray([f for _c, _p, f in pairs]),
+        np.zeros(len(pairs)) if dev is None else np.asarray(dev, np.float64),
+    )
+
+
+def _empty() -> TypePairEffects:
+    return TypePairEffects.levels_of(TYPES, VENDORS, FAMILIES)
+
+
+def test_shrunk_medians_ignore_nan_and_shrink_by_count() -> None:
+    keys = np.asarray([3, 3, 3, 7, 7])
+    values = np.asarray([0.1, 0.3, np.nan, -0.2, 0.6])
+    uniq, effects = shrunk_medians(keys, values, 2.0)
+    assert uniq.tolist() == [3, 7]
+    np.testing.assert_allclose(effects, [0.2 * 2 / 4, 0.2 * 2 / 4])
+
+
+def test_a_pair_measured_often_carries_its_effect_and_an_unseen_one_its_parents() -> None:
+    """a → b moves +0.4 beyond physics 200 times: the levels together give ~0.4. b → a (the
+    same vendor pair, never measured) gets the vendor pair's share only, and a → c (another
+    vendor pair, never measured) nothing."""
+    effects = _empty().fit(np.full(200, 0.4), _codes([(1, 0, 0)] * 200))
+    got = effects.predict(_codes([(1, 0, 0), (0, 1, 0), (2, 0, 0)]))
+    assert got[0] == pytest.approx(0.4, abs=0.01)
+    vendor_share = 0.4 * 200 / (200 + LEVELS[0][1])
+    assert got[1] == pytest.approx(vendor_share)
+    assert got[2] == 0.0
+
+
+def test_unknown_levels_look_up_the_padding_and_it_stays_zero() -> None:
+    """Codes -1 (a type, vendor or family the model never saw) are fitted into nothing and
+    predict 0."""
+    effects = _empty().fit(np.full(50, 0.3), _codes([(-1, -1, -1)] * 50))
+    assert effects.predict(_codes([(-1, -1, -1), (-1, 0, 1)])).tolist() == [0.0, 0.0]
+
+
+def test_the_device_exponent_is_learned_before_the_levels() -> None:
+    """Per-device rate ∝ (devices ratio)^-0.3 on every pair, no type effect: the exponent
+    takes it all and the levels stay near 0."""
+    rng = np.random.default_rng(0)
+    d = rng.choice(np.log([0.25, 0.5, 2.0, 4.0, 8.0]), 300)
+    codes = _codes([(1, 0, 0)] * 300, list(d))
+    effects = _empty().fit(-0.3 * d, codes)
+    assert effects.device_exponent == pytest.approx(-0.3)
+    np.testing.assert_allclose(effects.predict(codes), -0.3 * d, atol=1e-9)
+
+
+def test_reversed_pairs_see_the_inverse_and_json_round_trips() -> None:
+    codes = _codes([(1, 0, 0)] * 40, [np.log(2.0)] * 40)
+    both = codes.stacked(codes.reversed())
+    target = np.concatenate([np.full(40, 0.5), np.full(40, -0.5)])
+    effects = _empty().fit(target, both)
+    fwd, back = effects.predict(_codes([(1, 0, 0), (0, 1, 0)], [0.0, 0.0]))
+    assert fwd == pytest.approx(-back)
+    again = TypePairEffects.from_json(effects.to_json())
+    np.testing.assert_allclose(again.predict(both), effects.predict(both), atol=1e-6)
+
+
+def test_without_a_configuration_physics_is_the_datasheets_geometric_mean() -> None:
+    """The offset a type-pair effect corrects: the learned (here fixed) roofline where the
+    job's work is known, else ½ log peak FLOP/s + ½ log bandwidth, else 0 (no specs)."""
+    frame = pd.DataFrame(
+        {
+            "log_phys_rate": [np.nan, 2.0, np.nan],
+            "log_peak_tflops": [np.log(400.0), np.log(400.0), np.nan],
+            "log_mem_bw": [np.log(1600.0), np.log(1600.0), np.nan],
+        }
+    )
+    got = _offset(frame, ["config", "specs"], None)
+    np.testing.assert_allclose(got, [np.log(800.0), 2.0, 0.0])
