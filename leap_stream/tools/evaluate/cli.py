@@ -18,8 +18,7 @@ import orjson
 
 from leap_stream.catalog import CatalogError, HardwareCatalog, load_catalog, load_reference_catalog
 from leap_stream.settings import Settings
-from leap_stream.tools.evaluate.methods import METHODS
-from leap_stream.tools.evaluate.protocol import LEAVE_OUT, evaluate
+from leap_stream.tools.evaluate.protocol import LEAVE_OUT, METHODS, evaluate
 from leap_stream.tools.evaluate.table import FORMATS, Table, TableError, read_table
 
 
@@ -67,7 +66,7 @@ def report(
         "repeats_folded": table.repeats_folded,
         "skipped": {**table.skipped, "types_without_specs": table.unknown_types},
         "methods": result["methods"],
-        "model_choices": result["model_choices"],
+        "table_estimator_choices": result["table_estimator_choices"],
     }
     if "by_type" in result:
         out["by_type"] = result["by_type"]
@@ -81,14 +80,14 @@ def report(
 
 
 def _print_choices(choices: dict[str, dict[str, Any]]) -> None:
-    """One line: what `model` learned across the held-out workloads."""
+    """One line: what `table_estimator` chose across the held-out workloads."""
     if not choices:
         return
     exps = [c["device_exponent"] for c in choices.values()]
     shifts = [c["shift"] for c in choices.values()]
     priors = Counter(c["prior"] for c in choices.values())
     print(
-        f"  model, over {len(choices)} held-out workloads: device exponent "
+        f"  table_estimator, over {len(choices)} held-out workloads: device exponent "
         f"{min(exps):+.1f}…{max(exps):+.1f}, shift {min(shifts):+.2f}…{max(shifts):+.2f}, "
         f"priors {dict(priors.most_common())}"
     )
@@ -122,7 +121,7 @@ def _print_table(out: dict[str, Any]) -> None:
             f"  {name:22s} {m['mape']:7.3f} {m['median_ape']:10.3f} "
             f"{m['within_10']:7.3f} {m['order_accuracy']:7.3f}"
         )
-    _print_choices(out["model_choices"])
+    _print_choices(out["table_estimator_choices"])
     _print_types(out.get("by_type") or {})
     for g, r in (out.get("groups") or {}).items():
         best = {k: v for k, v in r["methods"].items() if v}

@@ -9,8 +9,9 @@ Pair frames have `workload`, `a`, `a_type`, `b_type`, `a_vendor`, `b_vendor`, `f
 * `flop_ratio`, `bandwidth_ratio`, `geomean_ratio`: the datasheets alone;
 * `median_ratio_others`: the median measured B/A ratio of the other workloads (the lookup
   table's analog; 1 where no other workload ran on both types);
-* `model`: leap-stream's transfer estimator for tables, physics as the prior that data
-  corrects: a non-negative blend of the FLOP/s and bandwidth ratios and a device-count
+* `table_estimator`: a transfer estimator for tables alone (the production model's target to
+  beat on real tables; `model` is the production model, `production.py`), physics as the
+  prior that data corrects: a non-negative blend of the FLOP/s and bandwidth ratios and a device-count
   exponent (per-device throughput falls as one job runs on more devices) fitted on the other
   workloads, plus their median residual shrunk down a hierarchy (vendor pair → type pair →
   family × type pair), so a pair measured often moves far from physics and a pair never
@@ -32,15 +33,18 @@ from typing import Any, Protocol
 import numpy as np
 import pandas as pd
 
+from leap_stream.core.predictor.type_pairs import LEVELS, shrunk_medians
 from leap_stream.tools.evaluate.metrics import OrderPairs, ape
 
-METHODS = ("model", "flop_ratio", "bandwidth_ratio", "geomean_ratio", "median_ratio_others")
-# pseudo-pairs at zero residual per level: a level seen k times moves half-way to its median
-SHRINK: tuple[tuple[str, float], ...] = (
-    ("k_vendor_pair", 4.0),
-    ("k_type_pair", 2.0),
-    ("k_family_type_pair", 2.0),
+METHODS = (
+    "table_estimator",
+    "flop_ratio",
+    "bandwidth_ratio",
+    "geomean_ratio",
+    "median_ratio_others",
 )
+# pseudo-pairs at zero residual per level: the production model's type-pair levels
+SHRINK: tuple[tuple[str, float], ...] = tuple((f"k_{name}", k) for name, k in LEVELS)
 # the integer key columns of a pair frame and what they combine (protocol.pairs builds them)
 KEYS: dict[str, tuple[str, ...]] = {
     "k_vendor_pair": ("a_vendor", "b_vendor"),
@@ -83,15 +87,6 @@ class _Specs:
         )
 
 
-def _by_key_then_value(k: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """The order of `np.lexsort((v, k))` from one float sort: integer key + value scaled
-    into [0, 0.5), below one key step."""
-    if not len(v):
-        return np.zeros(0, np.int64)
-    scaled = (v - v.min()) / (2.0 * float(np.ptp(v)) + 1e-300)
-    return np.argsort(k + np.minimum(scaled, 0.49999))
-
-
 @dataclass(frozen=True)
 class _Table:
     """Per integer key, an effect; keys never seen look up 0."""
@@ -102,13 +97,7 @@ class _Table:
     @classmethod
     def of(cls, keys: np.ndarray, values: np.ndarray, shrink: float) -> _Table:
         """Per key, the median of its finite `values` times n / (n + shrink)."""
-        ok = np.isfinite(values)
-        k, v = keys[ok], values[ok]
-        order = _by_key_then_value(k, v)
-        k, v = k[order], v[order]
-        uniq, start, n = np.unique(k, return_index=True, return_counts=True)
-        median = 0.5 * (v[start + (n - 1) // 2] + v[start + n // 2])
-        return cls(uniq, median * n / (n + shrink))
+        return cls(*shrunk_medians(keys, values, shrink))
 
     def look_up(self, keys: np.ndarray) -> np.ndarray:
         if not len(self.keys):
@@ -286,13 +275,13 @@ def _physics(train: pd.DataFrame, prior: str) -> _Specs:
 
 
 def describe(fitted: Fitted) -> dict[str, Any] | None:
-    """The inner choices of a fitted `model` (None for the other methods: nothing chosen)."""
+    """The inner choices of a fitted `table_estimator` (None for the other methods: nothing chosen)."""
     return fitted.describe() if isinstance(fitted, _Model) else None
 
 
 def fit(method: str, train: pd.DataFrame) -> Fitted:
     """The named method fitted on `train` pairs (the other workloads)."""
-    if method == "model":
+    if method == "table_estimator":
         return _Model.fit(train)
     if method == "median_ratio_others":
         return _MedianOthers.fit(train)

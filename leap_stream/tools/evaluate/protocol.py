@@ -3,13 +3,17 @@
 For every group, every workload w and every ordered pair of rows (A, B) of one job of w (same
 group, workload and the configuration columns the table has) with different accelerator types,
 predict B's per-device throughput from A's measurement. Every method is fitted on the pairs of
-the table's *other* workloads only (leave one workload out, across groups). Per method: MAPE,
+the table's *other* workloads only: one workload held out at a time up to `FOLDS` workloads,
+past that `FOLDS` folds of them (across groups). Per method: MAPE,
 median APE, share within ±10 %, and order accuracy: given A, is each pair of other types
 (B, C) of the job ordered as measured (a predicted tie counts as half right).
 
 Leave one type out (`leave_out="type"`): every pair into accelerator type T is predicted by
 the method fitted on the pairs that touch neither side of T (every workload), as a type on
 its first day would be; the figures are reported per type as well.
+
+`model` is the production model (`production.py`: the worker's feature builder and
+`ThroughputModel`); the other methods are the baselines of `methods.py`.
 """
 
 from __future__ import annotations
@@ -21,10 +25,14 @@ import pandas as pd
 
 from leap_stream.catalog import HardwareCatalog
 from leap_stream.tools.evaluate import methods as M
+from leap_stream.tools.evaluate import production
 from leap_stream.tools.evaluate.metrics import OrderPairs, ape
 
 FP32 = ("fp32",)
 LEAVE_OUT = ("workload", "type")
+FOLDS = 10  # folds of workloads held out in turn (one workload a fold up to this many)
+MODEL = "model"
+METHODS = (MODEL, *M.METHODS)
 
 
 def spec_logs(catalog: HardwareCatalog, types: np.ndarray, precision: np.ndarray) -> np.ndarray:
@@ -75,33 +83,61 @@ def pairs(rows: pd.DataFrame, catalog: HardwareCatalog) -> pd.DataFrame:
     return out
 
 
+def workload_folds(all_pairs: pd.DataFrame) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(train, test) masks over the pairs: one workload a fold up to `FOLDS` workloads, past
+    that `FOLDS` folds of them, round robin in order of appearance."""
+    codes, _names = pd.factorize(all_pairs["workload"].to_numpy(object))
+    fold = codes % FOLDS
+    return [(fold != k, fold == k) for k in np.unique(fold) if (fold != k).any()]
+
+
 def predict_held_out(
     all_pairs: pd.DataFrame, method: str, choices: dict[str, Any] | None = None
 ) -> np.ndarray:
-    """Each workload's pairs predicted by `method` fitted on the other workloads' pairs; into
-    `choices`, per workload, what the fit chose (methods that choose nothing add nothing)."""
+    """Each fold of workloads' pairs predicted by `method` fitted on the other folds' pairs;
+    into `choices`, per workload, what the fit that predicted it chose (methods that choose
+    nothing add nothing)."""
     pred = np.full(len(all_pairs), np.nan)
     wl = all_pairs["workload"].to_numpy(object)
-    for w in pd.unique(wl):
-        test = wl == w
-        fitted = M.fit(method, all_pairs[~test])
+    for train, test in workload_folds(all_pairs):
+        fitted = M.fit(method, all_pairs[train])
         pred[test] = fitted.predict(all_pairs[test])
         if choices is not None and (chosen := M.describe(fitted)) is not None:
-            choices[str(w)] = chosen
+            choices.update({str(w): chosen for w in pd.unique(wl[test])})
     return pred
+
+
+def type_splits(all_pairs: pd.DataFrame) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per type T: (the pairs with T on neither side, the pairs into T); none for a type
+    with nothing to learn from."""
+    a, b = all_pairs["a_type"].to_numpy(object), all_pairs["b_type"].to_numpy(object)
+    splits = [((a != t) & (b != t), b == t) for t in pd.unique(b)]
+    return [(train, test) for train, test in splits if train.any()]
 
 
 def predict_left_out_types(all_pairs: pd.DataFrame, method: str) -> np.ndarray:
     """Each pair into type T predicted by `method` fitted on the pairs with T on neither side."""
     pred = np.full(len(all_pairs), np.nan)
-    a, b = all_pairs["a_type"].to_numpy(object), all_pairs["b_type"].to_numpy(object)
-    for t in pd.unique(b):
-        train = (a != t) & (b != t)
-        if not train.any():
-            continue
-        test = b == t
+    for train, test in type_splits(all_pairs):
         pred[test] = M.fit(method, all_pairs[train]).predict(all_pairs[test])
     return pred
+
+
+def _predict(
+    rows: pd.DataFrame,
+    p: pd.DataFrame,
+    catalog: HardwareCatalog,
+    method: str,
+    leave_out: str,
+    choices: dict[str, Any],
+) -> np.ndarray:
+    """`method`'s held-out predictions of every pair (NaN: none)."""
+    if method == MODEL:
+        splits = type_splits(p) if leave_out == "type" else workload_folds(p)
+        return production.predict(rows, p, catalog, splits)
+    if leave_out == "type":
+        return predict_left_out_types(p, method)
+    return predict_held_out(p, method, choices)
 
 
 def order_accuracy(p: pd.DataFrame, pred: np.ndarray) -> float:
@@ -144,7 +180,7 @@ def _by_type(p: pd.DataFrame, preds: dict[str, np.ndarray]) -> dict[str, Any]:
 def evaluate(
     rows: pd.DataFrame,
     catalog: HardwareCatalog,
-    methods: tuple[str, ...] = M.METHODS,
+    methods: tuple[str, ...] = METHODS,
     leave_out: str = "workload",
 ) -> dict[str, Any]:
     """Figures of every method on one table's rows (see the module docstring)."""
@@ -157,11 +193,9 @@ def evaluate(
         "workloads": int(p["workload"].nunique()),
     }
     choices: dict[str, Any] = {}
+    preds = {m: _predict(rows, p, catalog, m, leave_out, choices) for m in methods}
     if leave_out == "type":
-        preds = {m: predict_left_out_types(p, m) for m in methods}
         out["by_type"] = _by_type(p, preds)
-    else:
-        preds = {m: predict_held_out(p, m, choices) for m in methods}
     out["methods"] = {m: scores(p, v) for m, v in preds.items()}
-    out["model_choices"] = choices
+    out["table_estimator_choices"] = choices
     return out

@@ -20,7 +20,18 @@ from leap_stream.catalog import HardwareCatalog
 
 REQUIRED = ("workload", "accelerator_type", "accelerator_count")
 RATES = ("throughput", "time_to_train")
-OPTIONAL = ("group", "batch_size", "precision", "family", "parameters", "sequence_length")
+OPTIONAL = (
+    "group",
+    "batch_size",
+    "precision",
+    "family",
+    "parameters",
+    "layers",
+    "hidden_size",
+    "sequence_length",
+)
+# the optional columns the production model reads as the job's configuration (NaN: absent)
+NUMERIC = ("parameters", "layers", "hidden_size", "sequence_length", "batch_size")
 # Rows are compared only when these match (where the table has them): one "job".
 JOB_KEYS = ("group", "workload", "batch_size", "precision", "parameters", "sequence_length")
 
@@ -33,7 +44,8 @@ class TableError(ValueError):
 class Table:
     """Measurements with a known accelerator type: `group`, `workload`, `job` (rows compared
     only within one), `type_id`, `vendor`, `precision`, `family`, `log_pd` (log per-device
-    throughput), `count` (devices), `repeats` (measurements folded into the row). `skipped`
+    throughput), `count` (devices), the `NUMERIC` configuration columns (NaN: not given),
+    `repeats` (measurements folded into the row). `skipped`
     counts what was left out, by reason; `unknown_types` names the accelerator types without
     specs (reported, never guessed); `repeats_folded` counts the measurements that repeated
     another of the same job, type and device count (their median is the row)."""
@@ -89,6 +101,7 @@ def _neusight(raw: pd.DataFrame) -> pd.DataFrame:
             "workload": raw["model"],
             "batch_size": raw["batch_size"],
             "sequence_length": raw["seq_len"],
+            "layers": raw["num_layers"],
             "precision": raw["precision"],
             "accelerator_type": raw["accelerator_type"],
             "accelerator_count": raw["accelerator_count"],
@@ -182,6 +195,8 @@ def normalise(table: pd.DataFrame, catalog: HardwareCatalog, name: str = "table"
             "count": count[ok],
         }
     )
+    for column in NUMERIC:
+        rows[column] = _number(t, column)
     keys = [_text(t, c) for c in JOB_KEYS]
     rows["job"] = pd.factorize(pd.Series(["\x1f".join(k) for k in zip(*keys, strict=True)]))[0]
     folded = fold_repeats(rows)
@@ -216,6 +231,13 @@ def _rate(t: pd.DataFrame) -> np.ndarray:
         with np.errstate(divide="ignore"):
             rate = np.where(np.isfinite(rate), rate, 1.0 / ttt)
     return np.asarray(rate)
+
+
+def _number(t: pd.DataFrame, column: str) -> np.ndarray:
+    """A numeric column (NaN where absent or not a number)."""
+    if column not in t.columns:
+        return np.full(len(t), np.nan)
+    return np.asarray(pd.to_numeric(t[column], errors="coerce").to_numpy(np.float64))
 
 
 def _text(t: pd.DataFrame, column: str) -> np.ndarray:
