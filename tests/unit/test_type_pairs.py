@@ -21,16 +21,26 @@ FAMILIES = ["dense_llm", "vision_cnn"]
 VENDOR_OF = {0: 0, 1: 0, 2: 1}  # a, b: nvidia; c: amd
 
 
-def _codes(pairs: list[tuple[int, int, int]], dev: list[float] | None = None) -> PairCodes:
+def _codes(
+    pairs: list[tuple[int, int, int]],
+    dev: list[float] | None = None,
+    flops: list[float] | None = None,
+) -> PairCodes:
     cand = np.asarray([c for c, _p, _f in pairs])
     prior = np.asarray([p for _c, p, _f in pairs])
+
+    def values(x: list[float] | None) -> np.ndarray:
+        return np.zeros(len(pairs)) if x is None else np.asarray(x, np.float64)
+
     return PairCodes(
         cand,
         prior,
         np.asarray([VENDOR_OF.get(int(c), -1) for c in cand]),
         np.asarray([VENDOR_OF.get(int(p), -1) for p in prior]),
         np.asarray([f for _c, _p, f in pairs]),
-        np.zeros(len(pairs)) if dev is None else np.asarray(dev, np.float64),
+        values(dev),
+        values(flops),
+        np.zeros(len(pairs)),
     )
 
 
@@ -74,6 +84,17 @@ def test_the_device_exponent_is_learned_before_the_levels() -> None:
     effects = _empty().fit(-0.3 * d, codes)
     assert effects.device_exponent == pytest.approx(-0.3)
     np.testing.assert_allclose(effects.predict(codes), -0.3 * d, atol=1e-9)
+
+
+def test_a_slope_in_the_flops_ratio_is_learned_where_physics_misses_it() -> None:
+    """Jobs gain 0.3 × log(FLOP/s ratio) more than physics says on every type pair: the slope
+    takes it, whatever the pair, and a pair never measured gets it too."""
+    rng = np.random.default_rng(1)
+    d = rng.uniform(-1.0, 1.0, 400)
+    pairs = [(int(c), int(p), 0) for c, p in rng.choice([(0, 1), (1, 0), (2, 0)], 400)]
+    effects = _empty().fit(0.3 * d, _codes(pairs, flops=list(d)))
+    assert effects.flops_slope == pytest.approx(0.3)
+    assert effects.predict(_codes([(2, 1, 1)], flops=[0.5]))[0] == pytest.approx(0.15)
 
 
 def test_reversed_pairs_see_the_inverse_and_json_round_trips() -> None:

@@ -1,6 +1,8 @@
 """`TypePairEffects`: what moving a job from one hardware type to another does beyond the
-physics ratio: a device-count exponent (per-device rates fall as one job spreads over more
-devices), then shrunk medians down a hierarchy: vendor pair → type pair → family × type pair.
+physics ratio: slopes in the peak-FLOP/s and bandwidth ratios (how far this fleet's jobs sit
+from the physics' balance of the two) and a device-count exponent (per-device rates fall as
+one job spreads over more devices), then shrunk medians down a hierarchy: vendor pair → type
+pair → family × type pair.
 
 Each level is the median residual of the pairs it groups, times n / (n + k) (`LEVELS`: k
 pseudo-pairs at zero), fitted on what the levels above left; a level seen often moves far from
@@ -21,8 +23,12 @@ import numpy as np
 from leap_stream.core.columns import Frame, column_codes, f64
 
 # per-device rate ∝ (devices now ÷ the prior's)^e: the exponents tried, 0 first (a table of one
-# size, or a fleet whose jobs keep their size, stays at 0); least absolute residual wins
+# size, or a fleet whose jobs keep their size, stays at 0); and slopes in the log ratios of
+# peak FLOP/s and of bandwidth on top of the physics, 0 first. The least absolute residual
+# on at most SLOPE_ROWS pairs (evenly spaced) wins; the first of equals.
 EXPONENTS = np.linspace(0.0, -1.0, 21)
+SLOPES = np.array([0.0, 0.1, -0.1, 0.2, -0.2, 0.3, -0.3, 0.4, -0.4, 0.5, -0.5])
+SLOPE_ROWS = 2000
 # (level, pseudo-pairs at zero residual): a level seen k times moves half-way to its median
 LEVELS: tuple[tuple[str, float], ...] = (
     ("vendor_pair", 4.0),
@@ -53,6 +59,20 @@ def shrunk_medians(
     return uniq, median * n / (n + shrink)
 
 
+def _slopes(residual: np.ndarray, c: PairCodes) -> tuple[float, float, float]:
+    """(device exponent, FLOP/s slope, bandwidth slope) of the grid with the least absolute
+    residual on an evenly spaced sample of the finite pairs; zeros without any."""
+    ok = np.flatnonzero(np.isfinite(residual))
+    if not len(ok):
+        return 0.0, 0.0, 0.0
+    ok = ok[np.linspace(0, len(ok) - 1, min(len(ok), SLOPE_ROWS)).astype(np.int64)]
+    grid = np.stack([g.ravel() for g in np.meshgrid(EXPONENTS, SLOPES, SLOPES, indexing="ij")])
+    x = np.stack([c.log_dev_ratio[ok], c.d_flops[ok], c.d_bw[ok]], axis=1)
+    misfit = np.abs(residual[ok, None] - x @ grid).sum(axis=0)
+    best = grid[:, int(np.argmin(misfit))]
+    return float(best[0]), float(best[1]), float(best[2])
+
+
 @dataclass(frozen=True)
 class PairCodes:
     """Per pair: the candidate's and the prior's type and vendor, and the job's family, as
@@ -64,6 +84,8 @@ class PairCodes:
     prior_vendor: np.ndarray
     family: np.ndarray
     log_dev_ratio: np.ndarray  # log(devices now ÷ the prior's devices); 0 where unknown
+    d_flops: np.ndarray  # log peak FLOP/s, candidate ÷ prior type; 0 where unknown
+    d_bw: np.ndarray  # log memory bandwidth, candidate ÷ prior type; 0 where unknown
 
     def reversed(self) -> PairCodes:
         """The same pairs seen from the other side."""
@@ -74,6 +96,8 @@ class PairCodes:
             self.cand_vendor,
             self.family,
             -self.log_dev_ratio,
+            -self.d_flops,
+            -self.d_bw,
         )
 
     def take(self, mask: np.ndarray) -> PairCodes:
@@ -92,6 +116,8 @@ class PairCodes:
             self.prior_vendor,
             self.family,
             self.log_dev_ratio,
+            self.d_flops,
+            self.d_bw,
         )
 
 
@@ -107,6 +133,8 @@ class TypePairEffects:
     type_pair: np.ndarray  # (T + 1, T + 1)
     family_type_pair: np.ndarray  # (F + 1, T + 1, T + 1)
     device_exponent: float = 0.0
+    flops_slope: float = 0.0
+    bandwidth_slope: float = 0.0
 
     @classmethod
     def levels_of(
@@ -131,15 +159,22 @@ class TypePairEffects:
             c = column_codes(frame, col, {x: i for i, x in enumerate(levels)})
             return c if rows is None else c[rows]
 
-        d = f64(frame, "other_log_dev_ratio")
-        d = np.where(np.isfinite(d), d, 0.0)
+        def finite(x: np.ndarray) -> np.ndarray:
+            x = np.where(np.isfinite(x), x, 0.0)
+            return x if rows is None else x[rows]
+
+        def ratio(col: str) -> np.ndarray:
+            return finite(f64(frame, col) - f64(frame, "o_" + col))
+
         return PairCodes(
             of("hardware_type", self.types),
             of("o_hardware_type", self.types),
             of("vendor", self.vendors),
             of("o_vendor", self.vendors),
             of("family", self.families),
-            d if rows is None else d[rows],
+            finite(f64(frame, "other_log_dev_ratio")),
+            ratio("log_peak_tflops"),
+            ratio("log_mem_bw"),
         )
 
     def _indices(self, c: PairCodes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -155,10 +190,8 @@ class TypePairEffects:
         """The levels fitted on `residual` (the measured log ratio less the physics ratio) of
         pairs `c`, each on what the levels above left."""
         resid = np.asarray(residual, np.float64)
-        ok = np.isfinite(resid)
-        misfit = np.abs(resid[ok, None] - c.log_dev_ratio[ok, None] * EXPONENTS).sum(axis=0)
-        exponent = float(EXPONENTS[int(np.argmin(misfit))]) if ok.any() else 0.0
-        resid = resid - exponent * c.log_dev_ratio
+        exponent, flops, bandwidth = _slopes(resid, c)
+        resid = resid - exponent * c.log_dev_ratio - flops * c.d_flops - bandwidth * c.d_bw
         tables = []
         for (name, shrink), idx in zip(LEVELS, self._indices(c), strict=True):
             table = np.zeros(getattr(self, name).shape)
@@ -177,6 +210,8 @@ class TypePairEffects:
             type_pair,
             family_type_pair,
             exponent,
+            flops,
+            bandwidth,
         )
 
     def predict(self, c: PairCodes) -> np.ndarray:
@@ -184,6 +219,8 @@ class TypePairEffects:
         iv, it, ift = self._indices(c)
         return np.asarray(
             self.device_exponent * c.log_dev_ratio
+            + self.flops_slope * c.d_flops
+            + self.bandwidth_slope * c.d_bw
             + self.vendor_pair.ravel()[iv]
             + self.type_pair.ravel()[it]
             + self.family_type_pair.ravel()[ift]
@@ -196,6 +233,8 @@ class TypePairEffects:
             "families": list(self.families),
             **{name: getattr(self, name).round(6).tolist() for name, _k in LEVELS},
             "device_exponent": self.device_exponent,
+            "flops_slope": self.flops_slope,
+            "bandwidth_slope": self.bandwidth_slope,
         }
 
     @classmethod
@@ -211,4 +250,6 @@ class TypePairEffects:
             type_pair,
             family_type_pair,
             float(doc.get("device_exponent", 0.0)),
+            float(doc.get("flops_slope", 0.0)),
+            float(doc.get("bandwidth_slope", 0.0)),
         )
