@@ -111,13 +111,18 @@ class _Effect:
     ) -> np.ndarray:
         """Per row, the flat index of its level combination; −1 when one is unseen. `known`:
         a column's codes over the same levels, as other effects of one call looked them up."""
-        flat = np.zeros(len(frame), np.int64)
-        seen = np.ones(len(frame), bool)
+        parts = []
         for col, lv, lut in zip(self.columns, self.levels, self.luts, strict=True):
             name = prefix + col if col in HW_SIDE else col
             c = known.get((name, lv))
             if c is None:
-                c = known[(name, lv)] = column_codes(frame, name, lut)
+                c = known[(name, lv)] = np.asarray(column_codes(frame, name, lut), np.int64)
+            parts.append(c)
+        if len(parts) == 1:  # one column: its codes are the flat index, −1 where unseen
+            return parts[0]
+        flat = np.zeros(len(frame), np.int64)
+        seen = np.ones(len(frame), bool)
+        for c, lv in zip(parts, self.levels, strict=True):
             seen &= c >= 0
             flat = flat * len(lv) + np.maximum(c, 0)
         return np.where(seen, flat, -1)
@@ -261,11 +266,20 @@ class LearnedRoofline:
         return _Rows(times, ideal, peak, bubble, codes, ok)
 
     def _efficiency(self, rows: _Rows, theta: np.ndarray, group: str) -> np.ndarray:
+        padded = self._padded if theta is self.theta else self._pad(theta)
         out = np.zeros(len(rows.ideal))
-        for e, codes in zip(self.effects, rows.codes, strict=True):
+        for e, codes, values in zip(self.effects, rows.codes, padded, strict=True):
             if e.group == group:
-                out += np.append(theta[e.start : e.start + e.size], 0.0)[codes]  # −1: zero
+                out += values[codes]  # −1: the padding, zero
         return out
+
+    def _pad(self, theta: np.ndarray) -> list[np.ndarray]:
+        """Each effect's values of `theta` with a zero after them (what code −1 looks up)."""
+        return [np.append(theta[e.start : e.start + e.size], 0.0) for e in self.effects]
+
+    @cached_property
+    def _padded(self) -> list[np.ndarray]:
+        return self._pad(self.theta)
 
     def _parts(self, rows: _Rows, theta: np.ndarray) -> dict[str, Any]:
         s = dict(zip(SCALARS, theta[self._scalar :], strict=True))
