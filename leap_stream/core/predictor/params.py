@@ -107,9 +107,18 @@ PRIOR_RESIDUAL = "prior_residual"
 
 def _threads(rows: int, predict: bool = False) -> int:
     """OpenMP threads: one for small work (spinning threads cost more than they save on a
-    shared 2-core box), two for big training sets and serving batches."""
+    shared 2-core box), two for big training sets and serving batches, never more than the
+    cores this process may run on (a worker pinned to one core would spin two threads on
+    it)."""
     big = rows >= (2_000 if predict else 200_000)
-    return max(1, min(2, os.cpu_count() or 1)) if big else 1
+    return max(1, min(2, usable_cores())) if big else 1
+
+
+def usable_cores() -> int:
+    """The cores this process may run on now (its CPU affinity where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def predict_threads(rows: int) -> int:

@@ -1,4 +1,5 @@
-"""`leap-stream bench`: pass-through ceiling, pipeline, real worker, naive, and latency at 1,000/s.
+"""`leap-stream bench`: pass-through ceiling, pipeline, real worker, naive, and latency at 1,000/s;
+with `--capacity`, the highest rates that keep the worker's and `serve`'s p99 objectives.
 
 Figures go to stderr as the stages finish; the last stdout line is one JSON object (the keys of
 `stats.FINAL_KEYS`), so scripts can `tail -1`. docs/benchmarks.md has the measured figures.
@@ -62,6 +63,25 @@ def register(parser: argparse.ArgumentParser) -> None:
         default="",
         help="write a pyinstrument profile of the pipeline stage here (.html/.txt)",
     )
+    parser.add_argument(
+        "--capacity",
+        action="store_true",
+        help="find the highest mixed rate with the worker's p99 under 50 ms and the highest "
+        "request rate with serve's p99 under 10 ms, each pinned to a core of its own "
+        "(runs only these stages; set --events to at least the top rate × --seconds)",
+    )
+    parser.add_argument(
+        "--capacity-range",
+        default="200:4000",
+        help="LOW:HIGH submissions/s the worker's search bisects (default 200:4000)",
+    )
+    parser.add_argument(
+        "--serve-range", default="100:2000", help="LOW:HIGH requests/s for serve (default 100:2000)"
+    )
+    parser.add_argument("--capacity-steps", type=int, default=5, help="bisection steps")
+    parser.add_argument(
+        "--capacity-runs", default="9:10", help="NEED:RUNS under the objective at a rate"
+    )
     parser.add_argument("--json", action="store_true", help="print the full figures as JSON too")
 
 
@@ -86,6 +106,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     from leap_stream.tools.dev import ensure_services, stop_services
 
     stages = {s.strip() for s in args.only.split(",") if s.strip()}
+    if args.capacity:
+        stages = {"capacity"}
     if args.profile and importlib.util.find_spec("pyinstrument") is None:
         # a developer's option: the profiler comes with the dev extra, not with the service
         print("bench: --profile needs pyinstrument (pip install pyinstrument)", file=sys.stderr)
@@ -220,6 +242,13 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
                 f"answered, p50 {d['p50_ms']:.1f} ms, p99 {d['p99_ms']:.1f} ms, max "
                 f"{d['max_ms']:.1f} ms; one process answers {d['max_rps']:.0f} requests/s"
             )
+        if "capacity" in stages:
+            detail["capacity"] = _capacity(args, world, services, settings)
+            figs.update(
+                capacity_at_p99_50ms=detail["capacity"]["worker"]["capacity"],
+                serve_capacity_at_p99_10ms=detail["capacity"]["serve"]["capacity"],
+                capacity_cores=detail["capacity"]["cores"],
+            )
         if "naive" in stages:
             src, dst = world.topic("nv-in"), world.topic("nv-out")
             load_topic(world.bootstrap, src, world.submissions[:naive_n], world.lines[:naive_n])
@@ -260,3 +289,55 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
 
 __all__ = ["register", "run"]
+
+
+def _plan(args: argparse.Namespace, span: str) -> Any:
+    from leap_stream.tools.bench.capacity import CapacityPlan
+
+    low, high = (float(x) for x in span.split(":"))
+    need, runs = (int(x) for x in args.capacity_runs.split(":"))
+    return CapacityPlan(low, high, args.capacity_steps, runs, need, args.seconds)
+
+
+def _capacity(args: argparse.Namespace, world: Any, services: Any, settings: Settings) -> Any:
+    """The worker's and serve's capacity at their objectives (tools/bench/capacity.py)."""
+    from leap_stream.stream.compiled import wanted as wanted_compiled
+    from leap_stream.tools.bench.capacity import available_cores, split_cores
+    from leap_stream.tools.bench.http import serve_capacity
+    from leap_stream.tools.bench.loops import load_topic
+    from leap_stream.tools.bench.worker_stages import WorkerProc, worker_backlog, worker_capacity
+    from leap_stream.tools.bench.world import log
+    from leap_stream.tools.dev import state
+
+    cores = split_cores(available_cores(), service_cores=1)
+    paths = state.Paths.from_env(services.home, settings)
+    others = [
+        st.pid
+        for name in ("kafka", "redis", "redis-cluster")
+        if (st := state.load_state(paths, name)) is not None and st.pid
+    ]
+    topics = {k: world.topic(f"cap-{k}") for k in ("sub", "comp", "rank", "dlq")}
+    worker = WorkerProc(world, topics, count=args.workers, split_roles=args.split_roles)
+    try:
+        if wanted_compiled(settings.compiled_trees):  # the figures with the trees compiled
+            worker.start()
+            worker.wait_compiled()
+        load_topic(world.bootstrap, topics["sub"], world.submissions, world.lines)
+        worker_backlog(world, worker, len(world.submissions))  # the completions' submissions
+        w = worker_capacity(world, worker, _plan(args, args.capacity_range), cores, others)
+    finally:
+        worker.stop()
+    log(
+        f"capacity: {w['capacity']:.0f} mixed events/s ({w['submissions_per_s']:.0f} "
+        f"submissions/s + completions) with p99 under 50 ms in {args.capacity_runs} "
+        f"(need:runs), {args.workers} worker process(es) on core(s) "
+        f"{list(cores.service)}, the rest "
+        f"on {list(cores.rest)}; p99 by rate {w['p99_ms_by_rate']}"
+    )
+    h = serve_capacity(world, world.topic("cap-http"), _plan(args, args.serve_range), cores)
+    log(
+        f"serve capacity: {h['capacity']:.0f} requests/s with p99 under 10 ms on core(s) "
+        f"{list(cores.service)}, callers on {list(cores.rest)}; p99 by rate "
+        f"{h['p99_ms_by_rate']}"
+    )
+    return {"worker": w, "serve": h, "cores": cores.describe(), "others_pinned": others}

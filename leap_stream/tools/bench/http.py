@@ -3,11 +3,22 @@ second one process answers."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
+from leap_stream.tools.bench.capacity import (
+    SERVE_P99_MS,
+    CapacityPlan,
+    Cores,
+    bisect_rate,
+    pinned,
+    runs_pass,
+)
 from leap_stream.tools.bench.stats import percentile_ms, rate
 from leap_stream.tools.bench.world import BenchWorld
 from leap_stream.tools.harness import (
@@ -21,12 +32,10 @@ from leap_stream.tools.harness import (
 T = TypeVar("T")
 
 
-def http_latency(
-    world: BenchWorld, rank_topic: str, per_s: float, seconds: float
-) -> dict[str, Any]:
-    """`leap-stream serve` on this world: single-job requests open-loop at ``per_s`` for
-    ``seconds`` (latency = request sent → ranking received), then the most requests one
-    process answers a second with 4 clients back to back."""
+@contextmanager
+def serving(world: BenchWorld, rank_topic: str) -> Iterator[tuple[str, WorkerProcess]]:
+    """`leap-stream serve` on this world, ready (and serving compiled trees where they are
+    wanted): its base URL and process; stopped on exit."""
     import httpx
 
     from leap_stream.stream.compiled import wanted
@@ -61,11 +70,20 @@ def http_latency(
                 return "\nleap_model_compiled 1.0" in text
 
             wait_for("compiled trees serving in leap-stream serve", compiled, 180)
-        bodies = world.lines
-        lat = _http_open_loop(base, bodies, per_s, seconds)
-        rps = _http_max_rate(base, bodies, clients=4, seconds=min(seconds, 5.0))
+        yield base, serve
     finally:
         serve.stop()
+
+
+def http_latency(
+    world: BenchWorld, rank_topic: str, per_s: float, seconds: float
+) -> dict[str, Any]:
+    """`leap-stream serve` on this world: single-job requests open-loop at ``per_s`` for
+    ``seconds`` (latency = request sent → ranking received), then the most requests one
+    process answers a second with 4 clients back to back."""
+    with serving(world, rank_topic) as (base, _serve):
+        lat = _http_open_loop(base, world.lines, per_s, seconds)
+        rps = _http_max_rate(base, world.lines, clients=4, seconds=min(seconds, 5.0))
     return {
         "offered_per_s": per_s,
         "seconds": seconds,
@@ -76,6 +94,31 @@ def http_latency(
         "max_ms": percentile_ms(lat, 100),
         "max_rps": rps,
     }
+
+
+def serve_capacity(
+    world: BenchWorld, rank_topic: str, plan: CapacityPlan, cores: Cores
+) -> dict[str, Any]:
+    """The most single-job requests/s `serve` answers with p99 under `SERVE_P99_MS` in
+    `plan.need` of `plan.runs` open-loop runs, `serve` pinned to `cores.service` and this
+    process (the callers) to `cores.rest`."""
+    tried: dict[float, list[float]] = {}
+    with (
+        serving(world, rank_topic) as (base, serve),
+        pinned([serve.proc.pid] if serve.proc else [], cores.service) as on_service,
+        pinned([os.getpid()], cores.rest),
+    ):
+
+        def passes(per_s: float) -> bool:
+            def run(_k: int) -> float:
+                p99 = percentile_ms(_http_open_loop(base, world.lines, per_s, plan.seconds), 99)
+                tried.setdefault(per_s, []).append(p99)
+                return p99
+
+            return runs_pass(run, plan.runs, plan.need, SERVE_P99_MS)
+
+        found = bisect_rate(passes, plan.low, plan.high, plan.steps)
+    return {"capacity": found, "pinned": on_service, "p99_ms_by_rate": tried}
 
 
 class _Caller:

@@ -31,6 +31,9 @@ FINAL_KEYS = (
     "compiled_trees",
     "pipeline_vs_passthrough",
     "pipeline_vs_naive",
+    "capacity_at_p99_50ms",
+    "serve_capacity_at_p99_10ms",
+    "capacity_cores",
 )
 
 

@@ -18,6 +18,14 @@ import orjson
 
 from leap_stream.stream.client import RankingsClient
 from leap_stream.stream.kafka import KafkaClients, produce_waiting
+from leap_stream.tools.bench.capacity import (
+    WORKER_P99_MS,
+    CapacityPlan,
+    Cores,
+    bisect_rate,
+    pinned,
+    runs_pass,
+)
 from leap_stream.tools.bench.stats import due, percentile_ms, rate
 from leap_stream.tools.bench.world import BenchWorld
 from leap_stream.tools.harness import (
@@ -391,3 +399,36 @@ def offered_load(
     reader.close()
     figures = _latency_figures(sent, lat, sent_order, in_worker, time.perf_counter() - t_start)
     return {"offered_per_s": per_s, "seconds": seconds, "completions": len(comps), **figures}
+
+
+def worker_capacity(
+    world: BenchWorld, worker: WorkerProc, plan: CapacityPlan, cores: Cores, others: list[int]
+) -> dict[str, Any]:
+    """The highest mixed rate (submissions + the completions mixed in at the same rate, as
+    many as the world has) at which the worker's p99 stays under `WORKER_P99_MS` in
+    `plan.need` of `plan.runs` runs, bisected over the submission rate: the worker
+    processes pinned to `cores.service`, `others` (the broker, Redis) and this process (the
+    load generator) to `cores.rest`."""
+    workers = [w.proc.pid for w in worker.procs if w.proc is not None]
+    with pinned(workers, cores.service) as on_service, pinned([*others, os.getpid()], cores.rest):
+        return {**_worker_capacity(world, worker, plan), "pinned": on_service}
+
+
+def _worker_capacity(world: BenchWorld, worker: WorkerProc, plan: CapacityPlan) -> dict[str, Any]:
+    tried: dict[float, list[float]] = {}
+    mixed: dict[float, float] = {0.0: 0.0}  # submissions/s → submissions + completions per s
+    runs_done = [0]
+
+    def passes(per_s: float) -> bool:
+        def run(_k: int) -> float:
+            time.sleep(1.0)  # the previous run's tail drains
+            runs_done[0] += 1
+            d = offered_load(world, worker, per_s, plan.seconds, mixed_run=1000 + runs_done[0])
+            tried.setdefault(per_s, []).append(d["p99_ms"])
+            mixed[per_s] = per_s + d["completions"] / plan.seconds
+            return float(d["p99_ms"])
+
+        return runs_pass(run, plan.runs, plan.need, WORKER_P99_MS)
+
+    found = bisect_rate(passes, plan.low, plan.high, plan.steps)
+    return {"capacity": mixed[found], "submissions_per_s": found, "p99_ms_by_rate": tried}
