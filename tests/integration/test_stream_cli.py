@@ -157,21 +157,26 @@ def test_bench_capacity_bisects_both_objectives_with_the_service_on_its_own_core
     kafka_bootstrap: str, redis_url: str
 ) -> None:
     """`leap-stream bench --capacity` on tiny sizes against the real services: one run a rate,
-    one bisection step; the figures are in the last line and every rate tried is reported with
-    its p99 (a capacity is a rate it tried, or 0 when even the lowest failed)."""
-    env = {"LEAP_KAFKA_BOOTSTRAP": kafka_bootstrap, "LEAP_REDIS_URL": redis_url}
+    the two ends of each range only; the figures are in the last line and every rate tried is
+    reported with its p99 (a capacity is a rate it tried, or 0 when even the lowest failed).
+    LightGBM's own predict: the compile the full bench waits for proves nothing here."""
+    env = {
+        "LEAP_KAFKA_BOOTSTRAP": kafka_bootstrap,
+        "LEAP_REDIS_URL": redis_url,
+        "LEAP_COMPILED_TREES": "0",
+    }
     res = _cli(
         [
             "bench",
             "--capacity",
             "--events",
-            "1500",
+            "600",
             "--seconds",
             "1",
             "--capacity-runs",
             "1:1",
             "--capacity-steps",
-            "1",
+            "0",
             "--capacity-range",
             "50:400",
             "--serve-range",
@@ -184,6 +189,6 @@ def test_bench_capacity_bisects_both_objectives_with_the_service_on_its_own_core
     last = orjson.loads(res.stdout.strip().splitlines()[-1])
     assert last["capacity_cores"]["service"] and last["capacity_cores"]["rest"]
     assert last["capacity_at_p99_50ms"] is not None and last["capacity_at_p99_50ms"] >= 0
-    assert last["serve_capacity_at_p99_10ms"] in (0.0, 20.0, 110.0, 200.0)
+    assert last["serve_capacity_at_p99_10ms"] in (0.0, 20.0, 200.0)
     assert "mixed events/s" in res.stderr and "serve capacity" in res.stderr
     assert last["pipeline_eps"] is None  # --capacity runs only its own stages
