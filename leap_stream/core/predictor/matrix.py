@@ -117,6 +117,9 @@ def _offset(
     else:
         r = f64(frame, prefix + "log_phys_rate")
         r = r if rows is None else r[rows]
+    known = np.isfinite(r)
+    if known.all():  # a fleet's jobs carry their configuration: no fallback to compute
+        return np.asarray(r)
     spec = 0.5 * (f64(frame, prefix + "log_peak_tflops") + f64(frame, prefix + "log_mem_bw"))
     spec = spec if rows is None else spec[rows]
-    return np.asarray(np.where(np.isfinite(r), r, np.where(np.isfinite(spec), spec, 0.0)))
+    return np.asarray(np.where(known, r, np.where(np.isfinite(spec), spec, 0.0)))

@@ -306,9 +306,10 @@ class ThroughputModel:
         compiled = self.score if self.scorer_kind != LIGHTGBM_KIND else None
         model_types = len(pd.unique(pf["model_type"].to_numpy(object)[train_idx[rows]]))
         if (pair & train_idx).sum() < RATIO_MIN_ROWS or model_types < RATIO_MIN_MODEL_TYPES:
-            codes = self._type_pair_levels().codes(pf)
+            levels = self._type_pair_levels()
+            codes = levels.codes(pf)
             codes = codes.stacked(codes.reversed())
-            effects = self._type_pair_levels().fit(np.where(tr, target, np.nan), codes)
+            effects = levels.fit(np.where(tr, target, np.nan), codes)
             meta["type_pair_effects"] = effects.to_json()
             return type(self)(self.booster, meta, compiled, self.scorer_kind)
         names = ratio_features(self.feature_names)
