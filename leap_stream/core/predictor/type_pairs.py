@@ -159,10 +159,14 @@ class TypePairEffects:
             c = column_codes(frame, col, {x: i for i, x in enumerate(levels)})
             return c if rows is None else c[rows]
 
-        def finite(col: str) -> np.ndarray:
-            x = f64(frame, col)
+        def finite(x: np.ndarray) -> np.ndarray:
             x = np.where(np.isfinite(x), x, 0.0)
             return x if rows is None else x[rows]
+
+        # from the hardware inputs both forms of the ratio model read, not the feature
+        # builder's other_log_*_ratio: the trainer keeps only the columns a model reads
+        def ratio(col: str) -> np.ndarray:
+            return finite(f64(frame, col) - f64(frame, "o_" + col))
 
         return PairCodes(
             of("hardware_type", self.types),
@@ -170,9 +174,9 @@ class TypePairEffects:
             of("vendor", self.vendors),
             of("o_vendor", self.vendors),
             of("family", self.families),
-            finite("other_log_dev_ratio"),
-            finite("other_log_flops_ratio"),
-            finite("other_log_bw_ratio"),
+            finite(f64(frame, "other_log_dev_ratio")),
+            ratio("log_peak_tflops"),
+            ratio("log_mem_bw"),
         )
 
     def _indices(self, c: PairCodes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
