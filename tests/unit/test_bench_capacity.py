@@ -7,7 +7,14 @@ import os
 
 import pytest
 
-from leap_stream.tools.bench.capacity import bisect_rate, pinned, runs_pass, split_cores
+from leap_stream.tools.bench.capacity import (
+    CapacityPlan,
+    bisect_rate,
+    pinned,
+    runs_pass,
+    search,
+    split_cores,
+)
 
 
 def test_bisection_closes_in_on_the_highest_passing_rate() -> None:
@@ -63,3 +70,12 @@ def test_pinned_holds_a_live_pid_on_the_cores_and_restores_it_after() -> None:
         assert done == [os.getpid()]  # the dead pid is skipped
         assert os.sched_getaffinity(0) == set(one)
     assert os.sched_getaffinity(0) == mine
+
+
+def test_search_reports_every_run_of_every_rate_it_tried() -> None:
+    """p99 = rate / 10 ms: 400/s is the last under 50 ms at 0 steps from [400, 800]; each
+    rate's runs stop at the verdict (three good of three, or the first bad of three)."""
+    plan = CapacityPlan(400.0, 800.0, steps=1, runs=3, need=3, seconds=1.0)
+    found, tried = search(plan, 50.0, lambda rate: rate / 10.0)
+    assert found == 400.0
+    assert tried == {400.0: [40.0] * 3, 800.0: [80.0], 600.0: [60.0]}

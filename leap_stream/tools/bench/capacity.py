@@ -63,6 +63,24 @@ def runs_pass(run_p99_ms: Callable[[int], float], runs: int, need: int, limit_ms
     return False
 
 
+def search(
+    plan: CapacityPlan, limit_ms: float, one_run: Callable[[float], float]
+) -> tuple[float, dict[float, list[float]]]:
+    """(the highest rate that keeps the p99 under `limit_ms` in `plan.need` of `plan.runs`
+    runs, every rate tried with its runs' p99s); `one_run(rate)` makes one run, its p99."""
+    tried: dict[float, list[float]] = {}
+
+    def passes(rate: float) -> bool:
+        def run(_k: int) -> float:
+            p99 = one_run(rate)
+            tried.setdefault(rate, []).append(p99)
+            return p99
+
+        return runs_pass(run, plan.runs, plan.need, limit_ms)
+
+    return bisect_rate(passes, plan.low, plan.high, plan.steps), tried
+
+
 @dataclass(frozen=True)
 class Cores:
     """The cores of the service under test and those of everything else (the broker, Redis,

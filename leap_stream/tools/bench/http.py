@@ -15,9 +15,8 @@ from leap_stream.tools.bench.capacity import (
     SERVE_P99_MS,
     CapacityPlan,
     Cores,
-    bisect_rate,
     pinned,
-    runs_pass,
+    search,
 )
 from leap_stream.tools.bench.stats import percentile_ms, rate
 from leap_stream.tools.bench.world import BenchWorld
@@ -102,22 +101,16 @@ def serve_capacity(
     """The most single-job requests/s `serve` answers with p99 under `SERVE_P99_MS` in
     `plan.need` of `plan.runs` open-loop runs, `serve` pinned to `cores.service` and this
     process (the callers) to `cores.rest`."""
-    tried: dict[float, list[float]] = {}
     with (
         serving(world, rank_topic) as (base, serve),
         pinned([serve.proc.pid] if serve.proc else [], cores.service) as on_service,
         pinned([os.getpid()], cores.rest),
     ):
 
-        def passes(per_s: float) -> bool:
-            def run(_k: int) -> float:
-                p99 = percentile_ms(_http_open_loop(base, world.lines, per_s, plan.seconds), 99)
-                tried.setdefault(per_s, []).append(p99)
-                return p99
+        def one_run(per_s: float) -> float:
+            return percentile_ms(_http_open_loop(base, world.lines, per_s, plan.seconds), 99)
 
-            return runs_pass(run, plan.runs, plan.need, SERVE_P99_MS)
-
-        found = bisect_rate(passes, plan.low, plan.high, plan.steps)
+        found, tried = search(plan, SERVE_P99_MS, one_run)
     return {"capacity": found, "pinned": on_service, "p99_ms_by_rate": tried}
 
 

@@ -22,9 +22,8 @@ from leap_stream.tools.bench.capacity import (
     WORKER_P99_MS,
     CapacityPlan,
     Cores,
-    bisect_rate,
     pinned,
-    runs_pass,
+    search,
 )
 from leap_stream.tools.bench.stats import due, percentile_ms, rate
 from leap_stream.tools.bench.world import BenchWorld
@@ -415,20 +414,15 @@ def worker_capacity(
 
 
 def _worker_capacity(world: BenchWorld, worker: WorkerProc, plan: CapacityPlan) -> dict[str, Any]:
-    tried: dict[float, list[float]] = {}
     mixed: dict[float, float] = {0.0: 0.0}  # submissions/s → submissions + completions per s
     runs_done = [0]
 
-    def passes(per_s: float) -> bool:
-        def run(_k: int) -> float:
-            time.sleep(1.0)  # the previous run's tail drains
-            runs_done[0] += 1
-            d = offered_load(world, worker, per_s, plan.seconds, mixed_run=1000 + runs_done[0])
-            tried.setdefault(per_s, []).append(d["p99_ms"])
-            mixed[per_s] = per_s + d["completions"] / plan.seconds
-            return float(d["p99_ms"])
+    def one_run(per_s: float) -> float:
+        time.sleep(1.0)  # the previous run's tail drains
+        runs_done[0] += 1
+        d = offered_load(world, worker, per_s, plan.seconds, mixed_run=1000 + runs_done[0])
+        mixed[per_s] = per_s + d["completions"] / plan.seconds
+        return float(d["p99_ms"])
 
-        return runs_pass(run, plan.runs, plan.need, WORKER_P99_MS)
-
-    found = bisect_rate(passes, plan.low, plan.high, plan.steps)
+    found, tried = search(plan, WORKER_P99_MS, one_run)
     return {"capacity": mixed[found], "submissions_per_s": found, "p99_ms_by_rate": tried}
