@@ -174,18 +174,27 @@ def check_nothing_lost(
     return {"rankings": len(latest), "dataset_rows": len(ids), "lineages": len(book.lineage_ids)}
 
 
-def _whereabouts(stack: Stack, fl: Fleet, lost: set[str]) -> list[tuple[Any, ...]]:
-    """For a failure message: the first missing completions' offsets, whether Redis applied
+def _whereabouts(stack: Stack, fl: Fleet, lost: set[str]) -> str:
+    """For a failure message: how many of the missing completions were dead-lettered, by kind
+    (not lost, but not expected either), and the first ones' offsets, whether Redis applied
     them (their dedup marker), their status and end."""
+    from leap_stream.tools.observe import dead_letters
+
+    dead = dead_letters(stack.bootstrap, stack.topics["dlq"])
+    kinds: dict[str, int] = {}
+    for e in lost:
+        d = dead.get((stack.topics["comp"], 0, stack.comp_offsets.get(e, -1)))
+        kind = "not dead-lettered" if d is None else str(d["error"]["kind"])
+        kinds[kind] = kinds.get(kind, 0) + 1
     store = stack.online_store()
     by_id = {c["event_id"]: c for c in fl.comps}
-    out = []
+    first = []
     for e in sorted(lost)[:10]:
         c = by_id[e]
         seen = store.r.get(store.keys.seen(e, c["model_type"]))
-        out.append((e, stack.comp_offsets.get(e), seen, c["status"], c["ended_at"]))
+        first.append((e, stack.comp_offsets.get(e), seen, c["status"], c["ended_at"]))
     store.r.close()
-    return out
+    return f"{kinds}; first (event, offset, applied, status, end): {first}"
 
 
 def promote_model(registry_dir: Path, dataset: pd.DataFrame, rounds: int = 30) -> str:

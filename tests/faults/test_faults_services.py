@@ -294,6 +294,10 @@ def test_broker_frozen_mid_run(
     stack.extra_env["LEAP_CONSUMER_STALL_S"] = "4"
     # completions whose submission is in the second half wait through the freeze: not orphans
     stack.extra_env["LEAP_ORPHAN_GRACE_S"] = "600"
+    # and every completion of the fleet may wait at once: busy, the completions run ahead of a
+    # submissions loop held up by the freeze, past the default 10,000 (then `waiting_overflow`
+    # dead letters, which this test does not expect; their own test is test_faults_telemetry)
+    stack.extra_env["LEAP_MAX_WAITING_COMPLETIONS"] = "50000"
     # busy: a backlog that a fast worker cannot clear before 5 % of it is seen ranked
     fl = fleet(seed=47, rate=4000 if when == "idle" else 12000)
     half_s, half_c = len(fl.subs) // 2, len(fl.comps) // 2
