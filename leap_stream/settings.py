@@ -478,13 +478,13 @@ class Settings:
     gc_freeze: bool = _setting(
         "LEAP_GC_FREEZE",
         "1",
-        "1: the worker moves everything allocated at start-up (libraries, model, catalog) out of the garbage collector's reach (gc.freeze), so full collections scan only what it made since: shorter pauses (docs/benchmarks.md).",
+        "1: the worker and `serve` move everything allocated at start-up (libraries, model, catalog) out of the garbage collector's reach (gc.freeze), so full collections scan only what it made since: shorter pauses (docs/benchmarks.md).",
         _bool("1", "0"),
     )
     gc_threshold: int = _setting(
         "LEAP_GC_THRESHOLD",
         "50000",
-        "Allocations of container objects between two young-generation collections in the worker (Python's default is 700). A batch of rankings allocates tens of thousands of short-lived dicts; at 700 the collector scans them dozens of times a batch (docs/benchmarks.md). Only reference cycles wait longer to be freed.",
+        "Allocations of container objects between two young-generation collections in the worker and `serve` (Python's default is 700). A batch of rankings allocates tens of thousands of short-lived dicts; at 700 the collector scans them dozens of times a batch (docs/benchmarks.md). Only reference cycles wait longer to be freed.",
         _int(1),
     )
     model_poll_s: float = _setting(

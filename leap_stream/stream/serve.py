@@ -413,7 +413,7 @@ def run(args: argparse.Namespace, cfg: Settings) -> int:
     import uvicorn
 
     from leap_stream.stream.app import poll_in_thread
-    from leap_stream.stream.worker import RefusedToStart, ranking_core
+    from leap_stream.stream.worker import RefusedToStart, ranking_core, tune_gc
 
     logging.basicConfig(
         level=cfg.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s"
@@ -435,6 +435,7 @@ def run(args: argparse.Namespace, cfg: Settings) -> int:
         cfg.topic_rankings,
     )
     publisher.start()
+    tune_gc(cfg)
     stop = threading.Event()
     poll_in_thread("model poll", cfg.model_poll_s, core.holder.poll, stop)
 

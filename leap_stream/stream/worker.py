@@ -250,7 +250,7 @@ def _run(
 
 
 def tune_gc(cfg: Settings) -> None:
-    """The worker's garbage-collector policy, applied once it has started: what start-up
+    """The garbage-collector policy of the worker and `serve`, applied once started: what start-up
     allocated (libraries, model, catalog) frozen out of the collector's reach
     (`LEAP_GC_FREEZE`), and young collections every `LEAP_GC_THRESHOLD` allocations. The bench
     applies it too, so that its pipeline stage costs what the worker's batches cost."""
