@@ -23,8 +23,9 @@ from leap_stream.tools.sim.events import (
     timeline,
     write_jsonl,
 )
-from leap_stream.tools.sim.fleet import FleetSimulator, jobs_from_frame, simulate
+from leap_stream.tools.sim.fleet import FleetSimulator, simulate
 from leap_stream.tools.sim.models import model_catalog
+from leap_stream.tools.sim.population import jobs_from_frame
 from leap_stream.tools.sim.throughput import HardwareArrays, base_throughput, memory_per_device_gib
 
 SMALL = SimConfig(seed=5, days=2, rate=2500)
