@@ -33,7 +33,11 @@ DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "k8s"
 COMPOSE = ROOT / "docker-compose.yml"
 ALERTS = DEPLOY / "prometheus" / "alerts.yml"
-ALERTS_TEST = DEPLOY / "prometheus" / "alerts_test.yml"
+# promtool's unit tests of the alerts: every minute, and over a week every 10 minutes
+ALERTS_TESTS = (
+    DEPLOY / "prometheus" / "alerts_test.yml",
+    DEPLOY / "prometheus" / "alerts_test_week.yml",
+)
 PROMETHEUS_YML = DEPLOY / "prometheus" / "prometheus.yml"
 DASHBOARD = DEPLOY / "grafana" / "leap-stream.json"
 DATASOURCES = DEPLOY / "grafana" / "provisioning" / "datasources" / "prometheus.yml"
@@ -735,11 +739,12 @@ def test_promtool_checks_rules_and_config() -> None:
 
 
 def test_promtool_alert_unit_tests(tmp_path: Path, rules: list[dict[str, Any]]) -> None:
-    """Each alert fires on the bad series in alerts_test.yml and stays quiet on healthy ones."""
-    tests = load(ALERTS_TEST)
+    """Each alert fires on the bad series in its promtool unit tests and stays quiet on healthy
+    ones."""
     firing = {
         case["alertname"]
-        for t in tests["tests"]
+        for path in ALERTS_TESTS
+        for t in load(path)["tests"]
         for case in t.get("alert_rule_test", [])
         if case.get("exp_alerts")
     }
@@ -749,8 +754,9 @@ def test_promtool_alert_unit_tests(tmp_path: Path, rules: list[dict[str, Any]]) 
         for rule in group["rules"]:
             rule.pop("annotations", None)  # the wording is not under test; thresholds are
     (tmp_path / "alerts.yml").write_text(yaml.safe_dump(stripped))
-    shutil.copy(ALERTS_TEST, tmp_path / "alerts_test.yml")
-    out = run_promtool("test", "rules", "alerts_test.yml", cwd=tmp_path)
+    for path in ALERTS_TESTS:
+        shutil.copy(path, tmp_path / path.name)
+    out = run_promtool("test", "rules", *(path.name for path in ALERTS_TESTS), cwd=tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
 
 
