@@ -120,3 +120,30 @@ def test_without_a_configuration_physics_is_the_datasheets_geometric_mean() -> N
     )
     got = _offset(frame, ["config", "specs"], None)
     np.testing.assert_allclose(got, [np.log(800.0), 2.0, 0.0])
+
+
+def test_the_shrinkage_is_chosen_by_predicting_each_lineage_from_the_others() -> None:
+    """Where half the lineages move a → b by +0.5 and half by −0.5, the pair's median over the
+    other lineages points the wrong way for each held-out one: predicting each lineage from the
+    others, the slopes alone (no levels) win and the fit keeps them. Where every lineage moves
+    by the same +0.4, the levels carry it: the first scale stays. Without lineages the scale
+    is 1."""
+    rng = np.random.default_rng(3)
+    n = 400
+    pairs = [(1, 0, 0)] * n
+    lineages = np.repeat(np.arange(8), n // 8)
+    noise = np.where(lineages % 2 == 0, 0.5, -0.5) + rng.normal(0.0, 0.02, n)
+    shared = 0.4 + rng.normal(0.0, 0.02, n)
+    lineages = lineages.astype(str)
+
+    noisy = _empty().fit(noise, _codes(pairs), lineages)
+    assert noisy.shrink_scale > 1.0
+    assert abs(float(noisy.predict(_codes([(1, 0, 0)]))[0])) < 0.1
+
+    real = _empty().fit(shared, _codes(pairs), lineages)
+    assert real.shrink_scale == 1.0
+    assert float(real.predict(_codes([(1, 0, 0)]))[0]) == pytest.approx(0.4, abs=0.05)
+
+    assert _empty().fit(noise, _codes(pairs)).shrink_scale == 1.0
+    again = TypePairEffects.from_json(noisy.to_json())
+    assert again.shrink_scale == noisy.shrink_scale

@@ -275,7 +275,7 @@ class ThroughputModel:
         kind = COMPILED_KIND if scorer is not None else LIGHTGBM_KIND
         model = cls(booster, metadata, scorer, kind)
         if {"prior", "config", "specs"} <= set(groups):
-            model = model._with_ratio_model(frame, y, train_idx, calib, seed)
+            model = model._with_ratio_model(frame, y, train_idx, calib, seed, lineage_ids)
         model._calibrate(frame, y, calib if calib is not None else train_idx, left_out)
         return cls(booster, model.metadata, ratio=model.ratio)
 
@@ -286,6 +286,7 @@ class ThroughputModel:
         train_idx: np.ndarray,
         calib: np.ndarray | None,
         seed: int,
+        lineage_ids: np.ndarray | pd.Series,
     ) -> ThroughputModel:
         """This model with a ratio model fitted on the pairs in `frame` (rows whose lineage
         had run on another type before), one of two (docs/decisions/0012): trees over the
@@ -309,7 +310,8 @@ class ThroughputModel:
             levels = self._type_pair_levels()
             codes = levels.codes(pf)
             codes = codes.stacked(codes.reversed())
-            effects = levels.fit(np.where(tr, target, np.nan), codes)
+            groups = np.tile(np.asarray(lineage_ids, object)[rows], 2)
+            effects = levels.fit(np.where(tr, target, np.nan), codes, groups)
             meta["type_pair_effects"] = effects.to_json()
             return type(self)(self.booster, meta, compiled, self.scorer_kind)
         names = ratio_features(self.feature_names)

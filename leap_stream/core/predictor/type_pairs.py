@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from leap_stream.core.columns import Frame, column_codes, f64
 
@@ -35,6 +36,14 @@ LEVELS: tuple[tuple[str, float], ...] = (
     ("type_pair", 2.0),
     ("family_type_pair", 2.0),
 )
+# multipliers of every level's pseudo-pairs, one chosen per fit by predicting each fold of the
+# training model types from the others (least summed APE; the first of equals, so 1 on a
+# tie); inf: the slopes alone. A table of few model types that differ a lot ends near physics,
+# one of many similar model types near the measured pairs.
+SHRINK_SCALES = (1.0, 0.25, 4.0, 16.0, float("inf"))
+INNER_FOLDS = 8  # model types round robin; with fewer, one model type a fold
+INNER_MIN_GROUPS = 3  # fewer lineages: the scale stays 1
+INNER_MIN_GAIN = 0.02  # of the first scale's mean APE: a smaller gain keeps the first scale
 
 
 def _by_key_then_value(k: np.ndarray, v: np.ndarray) -> np.ndarray:
@@ -135,6 +144,7 @@ class TypePairEffects:
     device_exponent: float = 0.0
     flops_slope: float = 0.0
     bandwidth_slope: float = 0.0
+    shrink_scale: float = 1.0  # the inner choice of SHRINK_SCALES the levels were fitted with
 
     @classmethod
     def levels_of(
@@ -188,22 +198,18 @@ class TypePairEffects:
         fam = np.where(c.family < 0, f - 1, c.family)
         return cv * v + pv, cand * t + prior, (fam * t + cand) * t + prior
 
-    def fit(self, residual: np.ndarray, c: PairCodes) -> TypePairEffects:
+    def fit(
+        self, residual: np.ndarray, c: PairCodes, groups: np.ndarray | None = None
+    ) -> TypePairEffects:
         """The levels fitted on `residual` (the measured log ratio less the physics ratio) of
-        pairs `c`, each on what the levels above left."""
+        pairs `c`, each on what the levels above left, shrunk by the scale of `SHRINK_SCALES`
+        that best predicts each model type (`groups`, one label per pair) from the others."""
         resid = np.asarray(residual, np.float64)
         exponent, flops, bandwidth = _slopes(resid, c)
         resid = resid - exponent * c.log_dev_ratio - flops * c.d_flops - bandwidth * c.d_bw
-        tables = []
-        for (name, shrink), idx in zip(LEVELS, self._indices(c), strict=True):
-            table = np.zeros(getattr(self, name).shape)
-            keys, effects = shrunk_medians(idx, resid, shrink)
-            table.ravel()[keys] = effects
-            for axis in range(table.ndim):  # the padding: a level never seen is its parent's
-                np.moveaxis(table, axis, 0)[-1] = 0.0
-            tables.append(table)
-            resid = resid - table.ravel()[idx]
-        vendor_pair, type_pair, family_type_pair = tables
+        indices = self._indices(c)
+        scale = 1.0 if groups is None else self._inner_scale(resid, indices, groups)
+        vendor_pair, type_pair, family_type_pair = self._tables(resid, indices, scale)
         return TypePairEffects(
             self.types,
             self.vendors,
@@ -214,7 +220,53 @@ class TypePairEffects:
             exponent,
             flops,
             bandwidth,
+            scale,
         )
+
+    def _tables(
+        self, resid: np.ndarray, indices: tuple[np.ndarray, ...], scale: float
+    ) -> list[np.ndarray]:
+        """The three levels of `resid` (NaN: not a training pair), each on what the levels
+        above left, with `scale` × their pseudo-pairs (inf: all zero)."""
+        tables = []
+        for (name, shrink), idx in zip(LEVELS, indices, strict=True):
+            table = np.zeros(getattr(self, name).shape)
+            if np.isfinite(scale):
+                keys, effects = shrunk_medians(idx, resid, shrink * scale)
+                table.ravel()[keys] = effects
+            for axis in range(table.ndim):  # the padding: a level never seen is its parent's
+                np.moveaxis(table, axis, 0)[-1] = 0.0
+            tables.append(table)
+            resid = resid - table.ravel()[idx]
+        return tables
+
+    def _inner_scale(
+        self, resid: np.ndarray, indices: tuple[np.ndarray, ...], groups: np.ndarray
+    ) -> float:
+        """The `SHRINK_SCALES` entry that best predicts each fold of the model types from the
+        others' pairs (mean APE per fold), taken only where its gain over the first entry
+        exceeds one standard error of the per-fold gains (the one-standard-error rule: a
+        choice the folds do not agree on is noise); 1 with fewer than `INNER_MIN_GROUPS`."""
+        ok = np.isfinite(resid)
+        codes, names = pd.factorize(np.asarray(groups, object)[ok])
+        if len(names) < INNER_MIN_GROUPS:
+            return 1.0
+        fold = np.full(len(resid), -1, np.int64)
+        fold[ok] = codes % INNER_FOLDS
+        folds = min(len(names), INNER_FOLDS)
+        err = np.zeros((folds, len(SHRINK_SCALES)))  # mean APE of each fold at each scale
+        for f in range(folds):
+            test = fold == f
+            train = np.where(test, np.nan, resid)
+            for i, scale in enumerate(SHRINK_SCALES):
+                tables = self._tables(train, indices, scale)
+                pred = sum(t.ravel()[idx[test]] for t, idx in zip(tables, indices, strict=True))
+                err[f, i] = np.abs(np.expm1(pred - resid[test])).mean()
+        gain = err[:, :1] - err  # per fold, how much each scale beats the first
+        mean, se = gain.mean(axis=0), gain.std(axis=0, ddof=1) / np.sqrt(folds)
+        best = int(np.argmax(mean))
+        enough = max(se[best], INNER_MIN_GAIN * float(err[:, 0].mean()))
+        return float(SHRINK_SCALES[best]) if mean[best] > enough else SHRINK_SCALES[0]
 
     def predict(self, c: PairCodes) -> np.ndarray:
         """Per pair, its device-count term and the sum of its three levels."""
@@ -237,6 +289,7 @@ class TypePairEffects:
             "device_exponent": self.device_exponent,
             "flops_slope": self.flops_slope,
             "bandwidth_slope": self.bandwidth_slope,
+            "shrink_scale": self.shrink_scale if np.isfinite(self.shrink_scale) else None,
         }
 
     @classmethod
@@ -254,4 +307,7 @@ class TypePairEffects:
             float(doc.get("device_exponent", 0.0)),
             float(doc.get("flops_slope", 0.0)),
             float(doc.get("bandwidth_slope", 0.0)),
+            float("inf")
+            if doc.get("shrink_scale", 1.0) is None
+            else float(doc.get("shrink_scale", 1.0)),
         )
