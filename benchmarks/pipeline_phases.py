@@ -21,7 +21,8 @@ from typing import Any
 
 import orjson
 
-# (label, module, attribute path): the phases of SubmissionProcessor.process
+# (label, module, attribute path): the phases of SubmissionProcessor.process; a function is
+# wrapped where its caller looks it up (a name imported into the caller's module there)
 PHASES: tuple[tuple[str, str, str], ...] = (
     ("process (all)", "leap_stream.stream.batch", "SubmissionProcessor.process"),
     ("  decode + validate", "leap_stream.stream.batch", "decode_records"),
@@ -31,8 +32,9 @@ PHASES: tuple[tuple[str, str, str], ...] = (
     ("  rank", "leap_stream.core.ranker", "Ranker.rank_batch"),
     ("    feature build", "leap_stream.core.features", "build_columns"),
     ("    model (with trees)", "leap_stream.core.predictor.model", "ThroughputModel.predict"),
-    ("      input matrices", "leap_stream.core.predictor.matrix", "_matrix"),
-    ("      ratio-model matrix", "leap_stream.core.predictor.ratio", "_ratio_matrix"),
+    ("      input matrices", "leap_stream.core.predictor.model", "_matrix"),
+    ("      ratio-model matrix", "leap_stream.core.predictor.model", "_ratio_matrix"),
+    ("      learned roofline", "leap_stream.core.roofline", "LearnedRoofline.predict"),
     ("    candidate entries", "leap_stream.core.ranker", "_RankedRows.of"),
     ("  stored predictions", "leap_stream.stream.batch", "SubmissionProcessor._keep_predictions"),
 )
