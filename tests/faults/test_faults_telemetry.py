@@ -553,6 +553,9 @@ def test_partitions_added_while_running_reach_the_lag_gauge(stack: Stack) -> Non
     from confluent_kafka.admin import NewPartitions
 
     stack.extra_env.update(WINDOW)
+    # the clients refresh metadata every LEAP_METADATA_REFRESH_S (30 s by default); 3 s here:
+    # the same path, without waiting out a default refresh
+    stack.extra_env["LEAP_METADATA_REFRESH_S"] = "3"
     t = stack.topics
     now = time.time()
     stack.start()
