@@ -541,6 +541,12 @@ class Settings:
         "Completions of one partition that may wait for their submission at once; more are dead-lettered as waiting_overflow (a flood of completions whose submission never comes must not stall the others).",
         _int(1),
     )
+    explore_budget: float = _setting(
+        "LEAP_EXPLORE_BUDGET",
+        "0.05",
+        "The largest extra cost share an exploration may expect: among the candidates within the noise of the first, a ranking marks `explore` on the best one that neither the lineage nor its model type has run on, when the first candidate's throughput per cost ÷ its − 1 is at most this; the integrations try it first (docs/decisions/0014). 0: no exploration.",
+        _float(0),
+    )
     fault_clock_offset_s: float = _setting(
         "LEAP_FAULT_CLOCK_OFFSET_S",
         "0",

@@ -514,6 +514,16 @@ def _check_ranking(ev: dict[str, Any], known: Container[str] | None) -> _Problem
                 "within_noise_of_best needs an interval and is for candidates after the first",
                 f"data.candidates[{i}].within_noise_of_best",
             )
+    explore = ev.get("explore")
+    if explore is not None and not any(
+        c["hardware_type"] == explore["hardware_type"] and c.get("within_noise_of_best")
+        for c in candidates
+    ):
+        return (
+            "semantic",
+            f"explore names {explore['hardware_type']!r}, not a candidate within_noise_of_best",
+            "data.explore.hardware_type",
+        )
     if (ev["source"] == "none") != (not candidates):
         return (
             "semantic",

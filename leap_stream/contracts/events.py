@@ -118,6 +118,12 @@ class Interval(TypedDict):
     level: float
 
 
+class Exploration(TypedDict):
+    hardware_type: str
+    reason: Literal["never_measured"]
+    expected_extra_cost: float
+
+
 class RankedCandidate(TypedDict):
     hardware_type: str
     predicted_throughput: float
@@ -149,6 +155,7 @@ class HardwareRanking(TypedDict):
     reason: str
     history_used: NotRequired[bool]
     out_of_distribution: NotRequired[bool]
+    explore: NotRequired[Exploration]
     candidates: list[RankedCandidate]
     excluded: list[Excluded]
     latency_ms: float
@@ -217,6 +224,7 @@ __all__ = [
     "DeadLetterSource",
     "ErrorKind",
     "Excluded",
+    "Exploration",
     "Family",
     "Framework",
     "HardwareCatalogDocument",

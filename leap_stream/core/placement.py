@@ -1,7 +1,8 @@
 """Where a ranked job goes: the scheduler-side reading of a hardware-ranking event (pure).
 
 Every integration (the Slurm plugins, the SkyPilot policy, the Kueue gate) asks the same
-question of a ranking: which of the types the user allowed, best first. A ranking with source
+question of a ranking: which of the types the user allowed, best first (an exploration the
+ranking marks before them). A ranking with source
 ``none`` has no opinion, and an unranked type is never preferred over a ranked one; when nothing
 the user allowed was ranked, the answer is empty and the job keeps what the user asked for.
 """
@@ -13,12 +14,19 @@ from typing import Any
 
 
 def ranked_types(ranking: Mapping[str, Any]) -> list[str]:
-    """The ranking's hardware types, best first (by ``rank``, then by position)."""
+    """The ranking's hardware types in the order to try them: the type it marks to explore
+    (``explore``, within the noise of the first and the operator's budget) first, then best
+    first (by ``rank``, then by position)."""
     if ranking.get("source") == "none":
         return []
     candidates: Sequence[Mapping[str, Any]] = ranking.get("candidates") or []
     order = sorted(range(len(candidates)), key=lambda i: (candidates[i].get("rank", i + 1), i))
-    return [str(candidates[i]["hardware_type"]) for i in order]
+    types = [str(candidates[i]["hardware_type"]) for i in order]
+    explore = (ranking.get("explore") or {}).get("hardware_type")
+    if explore in types:
+        types.remove(explore)
+        types.insert(0, explore)
+    return types
 
 
 def choose(

@@ -18,6 +18,7 @@ import pandas as pd
 
 from leap_stream.contracts.events import (
     Excluded,
+    Exploration,
     HardwareRanking,
     JobSubmitted,
     RankedCandidate,
@@ -27,6 +28,8 @@ from leap_stream.contracts.timestamps import format_ts, parse_ts
 from leap_stream.core import features as F
 from leap_stream.core.aggregates import AggregatesAsOf, AggregateTable
 from leap_stream.core.columns import Columns, column_codes
+from leap_stream.core.explore import REASON as EXPLORE_REASON
+from leap_stream.core.explore import explorations, never_measured
 from leap_stream.core.history import LineageHistory, TypeAggregates
 from leap_stream.core.intervals import INTERVAL_LEVEL
 from leap_stream.core.lookup import LookupTable
@@ -104,8 +107,11 @@ class Ranker:
         catalog: Catalog,
         model: ThroughputModel | None = None,
         lookup: LookupTable | None = None,
+        explore_budget: float = 0.0,
     ) -> None:
         self.specs = catalog.spec_matrix()
+        # the largest expected extra cost share of an exploration (core/explore.py); 0: none
+        self.explore_budget = explore_budget
         self._spec_arrays = F.SpecArrays.of(self.specs)
         self.model = model
         self.lookup = lookup
@@ -234,7 +240,12 @@ class Ranker:
             aggs,
             jobs["submitted_at_s"],
         )
-        rows = _RankedRows.of(frame, np.asarray(jobs["num_devices"], np.int64), len(submissions))
+        rows = _RankedRows.of(
+            frame,
+            np.asarray(jobs["num_devices"], np.int64),
+            len(submissions),
+            self.explore_budget,
+        )
         ood = np.zeros(len(submissions), bool)
         ood[np.asarray(frame["job"], np.int64)] = np.asarray(frame["ood"], bool)
         version = self.model.version if self.model is not None else None
@@ -266,6 +277,8 @@ class Ranker:
             )
             if ood[j] and source_name == "model":
                 out[-1]["out_of_distribution"] = True
+            if (explore := rows.explored[j]) is not None and source_name == "model":
+                out[-1]["explore"] = explore
         return out
 
 
@@ -295,9 +308,12 @@ class _RankedRows:
     row_types: _LazyTypes  # the candidate types of each job that are in the catalog
     has_model: list[bool]
     any_fit: list[bool]
+    explored: list[Exploration | None]  # per job, its exploration (core/explore.py) or None
 
     @classmethod
-    def of(cls, frame: Columns, num_devices: np.ndarray, n_sub: int) -> _RankedRows:
+    def of(
+        cls, frame: Columns, num_devices: np.ndarray, n_sub: int, explore_budget: float = 0.0
+    ) -> _RankedRows:
         job = np.asarray(frame["job"], np.int64)
         source = np.asarray(frame["source"], np.int64)
         fits = np.asarray(frame["fits"], bool)
@@ -356,6 +372,17 @@ class _RankedRows:
         # a candidate after the first that could still be the best (its interval reaches it)
         for i in np.flatnonzero(near[o_ok] & (rank_arr > 1)).tolist():
             entries[i]["within_noise_of_best"] = True
+        explored: list[Exploration | None] = [None] * n_sub
+        if explore_budget > 0:  # the candidate within the noise whose run teaches most
+            rows_e, extra = explorations(
+                job, tpc, near, never_measured(frame), explore_budget, n_sub
+            )
+            for j in np.flatnonzero(rows_e >= 0).tolist():
+                explored[j] = {
+                    "hardware_type": str(hw_all[rows_e[j]]),
+                    "reason": EXPLORE_REASON,
+                    "expected_extra_cost": round(float(extra[j]), 4),
+                }
         o_bad = order[~ok_o]
         excl: list[Excluded] = [
             {"hardware_type": t, "reason": "no_prediction" if f else "does_not_fit"}
@@ -373,6 +400,7 @@ class _RankedRows:
                 np.bincount(job[usable & (source == SRC_MODEL)], minlength=n_sub) > 0
             ).tolist(),
             any_fit=(np.bincount(job[fits], minlength=n_sub) > 0).tolist(),
+            explored=explored,
         )
 
     def of_job(

@@ -182,6 +182,8 @@ def observe_submissions(
         m.fallback.labels(reason=reason).inc(n)
     for r in res.rankings:
         m.ranking_latency.observe(min(max(0.0, float(r["latency_ms"]) / 1000.0), LATENCY_CEILING_S))
+        if "explore" in r:
+            m.explore_cost.observe(r["explore"]["expected_extra_cost"])
     m.observe_coverage(len(res.rankings), len(res.rankings) - sources["none"])
     m.batch_size.labels(agent="submissions").observe(len(records))
     m.batch_seconds.labels(agent="submissions").observe(took)

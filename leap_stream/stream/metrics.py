@@ -51,6 +51,13 @@ class Metrics:
         self.fallback = Counter(
             "leap_fallback", "Rankings not made by the model, by reason.", ["reason"], registry=r
         )
+        self.explore_cost = Histogram(
+            "leap_explore_extra_cost",
+            "Rankings that mark an exploration (core/explore.py), by the extra cost share it "
+            "expects (the first candidate's throughput per cost over the explored one's, less 1).",
+            buckets=(0.005, 0.01, 0.02, 0.03, 0.05, 0.1, 0.2),
+            registry=r,
+        )
         self.ranking_latency = Histogram(
             "leap_ranking_latency_seconds",
             "submitted_at to ranking produced (on the broker's time; above the top bucket "

@@ -57,8 +57,10 @@ class RankerHolder:
         fallback_lookup: LookupTable | None = None,
         compile_trees: bool = False,
         catalog_file: CatalogFile | None = None,
+        explore_budget: float = 0.0,
     ) -> None:
         self.catalog = catalog
+        self.explore_budget = explore_budget  # LEAP_EXPLORE_BUDGET, for every ranker it makes
         self.catalog_file = catalog_file
         self.metrics = metrics
         self.compile_trees = compile_trees
@@ -66,13 +68,16 @@ class RankerHolder:
         self._swap = threading.Lock()  # a compile finishing must not replace a newer model
         self.fallback_lookup = fallback_lookup
         self._current = CurrentModel(registry, read_artefact) if registry is not None else None
-        self.ranker = Ranker(catalog, model=None, lookup=fallback_lookup)
+        self.ranker = self._ranker(catalog, None, fallback_lookup)
         self.version: str | None = None
         metrics.set_model(None, None, time.time())
         metrics.catalog_types.set(len(catalog.types))
 
     def get(self) -> Ranker:
         return self.ranker
+
+    def _ranker(self, catalog: Any, model: Any, lookup: LookupTable | None) -> Ranker:
+        return Ranker(catalog, model=model, lookup=lookup, explore_budget=self.explore_budget)
 
     def poll_catalog(self) -> bool:
         """Swap in the catalog file's new version (same model); a bad edit keeps the old one.
@@ -93,7 +98,7 @@ class RankerHolder:
         with self._swap:
             self.catalog = new
             current = self.ranker
-            self.ranker = Ranker(new, model=current.model, lookup=current.lookup)
+            self.ranker = self._ranker(new, current.model, current.lookup)
         self.metrics.catalog_types.set(len(new.types))
         log.info("catalog reloaded from %s: %d types", self.catalog_file.path, len(new.types))
         return True
@@ -112,7 +117,7 @@ class RankerHolder:
         if changed and self._current.model is not None:
             model, lookup = self._current.model
             with self._swap:
-                self.ranker = Ranker(self.catalog, model, lookup or self.fallback_lookup)
+                self.ranker = self._ranker(self.catalog, model, lookup or self.fallback_lookup)
                 self.version = self._current.version
                 self.metrics.model_compiled.set(0)
             log.info("serving model %s", self.version)
@@ -140,7 +145,7 @@ class RankerHolder:
         with self._swap:
             if self.version != version:  # a newer model arrived meanwhile: its own thread runs
                 return
-            self.ranker = Ranker(self.catalog, model=fast, lookup=lookup or self.fallback_lookup)
+            self.ranker = self._ranker(self.catalog, fast, lookup or self.fallback_lookup)
             self.metrics.model_compiled.set(1)
         log.info("model %s: compiled trees serving (%.1fs)", version, time.perf_counter() - t0)
 

@@ -120,6 +120,7 @@ def ranking_core(cfg: Settings) -> RankingCore:
         lookup_from_dataset(cfg.dataset_dir),
         compile_trees=compiled.wanted(cfg.compiled_trees),
         catalog_file=catalog_file,
+        explore_budget=cfg.explore_budget,
     )
     holder.poll()  # serve the current model from the first request on
     # the known types follow the serving ranker's catalog (hot-reloaded)

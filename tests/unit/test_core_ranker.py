@@ -88,6 +88,54 @@ def test_model_rankings_are_valid_and_sorted(
     assert again[0]["event_id"] == out[0]["event_id"]
 
 
+def test_a_ranking_marks_the_untried_candidate_within_the_noise_it_would_explore(
+    trained: tuple[Any, ThroughputModel, LookupTable],
+) -> None:
+    """With a budget, a ranking whose first candidate the lineage ran on names one candidate
+    within the noise that neither it nor its model type ran on, with the extra cost it
+    expects; the event stays valid (schema and the codec's checks). Without one, none."""
+    from leap_stream.contracts import validate_event
+
+    d, model, lookup = trained
+    subs = _subs(d, 40)
+    out0 = Ranker(load_catalog(), model, lookup).rank_batch(subs, [None] * 40, {}, NOW)
+    # each lineage ran on its first choice: its first is tried, the rest are not
+    hist = [
+        {r["candidates"][0]["hardware_type"]: Measurement(50.0, 1, 1.7e9, 1)}
+        if r["candidates"]
+        else None
+        for r in out0
+    ]
+    off = Ranker(load_catalog(), model, lookup).rank_batch(subs, hist, {}, NOW)
+    assert not any("explore" in r for r in off)
+    on = Ranker(load_catalog(), model, lookup, explore_budget=1.0).rank_batch(subs, hist, {}, NOW)
+    marked = [r for r in on if "explore" in r]
+    assert marked
+    for r in on:
+        _valid(r)
+        assert validate_event(r, "hardware-ranking") is None
+        if "explore" not in r:
+            continue
+        e = r["explore"]
+        first = r["candidates"][0]
+        chosen = next(c for c in r["candidates"] if c["hardware_type"] == e["hardware_type"])
+        assert chosen.get("within_noise_of_best") and e["reason"] == "never_measured"
+        assert e["hardware_type"] not in hist[on.index(r)]
+        expect = first["throughput_per_cost"] / chosen["throughput_per_cost"] - 1.0
+        assert e["expected_extra_cost"] == pytest.approx(expect, abs=1e-4)
+        # the best of the untried ones within the noise
+        others = [
+            c["throughput_per_cost"]
+            for c in r["candidates"][1:]
+            if c.get("within_noise_of_best") and c["hardware_type"] not in hist[on.index(r)]
+        ]
+        assert chosen["throughput_per_cost"] == max(others)
+    tight = Ranker(load_catalog(), model, lookup, explore_budget=1e-9).rank_batch(
+        subs, hist, {}, NOW
+    )
+    assert sum("explore" in r for r in tight) < len(marked)
+
+
 def _width(c: dict[str, Any]) -> float:
     """A ranked candidate's interval width in log units."""
     return float(np.log(c["interval"]["high"] / c["interval"]["low"]))

@@ -73,6 +73,21 @@ def test_choose_takes_the_best_allowed_types_by_rank() -> None:
     assert candidate_of(r, "b200") is None
 
 
+def test_an_exploration_the_ranking_marks_is_tried_first() -> None:
+    """Every integration places by `ranked_types`: the type a ranking marks to explore comes
+    before its first, where the user allowed it; otherwise the rank order."""
+    r = _ranking(["h200", "mi300x", "h100-sxm"])
+    r["explore"] = {
+        "hardware_type": "h100-sxm",
+        "reason": "never_measured",
+        "expected_extra_cost": 0.03,
+    }
+    assert ranked_types(r) == ["h100-sxm", "h200", "mi300x"]
+    assert choose(r, {"h200", "mi300x"}) == ["h200"]
+    r["explore"]["hardware_type"] = "b200"  # not a candidate: ignored
+    assert ranked_types(r) == ["h200", "mi300x", "h100-sxm"]
+
+
 def test_cache_file_names_are_one_to_one_and_stay_in_the_folder() -> None:
     names = {file_name("job", i) for i in ("a/b:c", "a:b/c", "a:b:c", "..", "../x")}
     assert len(names) == 5 and all("/" not in n and n.startswith("job.") for n in names)

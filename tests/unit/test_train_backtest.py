@@ -64,6 +64,33 @@ def test_tiny_backtest_reports_every_predictor() -> None:
     assert {"top1", "savings", "transfer", "transfer_same_vendor"} <= set(ceiling)
 
 
+def test_a_closed_loop_with_a_budget_runs_explorations_and_counts_their_cost() -> None:
+    """With an exploration budget the jobs a ranking marks `explore` run there: the summary
+    counts them, their measured extra cost as a share of the fleet's, and the savings net of
+    it; without one there is no such block."""
+    summary, _ = run_backtest(
+        seed=3, nights=2, warmup_days=3, rate=400, progress=False, explore_budget=0.5
+    )
+    e, m = summary["explore"], summary["model"]
+    assert summary["explore_budget"] == 0.5
+    assert e["count"] > 0 and e["count"] == sum(n["explore"]["count"] for n in summary["per_night"])
+    assert e["cost_share_fleet"] == round(
+        sum(n["explore"]["extra_cost"] for n in summary["per_night"])
+        / sum(n["explore"]["fleet_cost"] for n in summary["per_night"]),
+        5,
+    )
+    net = np.mean(
+        [
+            n["model"]["savings"] - n["explore"]["extra_cost"] / n["explore"]["default_cost"]
+            for n in summary["per_night"]
+        ]
+    )
+    assert m["savings_net"] == round(float(net), 4)
+    assert m["savings_share_of_oracle_net"] == round(float(net) / summary["oracle"]["savings"], 4)
+    off, _ = run_backtest(seed=3, nights=1, warmup_days=3, rate=400, progress=False)
+    assert "explore" not in off and "savings_net" not in off["model"]
+
+
 def test_savings_replicates_weigh_jobs_alike_for_every_predictor() -> None:
     default = np.asarray([1.0, 2.0, 3.0, 100.0])
     weights = np.random.default_rng(0).poisson(1.0, (500, 4))

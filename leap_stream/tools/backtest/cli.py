@@ -104,6 +104,16 @@ def register(parser: argparse.ArgumentParser) -> None:
         "run where their users asked, whatever the ranking said",
     )
     parser.add_argument(
+        "--explore-budget",
+        type=float,
+        metavar="SHARE",
+        help="with --policy ranked: the largest extra cost share an exploration may expect "
+        "(default LEAP_EXPLORE_BUDGET); jobs run the candidate the ranking marks `explore`",
+    )
+    parser.add_argument(
+        "--no-explore", action="store_true", help="no exploration (--explore-budget 0)"
+    )
+    parser.add_argument(
         "--new-hardware",
         metavar="TYPE",
         help="a catalog type the fleet only gets from --from-day on (no history before it)",
@@ -121,7 +131,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true")
 
 
-def run(args: argparse.Namespace, _settings: Settings) -> int:
+def run(args: argparse.Namespace, settings: Settings) -> int:
     ablate = [g.strip() for g in args.ablate.split(",") if g.strip()]
     unknown = [g for g in ablate if g not in F.GROUPS]
     if unknown:
@@ -150,7 +160,12 @@ def run(args: argparse.Namespace, _settings: Settings) -> int:
             )
             return 2
         new_hw = (args.new_hardware, args.from_day)
+    budget = settings.explore_budget if args.explore_budget is None else args.explore_budget
+    if budget < 0:
+        print("backtest: --explore-budget must be >= 0", file=sys.stderr)
+        return 2
     summary, scored = run_backtest(
+        explore_budget=0.0 if args.no_explore else budget,
         new_hardware=new_hw,
         drift=drift,
         seed=args.seed,
@@ -181,6 +196,13 @@ def run(args: argparse.Namespace, _settings: Settings) -> int:
         f"holding the measured best {m['best_in_noise_set']:.3f}",
         file=sys.stderr,
     )
+    if "explore" in summary:
+        e = summary["explore"]
+        print(
+            f"model   {e['count']} explorations, {e['cost_share_fleet']} of the fleet's cost; "
+            f"savings net of them {m['savings_net']:.3f}",
+            file=sys.stderr,
+        )
     if m["savings_share_of_oracle"] is not None:
         lo_hi = m["savings_share_of_oracle_95"]
         band = f" (95 % over resampled lineages {lo_hi[0]:.3f}–{lo_hi[1]:.3f})" if lo_hi else ""

@@ -24,9 +24,11 @@ import pandas as pd
 
 from leap_stream.contracts.timestamps import epoch_seconds
 from leap_stream.core import features as F
+from leap_stream.core.explore import explorations, never_measured
 from leap_stream.core.lookup import LookupTable
 from leap_stream.core.predictor import ThroughputModel
 from leap_stream.core.ranker import SRC_NONE, Ranker
+from leap_stream.core.ranking import throughput_per_cost, within_noise_of_best
 from leap_stream.tools.backtest.params import (
     ABLATION_KEYS,
     DEFAULT_RATE,
@@ -38,6 +40,7 @@ from leap_stream.tools.backtest.scoring import (
     LineageResamples,
     _night_eval,
     _score_night,
+    exploration_figures,
 )
 from leap_stream.tools.backtest.summary import _summarise
 from leap_stream.tools.backtest.truth import Night, _argmax_per_job, _candidates, _SpecCatalog
@@ -57,6 +60,7 @@ def run_backtest(
     drift: list[Any] | None = None,
     new_hardware: tuple[str, int] | None = None,
     on_night: Callable[[Night], None] | None = None,
+    explore_budget: float = 0.0,
 ) -> tuple[dict[str, Any], list[pd.DataFrame]]:
     """`drift`: the simulator's DriftEvents to run instead of its random ones (a controlled
     software-release scenario; `drift_recovery` in the summary follows each).
@@ -167,7 +171,7 @@ def run_backtest(
         train_s += time.perf_counter() - t0
         policy_fn = None
         if policy == "ranked":
-            policy_fn = _ranked_policy(models["full"], lookup, specs, rep)
+            policy_fn = _RankedPolicy(models["full"], lookup, specs, rep, explore_budget)
         day = sim.step_day(policy_fn)
         snap = ingest(day)
         base, tr = _score_night(
@@ -191,6 +195,8 @@ def run_backtest(
             informed_pred,
         )
         replicates.append(result.pop("savings_replicates"))
+        if policy_fn is not None and explore_budget > 0:
+            result["explore"] = exploration_figures(day.submissions, base, tr, policy_fn.explored)
         result["date"] = str(day.day)
         result["train_rows"] = int(known.sum())
         for v in variants[1:]:
@@ -231,6 +237,7 @@ def run_backtest(
         warmup_days=warmup_days,
         rate_per_day=rate,
         policy=policy,
+        explore_budget=explore_budget if policy == "ranked" else 0.0,
         train_window_days=train_window_days,
         train_rows_cap=train_rows,
         train_s=round(train_s, 1),
@@ -240,25 +247,55 @@ def run_backtest(
     return summary, scored_all
 
 
-def _ranked_policy(
-    model: ThroughputModel, lookup: LookupTable, specs: pd.DataFrame, rep: pit.Replayer
-) -> Any:
-    """The ranker's top choice as the simulator policy, with start-of-day history."""
+@dataclasses.dataclass
+class _RankedPolicy:
+    """The ranker's top choice as the simulator policy, with start-of-day history; where the
+    ranking marks an exploration (`core.explore`, within `explore_budget`), the explored type.
+    `explored`: the explored type per (job_id, attempt), over every call (a day calls it
+    once per round of submissions)."""
 
-    def policy(subs: pd.DataFrame) -> pd.Series:
-        book = rep.book
+    model: ThroughputModel
+    lookup: LookupTable
+    specs: pd.DataFrame
+    rep: pit.Replayer
+    explore_budget: float = 0.0
+    explored: dict[tuple[str, int], str] = dataclasses.field(default_factory=dict)
+
+    def __call__(self, subs: pd.DataFrame) -> pd.Series:
+        book = self.rep.book
         hist = [book.lineage(x) for x in subs["lineage_id"].tolist()]
         aggs_by_type = {m: book.aggregates(m) for m in subs["model_type"].unique()}
         aggs = [aggs_by_type[m] for m in subs["model_type"].tolist()]
         now = epoch_seconds(subs["submitted_at"])
-        fr, _ = Ranker(_SpecCatalog(specs), model, lookup).score_batch(
+        fr, _ = Ranker(_SpecCatalog(self.specs), self.model, self.lookup).score_batch(
             subs, _candidates(subs), hist, aggs, now
         )
         job = fr["job"].to_numpy(np.int64)
-        score = np.where(fr["source"].to_numpy() != SRC_NONE, fr["tpc"].to_numpy(), -np.inf)
-        top = _argmax_per_job(job, score, len(subs))
+        usable = fr["source"].to_numpy() != SRC_NONE
+        tpc = fr["tpc"].to_numpy(np.float64)
+        top = _argmax_per_job(job, np.where(usable, tpc, -np.inf), len(subs))
         hw = fr["hardware_type"].to_numpy(object)
-        choice = np.where(top >= 0, hw[np.maximum(top, 0)], subs["default_hardware"].to_numpy())
+        nd = subs["num_devices"].to_numpy(np.float64)[job]
+        explore, _extra = self._explorations(fr, job, tpc, nd, usable, len(subs))
+        pick = np.where(explore >= 0, explore, top)
+        keys = list(zip(subs["job_id"].tolist(), subs["attempt"].tolist(), strict=True))
+        for j in np.flatnonzero(explore >= 0).tolist():
+            self.explored[(str(keys[j][0]), int(keys[j][1]))] = str(hw[explore[j]])
+        choice = np.where(pick >= 0, hw[np.maximum(pick, 0)], subs["default_hardware"].to_numpy())
         return pd.Series(choice, index=subs.index)
 
-    return policy
+    def _explorations(
+        self,
+        fr: pd.DataFrame,
+        job: np.ndarray,
+        tpc: np.ndarray,
+        nd: np.ndarray,
+        usable: np.ndarray,
+        n: int,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Per job the row the ranking marks `explore` (-1: none), as `Ranker` marks it."""
+        if self.explore_budget <= 0:
+            return np.full(n, -1, np.int64), np.full(n, np.nan)
+        high = throughput_per_cost(fr["high"].to_numpy(np.float64), fr["cost"].to_numpy(), nd)
+        near = within_noise_of_best(job, tpc, high, usable, n)
+        return explorations(job, tpc, near, never_measured(fr), self.explore_budget, n)

@@ -159,6 +159,33 @@ def _score_night(
     return base, NightTruth.of(base, subs, truth, completions)
 
 
+def exploration_figures(
+    subs: pd.DataFrame, base: pd.DataFrame, tr: NightTruth, explored: dict[tuple[str, int], str]
+) -> dict[str, float]:
+    """What the night's explorations cost: how many jobs ran an explored type instead of the
+    model's first choice, the measured extra cost of those runs (explored type's cost less the
+    first choice's, in dollars; negative where the explored type was in truth cheaper) and the
+    cost of every scored job's first choice (the fleet's) and default, on the same truth as the
+    savings."""
+    usable = (base["source"].to_numpy(np.int64) != SRC_NONE) & base["fits"].to_numpy(bool)
+    pred = base["pred"].to_numpy(np.float64)
+    top = _top_choice(tr, pred, usable & np.isfinite(pred) & (pred > 0))
+    chosen, _best, scored = _choice_costs(tr, top)
+    keys = list(zip(subs["job_id"].tolist(), subs["attempt"].tolist(), strict=True))
+    want = np.asarray([explored.get((str(j), int(a)), "") for j, a in keys], object)
+    job = base["job"].to_numpy(np.int64)
+    rows = np.flatnonzero(base["hardware_type"].to_numpy(object) == want[job])
+    rows = rows[scored[job[rows]] & np.isfinite(tr.row_cost[rows])]
+    extra = tr.row_cost[rows] - chosen[job[rows]]
+    return {
+        "count": float(len(explored)),
+        "scored": float(len(rows)),
+        "extra_cost": float(extra.sum()),
+        "fleet_cost": float(chosen[scored].sum()),
+        "default_cost": float(tr.cost_default[scored].sum()),
+    }
+
+
 def _night_eval(
     subs: pd.DataFrame,
     base: pd.DataFrame,

@@ -71,11 +71,40 @@ def _summarise(
     for key in ("by_anchor", "by_anchor_informed"):
         if pooled := _pooled_anchors(per_night, key):
             out[key] = pooled
+    if per_night and "explore" in per_night[0]:
+        out["explore"] = _explore_summary(per_night, out)
     if INFORMED in out:
         out["ceiling"] = _ceiling(out)
     if ablation:
         out["ablation_delta"] = ablation  # variant minus full model, mean over nights
     return out
+
+
+def _explore_summary(per_night: list[dict[str, Any]], out: dict[str, Any]) -> dict[str, Any]:
+    """The explorations over the run (`scoring.exploration_figures` per night): how many, their
+    measured extra cost as a share of the fleet's, and the model's savings net of it (each
+    night's savings less its exploration cost over its default cost; as a share of the
+    oracle's in `model.savings_share_of_oracle_net`)."""
+    nights = [n["explore"] for n in per_night]
+    fleet = sum(n["fleet_cost"] for n in nights)
+    extra = sum(n["extra_cost"] for n in nights)
+    net = float(
+        np.nanmean(
+            [
+                p["model"]["savings"]
+                - (n["extra_cost"] / n["default_cost"] if n["default_cost"] else 0.0)
+                for p, n in zip(per_night, nights, strict=True)
+            ]
+        )
+    )
+    oracle = out["oracle"]["savings"]
+    out["model"]["savings_net"] = round(net, 4)
+    out["model"]["savings_share_of_oracle_net"] = round(net / oracle, 4) if oracle > 0 else None
+    return {
+        "count": int(sum(n["count"] for n in nights)),
+        "cost_share_fleet": round(extra / fleet, 5) if fleet else None,
+        "extra_cost_usd": round(extra, 2),
+    }
 
 
 def _pooled_anchors(per_night: list[dict[str, Any]], key: str) -> dict[str, Any]:
