@@ -66,7 +66,8 @@ def _float(minimum: float, above: bool = False) -> Parser:
         ok = math.isfinite(value) and (value > minimum if above else value >= minimum)
         if not ok:
             bound = f"> {minimum:g}" if above else f">= {minimum:g}"
-            raise SettingsError(f"{env}={raw!r}: expected a finite number of seconds {bound}")
+            what = "a finite number of seconds" if env.endswith("_S") else "a finite number"
+            raise SettingsError(f"{env}={raw!r}: expected {what} {bound}")
         return value
 
     return parse

@@ -37,6 +37,14 @@ def test_every_bad_value_is_named_at_once() -> None:
         assert env in str(err.value)
 
 
+def test_a_bad_number_says_seconds_only_for_a_duration() -> None:
+    with pytest.raises(SettingsError) as err:
+        Settings.from_env({"LEAP_EXPLORE_BUDGET": "-1", "LEAP_MODEL_POLL_S": "soon"})
+    text = str(err.value)
+    assert "LEAP_EXPLORE_BUDGET='-1': expected a finite number >= 0" in text
+    assert "LEAP_MODEL_POLL_S='soon': expected a finite number of seconds > 0" in text
+
+
 def test_secrets_are_masked_and_raw_values_round_trip() -> None:
     cfg = Settings.from_env({"LEAP_REDIS_PASSWORD": "s3cret", "LEAP_GC_FREEZE": "0"})
     raw = cfg.raw()
