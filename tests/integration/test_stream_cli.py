@@ -110,6 +110,21 @@ def test_worker_refuses_to_start_without_its_topics(kafka_bootstrap: str, redis_
     assert "leap-stream topics create" in out.stderr and env["LEAP_TOPIC_SUBMISSIONS"] in out.stderr
 
 
+def _bench(args: list[str], kafka_bootstrap: str, redis_url: str) -> tuple[dict[str, Any], Any]:
+    """`leap-stream bench ARGS` against the session's services: its last line (the figures) and
+    the finished process. LightGBM's own trees: compiling them (the image's default) would add
+    its wait to the worker and serve stages; the compiled path has its own tests
+    (test_stream_compiled)."""
+    env = {
+        "LEAP_KAFKA_BOOTSTRAP": kafka_bootstrap,
+        "LEAP_REDIS_URL": redis_url,
+        "LEAP_COMPILED_TREES": "0",
+    }
+    res = _cli(["bench", *args], env, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return orjson.loads(res.stdout.strip().splitlines()[-1]), res
+
+
 def test_bench_runs_every_stage_small_and_prints_its_figures(
     kafka_bootstrap: str, redis_url: str, tmp_path: Any
 ) -> None:
@@ -120,32 +135,10 @@ def test_bench_runs_every_stage_small_and_prints_its_figures(
     of 3,000 (more than the 1,000 whose latency the burst figures report)."""
     from leap_stream.tools.bench.stats import FINAL_KEYS
 
-    # LightGBM's own trees: compiling them (the image's default) would add its wait to the
-    # worker and serve stages; the compiled path has its own tests (test_stream_compiled)
-    env = {
-        "LEAP_KAFKA_BOOTSTRAP": kafka_bootstrap,
-        "LEAP_REDIS_URL": redis_url,
-        "LEAP_COMPILED_TREES": "0",
-    }
     # the worker stage's rate is over the span of its rankings' produced_at: a backlog that fits
     # one batch (500) has no span, so three batches at least
-    res = _cli(
-        [
-            "bench",
-            "--events",
-            "1500",
-            "--seconds",
-            "1",
-            "--naive-events",
-            "30",
-            "--burst",
-            "3000",
-        ],
-        env,
-        timeout=600,
-    )
-    assert res.returncode == 0, res.stderr[-3000:]
-    last = orjson.loads(res.stdout.strip().splitlines()[-1])
+    args = ["--events", "1500", "--seconds", "1", "--naive-events", "30", "--burst", "3000"]
+    last, _res = _bench(args, kafka_bootstrap, redis_url)
     assert set(last) == set(FINAL_KEYS)
     for key in (
         "passthrough_eps",
@@ -164,35 +157,10 @@ def test_bench_capacity_bisects_both_objectives_with_the_service_on_its_own_core
 ) -> None:
     """`leap-stream bench --capacity` on tiny sizes against the real services: one run a rate,
     the two ends of each range only; the figures are in the last line and every rate tried is
-    reported with its p99 (a capacity is a rate it tried, or 0 when even the lowest failed).
-    LightGBM's own predict: the compile the full bench waits for proves nothing here."""
-    env = {
-        "LEAP_KAFKA_BOOTSTRAP": kafka_bootstrap,
-        "LEAP_REDIS_URL": redis_url,
-        "LEAP_COMPILED_TREES": "0",
-    }
-    res = _cli(
-        [
-            "bench",
-            "--capacity",
-            "--events",
-            "600",
-            "--seconds",
-            "1",
-            "--capacity-runs",
-            "1:1",
-            "--capacity-steps",
-            "0",
-            "--capacity-range",
-            "50:400",
-            "--serve-range",
-            "20:200",
-        ],
-        env,
-        timeout=600,
-    )
-    assert res.returncode == 0, res.stderr[-3000:]
-    last = orjson.loads(res.stdout.strip().splitlines()[-1])
+    reported with its p99 (a capacity is a rate it tried, or 0 when even the lowest failed)."""
+    args = ["--capacity", "--events", "600", "--seconds", "1", "--capacity-runs", "1:1"]
+    args += ["--capacity-steps", "0", "--capacity-range", "50:400", "--serve-range", "20:200"]
+    last, res = _bench(args, kafka_bootstrap, redis_url)
     assert last["capacity_cores"]["service"] and last["capacity_cores"]["rest"]
     assert last["capacity_at_p99_50ms"] is not None and last["capacity_at_p99_50ms"] >= 0
     assert last["serve_capacity_at_p99_10ms"] in (0.0, 20.0, 200.0)
