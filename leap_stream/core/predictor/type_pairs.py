@@ -37,11 +37,11 @@ LEVELS: tuple[tuple[str, float], ...] = (
     ("family_type_pair", 2.0),
 )
 # multipliers of every level's pseudo-pairs, one chosen per fit by predicting each fold of the
-# training model types from the others (least summed APE; the first of equals, so 1 on a
-# tie); inf: the slopes alone. A table of few model types that differ a lot ends near physics,
-# one of many similar model types near the measured pairs.
+# training lineages from the others (`TypePairEffects._inner_scale`; 1 unless another clearly
+# wins); inf: the slopes alone. Pairs that move differently for every lineage end near
+# physics, pairs that move alike near their measured medians (docs/decisions/0013).
 SHRINK_SCALES = (1.0, 0.25, 4.0, 16.0, float("inf"))
-INNER_FOLDS = 8  # model types round robin; with fewer, one model type a fold
+INNER_FOLDS = 8  # lineages round robin; with fewer, one lineage a fold
 INNER_MIN_GROUPS = 3  # fewer lineages: the scale stays 1
 INNER_MIN_GAIN = 0.02  # of the first scale's mean APE: a smaller gain keeps the first scale
 
@@ -203,7 +203,7 @@ class TypePairEffects:
     ) -> TypePairEffects:
         """The levels fitted on `residual` (the measured log ratio less the physics ratio) of
         pairs `c`, each on what the levels above left, shrunk by the scale of `SHRINK_SCALES`
-        that best predicts each model type (`groups`, one label per pair) from the others."""
+        that best predicts each lineage (`groups`, one label per pair) from the others."""
         resid = np.asarray(residual, np.float64)
         exponent, flops, bandwidth = _slopes(resid, c)
         resid = resid - exponent * c.log_dev_ratio - flops * c.d_flops - bandwidth * c.d_bw
@@ -243,10 +243,11 @@ class TypePairEffects:
     def _inner_scale(
         self, resid: np.ndarray, indices: tuple[np.ndarray, ...], groups: np.ndarray
     ) -> float:
-        """The `SHRINK_SCALES` entry that best predicts each fold of the model types from the
-        others' pairs (mean APE per fold), taken only where its gain over the first entry
-        exceeds one standard error of the per-fold gains (the one-standard-error rule: a
-        choice the folds do not agree on is noise); 1 with fewer than `INNER_MIN_GROUPS`."""
+        """The `SHRINK_SCALES` entry that best predicts each fold of the lineages (`groups`)
+        from the others' pairs (mean APE per fold), taken only where its gain over the first
+        entry exceeds one standard error of the per-fold gains (a choice the folds do not agree
+        on is noise) and `INNER_MIN_GAIN` of the first's error; 1 with fewer than
+        `INNER_MIN_GROUPS` lineages."""
         ok = np.isfinite(resid)
         codes, names = pd.factorize(np.asarray(groups, object)[ok])
         if len(names) < INNER_MIN_GROUPS:
@@ -307,7 +308,5 @@ class TypePairEffects:
             float(doc.get("device_exponent", 0.0)),
             float(doc.get("flops_slope", 0.0)),
             float(doc.get("bandwidth_slope", 0.0)),
-            float("inf")
-            if doc.get("shrink_scale", 1.0) is None
-            else float(doc.get("shrink_scale", 1.0)),
+            float("inf") if (scale := doc.get("shrink_scale", 1.0)) is None else float(scale),
         )
