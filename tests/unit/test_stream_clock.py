@@ -4,8 +4,11 @@ wrong producer clocks move nothing."""
 
 from __future__ import annotations
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from leap_stream.stream.batch import Record
-from leap_stream.stream.clock import BrokerClock
+from leap_stream.stream.clock import BrokerClock, WindowMin
 
 T0 = 1_800_000_000.0  # the records' clock
 HOUR = 3600.0
@@ -90,3 +93,19 @@ def test_reading_a_batch_on_a_host_behind_gives_the_records_time() -> None:
     judged = clock.read(_records([now - 0.5])).timestamp()
     assert now - 1.0 < judged < now + 5.0
     assert abs(clock.current().timestamp() - judged) < 5.0
+
+
+@given(
+    st.lists(st.tuples(st.floats(0.0, 50.0), st.floats(-1e4, 1e4, allow_nan=False)), max_size=60),
+    st.floats(1.0, 200.0),
+)
+def test_the_window_minimum_is_the_minimum_of_the_window(
+    steps: list[tuple[float, float]], horizon: float
+) -> None:
+    window, pushed, at = WindowMin(horizon), [], 0.0
+    for step, value in steps:
+        at += step
+        window.push(at, value)
+        pushed.append((at, value))
+        in_window = [v for t, v in pushed if t >= at - horizon]
+        assert window.min() == min(in_window)
