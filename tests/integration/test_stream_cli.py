@@ -157,8 +157,9 @@ def test_bench_capacity_bisects_both_objectives_with_the_service_on_its_own_core
 ) -> None:
     """`leap-stream bench --capacity` on tiny sizes against the real services: one run a rate,
     the two ends of each range only; the figures are in the last line and every rate tried is
-    reported with its p99 (a capacity is a rate it tried, or 0 when even the lowest failed)."""
-    args = ["--capacity", "--events", "600", "--seconds", "1", "--capacity-runs", "1:1"]
+    reported with its p99 (a capacity is a rate it tried, or 0 when even the lowest failed);
+    ``--json`` prints the full detail, each rate tried with its runs' p99s, before it."""
+    args = ["--capacity", "--json", "--events", "600", "--seconds", "1", "--capacity-runs", "1:1"]
     args += ["--capacity-steps", "0", "--capacity-range", "50:400", "--serve-range", "20:200"]
     last, res = _bench(args, kafka_bootstrap, redis_url)
     assert last["capacity_cores"]["service"] and last["capacity_cores"]["rest"]
@@ -166,3 +167,6 @@ def test_bench_capacity_bisects_both_objectives_with_the_service_on_its_own_core
     assert last["serve_capacity_at_p99_10ms"] in (0.0, 20.0, 200.0)
     assert "mixed events/s" in res.stderr and "serve capacity" in res.stderr
     assert last["pipeline_eps"] is None  # --capacity runs only its own stages
+    detail = orjson.loads(res.stdout.strip().splitlines()[-2])
+    tried = detail["capacity"]["worker"]["p99_ms_by_rate"]
+    assert set(tried) <= {"50.0", "400.0"} and all(len(v) == 1 for v in tried.values())

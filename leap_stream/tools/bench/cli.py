@@ -283,7 +283,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         trees_cpu_us_per_job=detail.get("pipeline", {}).get("trees_cpu_us_per_job", nan),
     )
     if args.json:
-        print(orjson.dumps(detail, option=orjson.OPT_SERIALIZE_NUMPY, default=str).decode())
+        opts = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS  # rates tried key their p99s
+        print(orjson.dumps(detail, option=opts, default=str).decode())
     sys.stdout.write(orjson.dumps(final_figures(figs)).decode() + "\n")
     return 0
 
