@@ -107,21 +107,27 @@ class _Effect:
         return [{v: i for i, v in enumerate(lv)} for lv in self.levels]
 
     def codes(
-        self, frame: Frame, prefix: str, known: dict[tuple[str, tuple[str, ...]], np.ndarray]
+        self,
+        frame: Frame,
+        prefix: str,
+        known: dict[tuple[str, int], np.ndarray],
+        rows: np.ndarray | None = None,
     ) -> np.ndarray:
-        """Per row, the flat index of its level combination; −1 when one is unseen. `known`:
-        a column's codes over the same levels, as other effects of one call looked them up."""
+        """Per row (of `rows`; every row when None), the flat index of its level combination;
+        −1 when one is unseen. `known`: a column's codes over the same levels (the same level
+        tuple: `_layout` shares equal ones), as other effects of one call looked them up."""
         parts = []
         for col, lv, lut in zip(self.columns, self.levels, self.luts, strict=True):
             name = prefix + col if col in HW_SIDE else col
-            c = known.get((name, lv))
+            c = known.get((name, id(lv)))
             if c is None:
-                c = known[(name, lv)] = np.asarray(column_codes(frame, name, lut), np.int64)
+                c = np.asarray(column_codes(frame, name, lut), np.int64)
+                c = known[(name, id(lv))] = c if rows is None else c[rows]
             parts.append(c)
         if len(parts) == 1:  # one column: its codes are the flat index, −1 where unseen
             return parts[0]
-        flat = np.zeros(len(frame), np.int64)
-        seen = np.ones(len(frame), bool)
+        flat = np.zeros(len(parts[0]), np.int64)
+        seen = np.ones(len(parts[0]), bool)
         for c, lv in zip(parts, self.levels, strict=True):
             seen &= c >= 0
             flat = flat * len(lv) + np.maximum(c, 0)
@@ -244,33 +250,44 @@ class LearnedRoofline:
             return np.concatenate(
                 [self.predict(frame.iloc[i : i + PREDICT_ROWS], prefix) for i in parts]
             )
-        inputs = self._rows(frame, prefix)
-        if rows is not None:
-            inputs = inputs.take(rows)
+        inputs = self._rows(frame, prefix, rows)
         out = np.full(len(inputs.ideal), np.nan)
         ok = np.flatnonzero(inputs.ok)
         out[ok] = self._log_rate(inputs.take(ok), self.theta)
         return out
 
-    def _rows(self, frame: Frame, prefix: str) -> _Rows:
-        times = np.column_stack([f64(frame, prefix + t.column) for t in TERMS])
+    def _rows(self, frame: Frame, prefix: str, rows: np.ndarray | None = None) -> _Rows:
+        """The model's inputs on `frame`'s rows (those of `rows`; every row when None)."""
+
+        def column(name: str) -> np.ndarray:
+            values = f64(frame, name)
+            return values if rows is None else values[rows]
+
+        times = np.column_stack([column(prefix + t.column) for t in TERMS])
         ok = np.isfinite(times[:, : 1 + MEMORY_TERMS]).all(axis=1)
         times = np.where(np.isfinite(times), times, ABSENT)
-        ideal = f64(frame, prefix + "log_ideal_micro_s")
-        peak = f64(frame, prefix + "log_peak_tflops")
+        ideal = column(prefix + "log_ideal_micro_s")
+        peak = column(prefix + "log_peak_tflops")
         ok &= np.isfinite(ideal) & np.isfinite(peak)
-        bubble = f64(frame, "pp_bubble") if "pp_bubble" in frame else np.zeros(len(frame))
+        bubble = column("pp_bubble") if "pp_bubble" in frame else np.zeros(len(ideal))
         bubble = np.log1p(np.fmax(np.where(np.isfinite(bubble), bubble, 0.0), 0.0))
-        known: dict[tuple[str, tuple[str, ...]], np.ndarray] = {}
-        codes = [e.codes(frame, prefix, known) for e in self.effects]
+        known: dict[tuple[str, int], np.ndarray] = {}
+        codes = [e.codes(frame, prefix, known, rows) for e in self.effects]
         return _Rows(times, ideal, peak, bubble, codes, ok)
 
     def _efficiency(self, rows: _Rows, theta: np.ndarray, group: str) -> np.ndarray:
         padded = self._padded if theta is self.theta else self._pad(theta)
         out = np.zeros(len(rows.ideal))
-        for e, codes, values in zip(self.effects, rows.codes, padded, strict=True):
-            if e.group == group:
-                out += values[codes]  # −1: the padding, zero
+        for i in self._by_group[group]:
+            out += padded[i][rows.codes[i]]  # −1: the padding, zero
+        return out
+
+    @cached_property
+    def _by_group(self) -> dict[str, list[int]]:
+        """Each group's effects, by position."""
+        out: dict[str, list[int]] = {}
+        for i, e in enumerate(self.effects):
+            out.setdefault(e.group, []).append(i)
         return out
 
     def _pad(self, theta: np.ndarray) -> list[np.ndarray]:
@@ -281,8 +298,9 @@ class LearnedRoofline:
     def _padded(self) -> list[np.ndarray]:
         return self._pad(self.theta)
 
-    def _parts(self, rows: _Rows, theta: np.ndarray) -> dict[str, Any]:
-        s = dict(zip(SCALARS, theta[self._scalar :], strict=True))
+    def _times(self, rows: _Rows, theta: np.ndarray) -> dict[str, Any]:
+        """The time per sample and what it is made of (what the rate needs)."""
+        s = dict(zip(SCALARS, theta[self._scalar :].tolist(), strict=True))
         logs = []
         for i, term in enumerate(TERMS):
             e = theta[self._const + i] + self._efficiency(rows, theta, term.name)
@@ -296,30 +314,40 @@ class LearnedRoofline:
         small = np.exp(s["log_small"]) * knee / (ideal + knee)
         lc = logs[0]
         lm = np.logaddexp.reduce(logs[1 : 1 + MEMORY_TERMS], axis=0)
-        k = np.exp(np.clip(s["log_sharpness"], *SHARPNESS))
+        k = np.exp(min(max(s["log_sharpness"], SHARPNESS[0]), SHARPNESS[1]))
         # the soft maximum of compute and memory, slower by the small-work penalty
         lcm = np.logaddexp(k * lc, k * lm) / k + np.log1p(small)
         rest = logs[1 + MEMORY_TERMS :]
         t = [np.exp(np.fmin(lcm, 30.0)), *(np.exp(np.fmin(lg, 30.0)) for lg in rest)]
         total = np.sum(t, axis=0)
         return {
+            "logs": logs,
             "lc": lc,
             "lm": lm,
-            "memory_shares": [np.exp(lg - lm) for lg in logs[1 : 1 + MEMORY_TERMS]],
+            "k": k,
             "lcm": lcm,
-            "w": 1.0 / (1.0 + np.exp(np.clip(k * (lm - lc), -50.0, 50.0))),  # d lcm / d lc
-            "shares": [ti / total for ti in t],  # of the soft maximum, then each other term
+            "t": t,
             "small": small,
             "ideal": ideal,
             "knee": knee,
             "total": total,
-            "outer": self._efficiency(rows, theta, "outer"),
+        }
+
+    def _parts(self, rows: _Rows, theta: np.ndarray) -> dict[str, Any]:
+        """`_times` and the shares its derivatives need."""
+        p = self._times(rows, theta)
+        lm, total = p["lm"], p["total"]
+        return p | {
+            "memory_shares": [np.exp(lg - lm) for lg in p["logs"][1 : 1 + MEMORY_TERMS]],
+            "w": 1.0 / (1.0 + np.exp(np.clip(p["k"] * (lm - p["lc"]), -50.0, 50.0))),  # d lcm/d lc
+            "shares": [ti / total for ti in p["t"]],  # of the soft maximum, then each other term
         }
 
     def _log_rate(self, rows: _Rows, theta: np.ndarray) -> np.ndarray:
-        p = self._parts(rows, theta)
+        total = self._times(rows, theta)["total"]
         bubble = theta[self._scalar + SCALARS.index("bubble")]
-        return np.asarray(-np.log(p["total"]) - bubble * rows.bubble + p["outer"])
+        outer = self._efficiency(rows, theta, "outer")
+        return np.asarray(-np.log(total) - bubble * rows.bubble + outer)
 
     def _jacobian_values(self, rows: _Rows, theta: np.ndarray) -> np.ndarray:
         """d log rate / d theta per row, at `_pattern`'s places: an efficiency's column holds
@@ -436,11 +464,13 @@ def _layout(levels: Callable[[str, str, int], tuple[str, ...]]) -> list[_Effect]
     """Every effect in parameter order, each with `levels(key, column, i)` of its i-th column
     and its first parameter's index."""
     out: list[_Effect] = []
+    shared: dict[tuple[str, ...], tuple[str, ...]] = {}  # equal levels, one tuple (`codes`)
     start = 0
     for group, cols in _groups():
         for columns in cols:
             key = _Effect.key_of(group, columns)
-            lv = tuple(levels(key, c, i) for i, c in enumerate(columns))
+            found = (levels(key, c, i) for i, c in enumerate(columns))
+            lv = tuple(shared.setdefault(v, v) for v in found)
             out.append(_Effect(group, columns, lv, start))
             start += out[-1].size
     return out
