@@ -126,12 +126,9 @@ class _Effect:
             parts.append(c)
         if len(parts) == 1:  # one column: its codes are the flat index, −1 where unseen
             return parts[0]
-        flat = np.zeros(len(parts[0]), np.int64)
-        seen = np.ones(len(parts[0]), bool)
-        for c, lv in zip(parts, self.levels, strict=True):
-            seen &= c >= 0
-            flat = flat * len(lv) + np.maximum(c, 0)
-        return np.where(seen, flat, -1)
+        first, second = parts  # two columns (`Effect`): row-major over their levels
+        flat = first * len(self.levels[1]) + second
+        return np.where((first >= 0) & (second >= 0), flat, -1)
 
 
 def _groups() -> list[tuple[str, tuple[Effect, ...]]]:
