@@ -29,6 +29,7 @@ from leap_stream.core.physics import (
     DP_EXPOSED,
     MEMORY_SHARE,
     OVERLAP_RESIDUE,
+    QUIET_LOGS,
     ROOFLINE_SHARE,
     _active_params,
     _bf16_native,
@@ -265,6 +266,7 @@ class SpecArrays:
     log_cost: np.ndarray = field(init=False)
     log_network: np.ndarray = field(init=False)
 
+    @QUIET_LOGS
     def __post_init__(self) -> None:
         for name in ("flops", "bw", "mem", "ic", "cost", "network"):
             object.__setattr__(self, f"log_{name}", _log(getattr(self, name)))
@@ -311,6 +313,7 @@ def build(
     return build_columns(jobs, candidates, histories, aggregates, specs, now).to_pandas()
 
 
+@QUIET_LOGS
 def build_columns(
     jobs: Jobs,
     candidates: Sequence[Sequence[str]],
@@ -455,6 +458,7 @@ def _peak_tflops(
     return np.asarray(np.where(slow, sa.flops[codes] * _PREC_PEAK["fp32"], peak))
 
 
+@QUIET_LOGS
 def log_rate_ceiling(jobs: Jobs, hardware: Sequence[str], specs: SpecArrays) -> np.ndarray:
     """Per job (row of `jobs`) and the hardware type it ran on: log samples/s per device at the
     full matrix peak its precision can use, the physics reference of the history's plausibility

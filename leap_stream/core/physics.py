@@ -29,9 +29,16 @@ _PREC_PEAK = {"fp32": 0.125, "tf32": 0.5, "fp16": 1.0, "bf16": 1.0, "fp8": 1.0}
 ATTENTION_FLOPS = 12.0  # training FLOPs of attention scores per (layer × hidden × seq²)
 
 
+# log of 0 is -inf and of a negative NaN, without a warning: the functions calling `_log` are
+# decorated with it, one context per feature build (entering one costs more than a log of a
+# serving batch). A decorator only: as a decorator numpy's errstate is re-entrant and
+# thread-safe, a shared instance used in `with` is neither.
+QUIET_LOGS = np.errstate(divide="ignore", invalid="ignore")
+
+
 def _log(x: np.ndarray) -> np.ndarray:
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.log(np.asarray(x, dtype=np.float64))
+    """Natural log as float64; call it under `QUIET_LOGS`."""
+    return np.log(np.asarray(x, dtype=np.float64))
 
 
 def _elem_bytes(jobs: Jobs) -> np.ndarray:
