@@ -347,19 +347,14 @@ def offered_load(
     """Open-loop load at per_s for seconds; latency = ranking received − submission produced.
 
     ``mixed_run`` (a run number) adds the real traffic mix: beside the submissions, the
-    completions of earlier jobs (the backlog the worker stage ranked, so their submissions are
-    stored) at the same rate, in the simulator's ended_at order. In steady state every job
-    completes once, so completions arrive as fast as submissions; the simulator's hours between
-    a job's submission and its completion do not fit a 20 s run, its order does. Each run's
-    completions get their own event ids, so no run replays another's as duplicates."""
+    completions of earlier jobs at the same rate, in the simulator's ended_at order: jobs the
+    worker ranked (the backlog, then earlier runs' submissions) and that have not completed,
+    so every one is applied (`PendingCompletions`). In steady state every job completes once,
+    so completions arrive as fast as submissions; the simulator's hours between a job's
+    submission and its completion do not fit a 20 s run, its order does."""
     kind = "load" if mixed_run is None else f"mixed{mixed_run}"
     subs = _load_submissions(world, int(per_s * seconds), kind=kind)
-    comps: list[dict[str, Any]] = []
-    if mixed_run is not None:
-        comps = [
-            dict(c, event_id=f"{c['event_id']}-m{mixed_run}")
-            for c in world.completions[: len(subs)]
-        ]
+    comps = [] if mixed_run is None else world.pending.take(len(subs))
     # the reader starts at the end of the rankings topic, assigned before the first send
     reader = RankingsClient(
         KafkaClients(world.bootstrap),
@@ -396,6 +391,7 @@ def offered_load(
     th.join(30)
     th_comp.join(30)
     reader.close()
+    world.pending.add_run(subs)  # ranked now: their completions may come in a later run
     figures = _latency_figures(sent, lat, sent_order, in_worker, time.perf_counter() - t_start)
     return {"offered_per_s": per_s, "seconds": seconds, "completions": len(comps), **figures}
 

@@ -19,6 +19,7 @@ import pandas as pd
 from leap_stream.settings import Settings
 from leap_stream.store.connection import connect
 from leap_stream.store.online import OnlineStore
+from leap_stream.tools.bench.pending import PendingCompletions
 from leap_stream.tools.bench.stats import widen_candidates
 
 T = TypeVar("T")
@@ -49,6 +50,11 @@ class BenchWorld:
     completions: list[dict[str, Any]] = field(default_factory=list)
     topics: list[str] = field(default_factory=list)
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+    # what the mixed loads may still send: completions of ranked, uncompleted attempts
+    pending: PendingCompletions = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.pending = PendingCompletions(self.submissions, self.completions)
 
     def store(self) -> OnlineStore:
         """The bench's online store (a Redis Cluster when LEAP_REDIS_CLUSTER=1)."""
