@@ -134,6 +134,12 @@ def test_backtest_breaks_accuracy_down_by_anchor() -> None:
     # transfer rows split by the vendor of the prior, and the informed oracle on the same rows
     split = [by["all"][k]["rows"] for k in ("transfer_same_vendor", "transfer_cross_vendor")]
     assert sum(split) == by["all"]["transfer"]["rows"] and min(split) > 0
+    # rare pairs: a subset of the rows not anchored on their own prior
+    assert (
+        0
+        < by["all"]["rare_pair"]["rows"]
+        < by["all"]["transfer"]["rows"] + by["all"]["model"]["rows"]
+    )
     informed = summary["by_anchor_informed"]["all"]
     assert informed["transfer"]["rows"] == by["all"]["transfer"]["rows"]
     assert (

@@ -557,12 +557,12 @@ class ThroughputModel:
             kind,
             moved - f64(frame, "other_log_pd"),
             crosses_vendor(frame),
-            self._rare_pair(frame) if rare is None else rare,
+            self.rare_pairs(frame) if rare is None else rare,
             devices_changed(frame),
             few,
         )
 
-    def _rare_pair(self, frame: Frame) -> np.ndarray:
+    def rare_pairs(self, frame: Frame) -> np.ndarray:
         """Per row: its (model type × hardware) pair had fewer than `RARE_PAIR_ROWS` training
         rows."""
         mt = column_codes(frame, "model_type", self._pair_mt)

@@ -323,8 +323,8 @@ def _anchor_counts(
 ) -> dict[str, dict[str, list[float]]]:
     """[rows, hits, inside the 80 % interval, rows with an interval, the sum of their log
     widths] of the model per breakdown key, for all candidates and the ran-on ones: where
-    accuracy is lost (anchor kind, device count changed since the prior, family) and whether
-    the intervals are honest there, and how wide they are for it."""
+    accuracy is lost (anchor kind, device count changed since the prior, a rare pair, family)
+    and whether the intervals are honest there, and how wide they are for it."""
     from leap_stream.core.intervals import crosses_vendor, devices_changed
     from leap_stream.core.predictor import KINDS, anchor_kind
 
@@ -336,6 +336,9 @@ def _anchor_counts(
         np.where(devices_changed(base), "self_devices_changed", "self_same_devices"),
         "",
     )
+    # a candidate anchored on anything but its own prior whose (model type × type) pair was
+    # rare in training: the calibration's `rare_pair` term
+    rare = np.where((kind != "self") & model.rare_pairs(base), "rare_pair", "")
     family = subs["family"].to_numpy(object)[base["job"].to_numpy(np.int64)].astype(str)
     fam = "family=" + family
     # (family, vendor of the candidate): what a vendor's software release moves
@@ -346,7 +349,7 @@ def _anchor_counts(
     out: dict[str, dict[str, list[float]]] = {}
     for scope, sel in (("all", in_truth), ("ran", in_truth & is_ran)):
         d: dict[str, list[float]] = {}
-        for labels in (kind, transfer, dev, fam, fv):
+        for labels in (kind, transfer, dev, rare, fam, fv):
             lab = labels[sel]
             h = hit[sel]
             ins = (usable & inside)[sel]
