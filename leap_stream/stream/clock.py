@@ -37,9 +37,11 @@ HORIZON_S = 600.0  # how far back a batch's gap still counts
 
 
 class WindowMin:
-    """The smallest value pushed over the last `horizon_s` (by the pushes' own times, which
-    do not decrease): a deque of the values that can still become the minimum, in increasing
-    order, so a push and a read cost O(1) amortised."""
+    """The smallest value pushed over the last `horizon_s` (by the pushes' own times): a deque
+    of the values that can still become the minimum, in increasing order, so a push and a read
+    cost O(1) amortised. The push times are taken not to decrease: after a host clock jumps
+    back, a value pushed then displaces larger ones pushed before it, and they are forgotten
+    even where it expires first."""
 
     def __init__(self, horizon_s: float) -> None:
         self.horizon_s = horizon_s
@@ -68,7 +70,7 @@ class BrokerClock:
         horizon_s: float = HORIZON_S,
         offset_s: float = 0.0,
     ) -> None:
-        self.tolerance_s, self.horizon_s = tolerance_s, horizon_s
+        self.tolerance_s = tolerance_s
         self.offset_s = offset_s  # LEAP_FAULT_CLOCK_OFFSET_S: a host off by this much (tests)
         self._gaps = WindowMin(horizon_s)  # host − record time, over the horizon
         self._settled = WindowMin(horizon_s)  # the same, of caught-up batches only
