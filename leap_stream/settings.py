@@ -19,6 +19,7 @@ from typing import Any
 
 from leap_stream.contracts.window import TimeWindow
 from leap_stream.core.history import HistoryRules
+from leap_stream.core.probe import ProbeSettings
 
 Parser = Callable[[str, str], Any]  # (env name, raw value) -> value; raises SettingsError
 
@@ -548,6 +549,18 @@ class Settings:
         "The largest extra cost share an exploration may expect: among the candidates within the noise of the first, a ranking marks `explore` on the best one that neither the lineage nor its model type has run on, when the first candidate's throughput per cost ÷ its − 1 is at most this; the integrations try it first (docs/decisions/0014). 0: no exploration.",
         _float(0),
     )
+    probe_budget: float = _setting(
+        "LEAP_PROBE_BUDGET",
+        "0.01",
+        "The largest share of a job's expected compute cost its probes may take: a ranking marks `probe` (a short run on a few candidates) where the expected regret of choosing now, weighed by the job's `planned_samples`, exceeds what the probes cost, and they cost at most this share (docs/decisions/0015). A job without `planned_samples` is never probed. 0: no probes.",
+        _float(0),
+    )
+    probe_minutes: float = _setting(
+        "LEAP_PROBE_MINUTES",
+        "5",
+        "A probe's length, in minutes on the job's own devices, after its warm-up: what a probe costs, and how long the job waits for its choice.",
+        _float(0),
+    )
     fault_clock_offset_s: float = _setting(
         "LEAP_FAULT_CLOCK_OFFSET_S",
         "0",
@@ -691,6 +704,10 @@ class Settings:
             corroboration_gap_s=self.corroboration_gap_s,
             corroborated_factor=self.corroborated_factor,
         )
+
+    def probe_settings(self) -> ProbeSettings:
+        """What a probe may cost and how long it runs (LEAP_PROBE_BUDGET, LEAP_PROBE_MINUTES)."""
+        return ProbeSettings(budget=self.probe_budget, minutes=self.probe_minutes)
 
     def time_window(self) -> TimeWindow:
         """The accepted window of event times (LEAP_EVENT_MAX_AGE_S / LEAP_EVENT_MAX_LEAD_S)."""

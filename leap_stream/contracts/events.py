@@ -107,6 +107,7 @@ class JobCompleted(TypedDict):
     ended_at: str
     status: CompletionStatus
     device_hours: float
+    probe: NotRequired[bool]  # a probe's short run, not the attempt's own
 
 
 # --- hardware-ranking (leap.rankings)
@@ -122,6 +123,13 @@ class Exploration(TypedDict):
     hardware_type: str
     reason: Literal["never_measured"]
     expected_extra_cost: float
+
+
+class Probe(TypedDict):
+    hardware_types: list[str]
+    minutes: float
+    cost: float
+    expected_saving: float
 
 
 class RankedCandidate(TypedDict):
@@ -156,6 +164,7 @@ class HardwareRanking(TypedDict):
     history_used: NotRequired[bool]
     out_of_distribution: NotRequired[bool]
     explore: NotRequired[Exploration]
+    probe: NotRequired[Probe]
     candidates: list[RankedCandidate]
     excluded: list[Excluded]
     latency_ms: float
@@ -236,6 +245,7 @@ __all__ = [
     "ModelSpec",
     "Optimizer",
     "Precision",
+    "Probe",
     "RankedCandidate",
     "RankingSource",
     "Throughput",

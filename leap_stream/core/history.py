@@ -436,8 +436,9 @@ class HistoryBook:
         # their state depends on the order the measurements came in
         self.disputed: set[str] = set()
         self.disputed_types: set[str] = set()  # their model types (the aggregates move too)
-        # the event taken for each (job_id, attempt): an attempt completes once
-        self._completed: dict[tuple[str, int], str] = {}
+        # the event taken for each (job_id, attempt, probed type or ""): an attempt completes
+        # once, and each of its probes once
+        self._completed: dict[tuple[str, int, str], str] = {}
 
     def apply_completion(
         self,
@@ -449,8 +450,9 @@ class HistoryBook:
         """Apply one job-completed event (measured at its ``ended_at``) as the online store's
         Lua script does (``submitted_devices``, ``ceiling`` and ``now`` as in `apply`): a
         second completion of one job attempt (another event) is a ``repeat`` and changes
-        nothing."""
-        attempt = (str(completion["job_id"]), int(completion["attempt"]))
+        nothing; a probe (``probe``) completes once per probed type, apart from the attempt."""
+        probe = str(completion["hardware_type"]) if completion.get("probe") else ""
+        attempt = (str(completion["job_id"]), int(completion["attempt"]), probe)
         taken = self._completed.setdefault(attempt, str(completion["event_id"]))
         if taken != completion["event_id"]:
             return "repeat"

@@ -21,6 +21,7 @@ from leap_stream.contracts.events import (
     Exploration,
     HardwareRanking,
     JobSubmitted,
+    Probe,
     RankedCandidate,
     RankingSource,
 )
@@ -34,6 +35,7 @@ from leap_stream.core.history import LineageHistory, TypeAggregates
 from leap_stream.core.intervals import INTERVAL_LEVEL
 from leap_stream.core.lookup import LookupTable
 from leap_stream.core.predictor import OOD_MARGIN, ThroughputModel
+from leap_stream.core.probe import ProbeSettings, plan_probes
 from leap_stream.core.ranking import (
     SCHEMA_VERSION,
     rank_order,
@@ -90,6 +92,9 @@ def job_columns(submissions: Sequence[Mapping[str, Any]]) -> Columns:
         "activation_checkpointing",
     ):
         cols[c] = [t[c] for t in training]
+    cols["planned_samples"] = np.fromiter(
+        (t.get("planned_samples", np.nan) for t in training), np.float64, len(training)
+    )
     out = Columns(n=len(submissions))
     for c, v in cols.items():
         out[c] = np.asarray(v, dtype=object if c in _STRING_COLUMNS else None)
@@ -108,10 +113,12 @@ class Ranker:
         model: ThroughputModel | None = None,
         lookup: LookupTable | None = None,
         explore_budget: float = 0.0,
+        probe: ProbeSettings | None = None,
     ) -> None:
         self.specs = catalog.spec_matrix()
         # the largest expected extra cost share of an exploration (core/explore.py); 0: none
         self.explore_budget = explore_budget
+        self.probe = probe  # what a probe may cost and measures (core/probe.py); None: none
         self._spec_arrays = F.SpecArrays.of(self.specs)
         self.model = model
         self.lookup = lookup
@@ -245,6 +252,8 @@ class Ranker:
             np.asarray(jobs["num_devices"], np.int64),
             len(submissions),
             self.explore_budget,
+            self.probe,
+            np.asarray(jobs["planned_samples"], np.float64),
         )
         ood = np.zeros(len(submissions), bool)
         ood[np.asarray(frame["job"], np.int64)] = np.asarray(frame["ood"], bool)
@@ -279,6 +288,8 @@ class Ranker:
                 out[-1]["out_of_distribution"] = True
             if (explore := rows.explored[j]) is not None and source_name == "model":
                 out[-1]["explore"] = explore
+            if (probe := rows.probes[j]) is not None and source_name == "model":
+                out[-1]["probe"] = probe
         return out
 
 
@@ -309,10 +320,17 @@ class _RankedRows:
     has_model: list[bool]
     any_fit: list[bool]
     explored: list[Exploration | None]  # per job, its exploration (core/explore.py) or None
+    probes: list[Probe | None]  # per job, its probe (core/probe.py) or None
 
     @classmethod
     def of(
-        cls, frame: Columns, num_devices: np.ndarray, n_sub: int, explore_budget: float = 0.0
+        cls,
+        frame: Columns,
+        num_devices: np.ndarray,
+        n_sub: int,
+        explore_budget: float = 0.0,
+        probe: ProbeSettings | None = None,
+        planned_samples: np.ndarray | None = None,
     ) -> _RankedRows:
         job = np.asarray(frame["job"], np.int64)
         source = np.asarray(frame["source"], np.int64)
@@ -383,6 +401,25 @@ class _RankedRows:
                     "reason": EXPLORE_REASON,
                     "expected_extra_cost": round(float(extra[j]), 4),
                 }
+        probes: list[Probe | None] = [None] * n_sub
+        if probe is not None and probe.enabled and planned_samples is not None:
+            plan = plan_probes(
+                job,
+                np.where(source == SRC_MODEL, np.asarray(frame["pred"], np.float64), np.nan),
+                np.asarray(frame["low"], np.float64),
+                high_all,
+                cost_all * num_devices[job],
+                planned_samples,
+                probe,
+            )
+            probed = order[plan.rows[order]]  # in ranking order
+            for j in np.flatnonzero(np.isfinite(plan.saving)).tolist():
+                probes[j] = {
+                    "hardware_types": hw_all[probed[job[probed] == j]].tolist(),
+                    "minutes": probe.minutes,
+                    "cost": round(float(plan.cost[j]), 2),
+                    "expected_saving": round(float(plan.saving[j]), 2),
+                }
         o_bad = order[~ok_o]
         excl: list[Excluded] = [
             {"hardware_type": t, "reason": "no_prediction" if f else "does_not_fit"}
@@ -401,6 +438,7 @@ class _RankedRows:
             ).tolist(),
             any_fit=(np.bincount(job[fits], minlength=n_sub) > 0).tolist(),
             explored=explored,
+            probes=probes,
         )
 
     def of_job(

@@ -41,9 +41,11 @@ class KeyLayout:
     def sub(self, job_id: str, attempt: int, model_type: str) -> str:
         return f"{self._head(model_type)}sub:{job_id}:{attempt}"
 
-    def done(self, job_id: str, attempt: int, model_type: str) -> str:
-        """The marker of a job attempt whose completion was taken: an attempt completes once."""
-        return f"{self._head(model_type)}done:{job_id}:{attempt}"
+    def done(self, job_id: str, attempt: int, model_type: str, probe: str | None = None) -> str:
+        """The marker of a job attempt whose completion was taken: an attempt completes once,
+        and each of its probes (``probe``: the probed type) once, apart from it."""
+        tail = f":probe:{probe}" if probe is not None else ""
+        return f"{self._head(model_type)}done:{job_id}:{attempt}{tail}"
 
     def guard(self, lineage_id: str, model_type: str) -> str:
         """The speed rule's state of a lineage's entries (core.history.Guard), per type."""

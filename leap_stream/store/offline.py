@@ -67,12 +67,15 @@ SCHEMA = pa.schema(
         ("device_hours", pa.float64()),
         # the history rule that quarantined the measurement (core.history), null when accepted
         ("quarantine", pa.string()),
+        # a probe's measurement (a short run on a candidate before the attempt ran), null when
+        # the attempt's own run
+        ("probe", pa.bool_()),
     ]
 )
 DATASET_COLUMNS: tuple[str, ...] = tuple(SCHEMA.names)
 TIMESTAMP_COLUMNS = ("submitted_at", "started_at", "ended_at")
 # Columns added after the first release: files written before them read as null.
-LATER_COLUMNS = ("quarantine",)
+LATER_COLUMNS = ("quarantine", "probe")
 
 
 def flatten(
@@ -96,6 +99,7 @@ def flatten(
         ended_at=completion["ended_at"],
         device_hours=float(completion["device_hours"]),
         quarantine=quarantine,
+        probe=True if completion.get("probe") else None,
     )
     for col in TIMESTAMP_COLUMNS:
         row[col] = to_timestamp(row[col])

@@ -395,7 +395,12 @@ class OnlineStore:
                     self.keys.lin(c["lineage_id"], mt),
                     self.keys.agg(mt),
                     self.keys.sub(c["job_id"], int(c["attempt"]), mt),
-                    self.keys.done(c["job_id"], int(c["attempt"]), mt),
+                    self.keys.done(
+                        c["job_id"],
+                        int(c["attempt"]),
+                        mt,
+                        c["hardware_type"] if c.get("probe") else None,
+                    ),
                     self.keys.guard(c["lineage_id"], mt),
                     self.keys.aggregate_guard(mt),
                 ]

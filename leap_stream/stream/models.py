@@ -26,6 +26,7 @@ from leap_stream.catalog import CatalogError, CatalogFile
 from leap_stream.contracts import parse_ts
 from leap_stream.core.lookup import LookupTable
 from leap_stream.core.predictor import LIGHTGBM_KIND, ThroughputModel
+from leap_stream.core.probe import ProbeSettings
 from leap_stream.core.ranker import Ranker
 from leap_stream.store.artefact import read_artefact
 from leap_stream.store.registry import CurrentModel, ModelLoadError, Registry
@@ -58,9 +59,11 @@ class RankerHolder:
         compile_trees: bool = False,
         catalog_file: CatalogFile | None = None,
         explore_budget: float = 0.0,
+        probe: ProbeSettings | None = None,
     ) -> None:
         self.catalog = catalog
         self.explore_budget = explore_budget  # LEAP_EXPLORE_BUDGET, for every ranker it makes
+        self.probe = probe  # LEAP_PROBE_BUDGET and LEAP_PROBE_MINUTES, likewise
         self.catalog_file = catalog_file
         self.metrics = metrics
         self.compile_trees = compile_trees
@@ -77,7 +80,13 @@ class RankerHolder:
         return self.ranker
 
     def _ranker(self, catalog: Any, model: Any, lookup: LookupTable | None) -> Ranker:
-        return Ranker(catalog, model=model, lookup=lookup, explore_budget=self.explore_budget)
+        return Ranker(
+            catalog,
+            model=model,
+            lookup=lookup,
+            explore_budget=self.explore_budget,
+            probe=self.probe,
+        )
 
     def poll_catalog(self) -> bool:
         """Swap in the catalog file's new version (same model); a bad edit keeps the old one.

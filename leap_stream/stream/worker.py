@@ -121,6 +121,7 @@ def ranking_core(cfg: Settings) -> RankingCore:
         compile_trees=compiled.wanted(cfg.compiled_trees),
         catalog_file=catalog_file,
         explore_budget=cfg.explore_budget,
+        probe=cfg.probe_settings(),
     )
     holder.poll()  # serve the current model from the first request on
     # the known types follow the serving ranker's catalog (hot-reloaded)

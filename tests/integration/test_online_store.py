@@ -221,6 +221,26 @@ def test_an_attempt_completes_once_whatever_its_event_id(store: OnlineStore) -> 
     assert not again.new and again.outcome == taken[first.index(c)].outcome
 
 
+def test_a_probe_completes_once_per_type_apart_from_its_attempt(store: OnlineStore) -> None:
+    """A probe's completion (`probe: true`) is taken once per (attempt, probed type), in Lua as
+    in HistoryBook, and leaves the attempt's own completion to be taken."""
+    pairs = [
+        (s, c) for s, c in synthetic.pairs(30, seed=6, lineages=3) if c["status"] == "succeeded"
+    ]
+    s, c = pairs[0]
+    store.remember_submissions([s])
+    other = next(t for t in s["candidate_hardware"] if t != c["hardware_type"])
+    probe = dict(c, event_id=f"{c['event_id']}-probe", hardware_type=other, probe=True)
+    again = dict(probe, event_id=f"{c['event_id']}-probe-again")
+    got = store.apply_completions([probe, again, c], require_submission=True)
+    assert [r.outcome for r in got][1] == "repeat"
+    assert got[0].applied and got[2].applied
+    book = HistoryBook()
+    assert [book.apply_completion(x) for x in (probe, again, c)][1] == "repeat"
+    [hist], _ = store.read_batch([c["lineage_id"]], [], [c["model_type"]])
+    assert {other, c["hardware_type"]} <= set(hist)
+
+
 def test_rebuild_history_from_the_dataset(store: OnlineStore, tmp_path) -> None:
     from leap_stream.store.offline import DatasetSink, completions_from_frame, read_dataset
 

@@ -230,6 +230,18 @@ def test_a_second_completion_of_one_attempt_is_a_repeat_and_changes_nothing() ->
     assert book.apply_completion(other) != "repeat"
 
 
+def test_a_probe_completes_once_per_type_and_leaves_the_attempt_its_own_run() -> None:
+    [c] = [c for _s, c in synthetic.pairs(40, seed=9, lineages=1) if c["status"] == "succeeded"][:1]
+    book = HistoryBook()
+    probe = dict(c, event_id="probe-1", hardware_type="probed-type", probe=True)
+    assert book.apply_completion(probe) == "accepted"
+    assert "probed-type" in book.lineage(c["lineage_id"])  # a measurement like any other
+    assert book.apply_completion(dict(probe, event_id="probe-2")) == "repeat"
+    assert book.apply_completion(dict(probe, event_id="probe-3", hardware_type="b")) != "repeat"
+    assert book.apply_completion(c) != "repeat"  # the attempt's own completion still counts
+    assert book.apply_completion(dict(c, event_id="own-again")) == "repeat"
+
+
 DAY = 86_400.0
 
 

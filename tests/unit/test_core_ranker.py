@@ -136,6 +136,52 @@ def test_a_ranking_marks_the_untried_candidate_within_the_noise_it_would_explore
     assert sum("explore" in r for r in tight) < len(marked)
 
 
+def test_a_ranking_names_the_probes_a_long_job_pays_for(
+    trained: tuple[Any, ThroughputModel, LookupTable],
+) -> None:
+    """With `planned_samples` of a month on the first candidate, a ranking names the probes
+    (types among its first candidates, in ranking order), their cost within the budget of the
+    job's expected cost and a positive expected saving; the event stays valid. Without planned
+    samples, or without a probe budget, none."""
+    import copy
+
+    from leap_stream.contracts import validate_event
+    from leap_stream.core.probe import ProbeSettings
+
+    d, model, lookup = trained
+    subs = _subs(d, 40)
+    settings = ProbeSettings(budget=0.01)
+    plain = Ranker(load_catalog(), model, lookup, probe=settings).rank_batch(
+        subs, [None] * 40, {}, NOW
+    )
+    assert not any("probe" in r for r in plain)
+    long = copy.deepcopy(subs)
+    for s, r in zip(long, plain, strict=True):
+        if r["candidates"]:
+            month = r["candidates"][0]["predicted_throughput"] * 30 * 86400.0
+            s["training"]["planned_samples"] = month
+    on = Ranker(load_catalog(), model, lookup, probe=settings).rank_batch(
+        long, [None] * 40, {}, NOW
+    )
+    marked = [r for r in on if "probe" in r]
+    assert marked
+    for r in on:
+        _valid(r)
+        assert validate_event(r, "hardware-ranking") is None
+        if "probe" not in r:
+            continue
+        p, cands = r["probe"], r["candidates"]
+        first_three = [c["hardware_type"] for c in cands[: settings.top]]
+        assert set(p["hardware_types"]) <= set(first_three)
+        assert p["hardware_types"] == [t for t in first_three if t in p["hardware_types"]]
+        first = cands[0]
+        job_cost = 30 * 24 * first["cost_per_device_hour"] * first["num_devices"]
+        assert 0 < p["cost"] <= 0.01 * job_cost + 0.01 and p["expected_saving"] > 0
+        assert p["minutes"] == settings.minutes
+    off = Ranker(load_catalog(), model, lookup).rank_batch(long, [None] * 40, {}, NOW)
+    assert not any("probe" in r for r in off)
+
+
 def _width(c: dict[str, Any]) -> float:
     """A ranked candidate's interval width in log units."""
     return float(np.log(c["interval"]["high"] / c["interval"]["low"]))

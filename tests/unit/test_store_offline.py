@@ -54,6 +54,7 @@ DESIGN_COLUMNS = [
     "ended_at",
     "device_hours",
     "quarantine",
+    "probe",
 ]
 
 

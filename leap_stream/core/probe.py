@@ -1,0 +1,248 @@
+"""Probes: a short measured run on a few candidates, where what the choice may lose is worth
+more than the run.
+
+A ranking is a prediction; for a long job on many devices a wrong first choice costs more than
+measuring. Each candidate's predictive distribution is lognormal around its prediction with the
+spread of its 80 % interval. Over the job's first `ProbeSettings.top` candidates (by throughput
+per cost), the expected regret of choosing now is E[cost of the first] − E[cheapest cost], the
+job's cost on a type being its planned samples at the type's throughput × devices × price.
+Probing a set of candidates measures each with a short run's noise; the choice then takes the
+best by the posterior (the prediction and the probe, weighed by their precisions), and its
+expected regret is what is left. A job is probed on the set that saves most in expectation,
+net of the probe's cost (`minutes` on the job's devices at each type's price), when that saving
+is positive and the probe's cost is at most `budget` × the job's expected cost on its first
+choice (`LEAP_PROBE_BUDGET`). Jobs without `planned_samples` count as small: never probed.
+
+Expectations are over fixed draws (common to every job and call): the same inputs give the same
+plan. Pure arrays in, arrays out; the ranker marks the candidates, the scheduler runs them and
+reports each as a completion marked `probe`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from itertools import combinations
+from typing import Final
+
+import numpy as np
+
+Z80: Final = 1.2815515655446004  # the 80 % interval's half-width in standard normals
+DRAWS_SEED: Final = 20261207  # the fixed draws' seed: a plan does not depend on the call
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    """What a probe may cost and what it measures."""
+
+    budget: float = 0.01  # largest share of the job's expected cost its probes may take; 0: none
+    minutes: float = 5.0  # a probe's device time on the job's own devices, warm-up included
+    top: int = 3  # the first candidates a probe chooses among
+    draws: int = 256  # draws of the expectations
+
+    @property
+    def enabled(self) -> bool:
+        return self.budget > 0 and self.minutes > 0
+
+    @property
+    def noise(self) -> float:
+        """The log sd of what a probe of `minutes` measures (`probe_noise`)."""
+        return probe_noise(self.minutes)
+
+
+NOISE_AT_5_MIN: Final = 0.05  # a 5-minute probe's log sd: above a full run's (about 0.035)
+
+
+def probe_noise(minutes: float) -> float:
+    """The log sd of a probe's measurement: `NOISE_AT_5_MIN` at 5 minutes, shrinking with the
+    square root of the steps averaged (a shorter probe measures fewer)."""
+    return NOISE_AT_5_MIN * math.sqrt(5.0 / max(minutes, 1e-3))
+
+
+@dataclass(frozen=True)
+class ProbePlan:
+    """Per row whether to probe it; per job the expected saving net of the probe's cost and
+    that cost (USD), NaN for a job not probed."""
+
+    rows: np.ndarray
+    saving: np.ndarray
+    cost: np.ndarray
+
+    @classmethod
+    def none(cls, n_rows: int, n_jobs: int) -> ProbePlan:
+        return cls(np.zeros(n_rows, bool), np.full(n_jobs, np.nan), np.full(n_jobs, np.nan))
+
+
+def log_sd(low: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """The log standard deviation an 80 % interval implies (NaN without one)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.asarray(np.log(np.asarray(high) / np.asarray(low)) / (2.0 * Z80))
+
+
+def plan_probes(
+    job: np.ndarray,
+    pred: np.ndarray,
+    low: np.ndarray,
+    high: np.ndarray,
+    usd_per_hour: np.ndarray,
+    planned_samples: np.ndarray,
+    settings: ProbeSettings,
+) -> ProbePlan:
+    """The probes of a batch. Per row: its job, predicted samples/s with its 80 % interval,
+    and what the job costs per hour there (price × devices; NaN where it cannot run). Per job:
+    its planned samples (NaN: unknown)."""
+    job = np.asarray(job, np.int64)
+    planned = np.asarray(planned_samples, np.float64)
+    n_jobs = len(planned)
+    plan = ProbePlan.none(len(job), n_jobs)
+    if not settings.enabled or not len(job) or not (planned > 0).any():
+        return plan
+    pred, rate = np.asarray(pred, np.float64), np.asarray(usd_per_hour, np.float64)
+    sd = log_sd(low, high)
+    ok = (pred > 0) & np.isfinite(pred) & (rate > 0) & np.isfinite(rate) & (sd > 0) & (sd < 5)
+    ok &= np.isfinite(planned[job]) & (planned[job] > 0)
+    top = _top_rows(job, np.where(ok, pred / rate, -np.inf), ok, n_jobs, settings.top)
+    first_cost = _cost(planned, pred, rate, top[:, 0])  # NaN where the first is not usable
+    cheapest = settings.minutes / 60.0 * np.where(top >= 0, rate[top], np.inf).min(1)
+    with np.errstate(invalid="ignore"):
+        worth = (top[:, 1] >= 0) & (cheapest <= settings.budget * first_cost)
+    jobs = np.flatnonzero(worth)
+    if not len(jobs):
+        return plan
+    rows = top[jobs]
+    valid = rows >= 0
+    r = np.maximum(rows, 0)
+    scale = np.where(valid, planned[jobs, None] * rate[r] / 3600.0, np.nan)  # cost × samples/s
+    probe_cost = np.where(valid, settings.minutes / 60.0 * rate[r], np.inf)
+    allowance = settings.budget * first_cost[jobs]
+    best_set, saving = _best_probe_sets(
+        np.log(pred[r]), np.where(valid, sd[r], 1.0), scale, probe_cost, valid, allowance, settings
+    )
+    spend = (best_set * np.where(valid, probe_cost, 0.0)).sum(1)
+    take = saving > 0
+    probe_rows = plan.rows.copy()
+    probe_rows[rows[best_set & take[:, None]]] = True
+    out_saving, out_cost = plan.saving.copy(), plan.cost.copy()
+    out_saving[jobs[take]] = saving[take]
+    out_cost[jobs[take]] = spend[take]
+    return ProbePlan(probe_rows, out_saving, out_cost)
+
+
+def _top_rows(
+    job: np.ndarray, score: np.ndarray, ok: np.ndarray, n_jobs: int, k: int
+) -> np.ndarray:
+    """(jobs, k): each job's best `k` usable rows by score, best first; -1 pads."""
+    order = np.lexsort((np.arange(len(job)), -score, job))
+    order = order[ok[order]]
+    j = job[order]
+    starts = np.searchsorted(j, np.arange(n_jobs))
+    rank = np.arange(len(order)) - starts[j]
+    keep = rank < k
+    out = np.full((n_jobs, k), -1, np.int64)
+    out[j[keep], rank[keep]] = order[keep]
+    return out
+
+
+def _cost(planned: np.ndarray, pred: np.ndarray, rate: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """USD to process each job's planned samples on `rows` (NaN where -1)."""
+    r = np.maximum(rows, 0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        cost = planned / pred[r] * rate[r] / 3600.0
+    return np.asarray(np.where(rows >= 0, cost, np.nan))
+
+
+def _best_probe_sets(
+    mu: np.ndarray,
+    sd: np.ndarray,
+    scale: np.ndarray,
+    probe_cost: np.ndarray,
+    valid: np.ndarray,
+    allowance: np.ndarray,
+    settings: ProbeSettings,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per job (rows of the (jobs, k) arrays): the candidates to probe (bool, (jobs, k)) and
+    the expected saving net of their cost, among the sets whose cost is within the job's
+    `allowance` (-inf: none is). `mu`, `sd`: the log prediction and its spread; `scale`:
+    cost × throughput (the cost is `scale` / throughput)."""
+    n, k = mu.shape
+    rng = np.random.default_rng(DRAWS_SEED)
+    z = rng.standard_normal((k, settings.draws))
+    e = rng.standard_normal((k, settings.draws))
+    log_true = mu[:, :, None] + sd[:, :, None] * z[None]
+    cost = np.where(valid[:, :, None], scale[:, :, None] / np.exp(log_true), np.inf)
+    cheapest = cost.min(1)
+    regret_now = (cost[:, 0] - cheapest).mean(1)
+    measured = log_true + settings.noise * e[None]
+    w_prior, w_probe = 1.0 / sd**2, 1.0 / settings.noise**2
+    posterior = (mu[:, :, None] * w_prior[:, :, None] + measured * w_probe) / (
+        w_prior[:, :, None] + w_probe
+    )
+    best_set = np.zeros((n, k), bool)
+    best_saving = np.full(n, -np.inf)
+    for size in range(1, k + 1):
+        for subset in combinations(range(k), size):
+            chosen = np.zeros(k, bool)
+            chosen[list(subset)] = True
+            belief = np.where(chosen[None, :, None], posterior, mu[:, :, None])
+            estimate = np.where(valid[:, :, None], scale[:, :, None] / np.exp(belief), np.inf)
+            pick = estimate.argmin(1)
+            paid = np.take_along_axis(cost, pick[:, None, :], 1)[:, 0]
+            regret_after = (paid - cheapest).mean(1)
+            spend = np.where(chosen[None], probe_cost, 0.0).sum(1)
+            usable = valid[:, list(subset)].all(1) & (spend <= allowance)
+            saving = np.where(usable, regret_now - regret_after - spend, -np.inf)
+            better = saving > best_saving
+            best_saving = np.where(better, saving, best_saving)
+            best_set[better] = chosen
+    return best_set, best_saving
+
+
+def choose_after_probes(
+    job: np.ndarray,
+    pred: np.ndarray,
+    low: np.ndarray,
+    high: np.ndarray,
+    usd_per_hour: np.ndarray,
+    measured: np.ndarray,
+    settings: ProbeSettings,
+    n_jobs: int,
+) -> np.ndarray:
+    """Per job the row to run once its probes are in (-1: none usable): the best throughput
+    per cost where a probed row's throughput is the posterior median (its prediction and the
+    probe's measurement, weighed by their precisions, as `plan_probes` expects) and any other
+    row keeps its prediction. `measured`: per row the probe's samples/s, NaN where none ran."""
+    job = np.asarray(job, np.int64)
+    pred, measured = np.asarray(pred, np.float64), np.asarray(measured, np.float64)
+    sd = log_sd(low, high)
+    probed = np.isfinite(measured) & (measured > 0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        w_prior = np.where(np.isfinite(sd) & (sd > 0), 1.0 / sd**2, 0.0)
+        w_probe = 1.0 / settings.noise**2
+        belief = np.where(
+            probed,
+            (np.log(pred) * w_prior + np.log(measured) * w_probe) / (w_prior + w_probe),
+            np.log(pred),
+        )
+        belief = np.where(probed & ~(pred > 0), np.log(measured), belief)
+        score = np.exp(belief) / np.asarray(usd_per_hour, np.float64)
+    ok = np.isfinite(score) & (score > 0)
+    out = np.full(n_jobs, -1, np.int64)
+    if not ok.any():
+        return out
+    rows = np.flatnonzero(ok)
+    order = rows[np.lexsort((rows, -score[rows], job[rows]))]
+    first = order[np.r_[True, job[order][1:] != job[order][:-1]]]
+    out[job[first]] = first
+    return out
+
+
+__all__ = [
+    "NOISE_AT_5_MIN",
+    "Z80",
+    "ProbePlan",
+    "ProbeSettings",
+    "choose_after_probes",
+    "log_sd",
+    "plan_probes",
+    "probe_noise",
+]

@@ -1,0 +1,117 @@
+"""Probes (core/probe.py): which jobs a short measured run pays for, on which candidates, and
+the choice once the probes are in."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from leap_stream.core.probe import Z80, ProbeSettings, choose_after_probes, log_sd, plan_probes
+
+DAY = 24 * 3600.0
+
+
+def _job(spread: float, hours: float, devices: int = 128, n: int = 3) -> dict[str, np.ndarray]:
+    """One job with `n` candidates a few % apart, each predicted within ×`spread` (80 %), that
+    plans `hours` on the first at $3 per device-hour."""
+    pred = 100.0 * 0.97 ** np.arange(n)
+    return {
+        "job": np.zeros(n, np.int64),
+        "pred": pred,
+        "low": pred / spread,
+        "high": pred * spread,
+        "usd_per_hour": np.full(n, 3.0 * devices),
+        "planned_samples": np.asarray([pred[0] * hours * 3600.0]),
+    }
+
+
+def test_a_long_wide_job_is_probed_within_its_budget() -> None:
+    job = _job(spread=1.4, hours=24)
+    plan = plan_probes(**job, settings=ProbeSettings())
+    first_cost = 24 * 3.0 * 128
+    assert plan.rows.sum() >= 1 and plan.saving[0] > 0
+    assert plan.cost[0] == pytest.approx(plan.rows.sum() * 5 / 60 * 3.0 * 128)
+    assert plan.cost[0] <= 0.01 * first_cost
+
+
+@pytest.mark.parametrize(
+    ("spread", "hours", "planned_known", "why"),
+    [
+        (1.4, 24.0, False, "no planned samples: a small job"),
+        (1.4, 0.5, True, "short: a probe costs more than its share"),
+        (1.01, 24.0, True, "the predictions are sure: nothing to learn"),
+    ],
+)
+def test_no_probe_where_it_cannot_pay(
+    spread: float, hours: float, planned_known: bool, why: str
+) -> None:
+    job = _job(spread, hours)
+    if not planned_known:
+        job["planned_samples"] = np.asarray([np.nan])
+    plan = plan_probes(**job, settings=ProbeSettings())
+    assert not plan.rows.any(), why
+    assert np.isnan(plan.saving[0]) and np.isnan(plan.cost[0])
+
+
+def test_a_zero_budget_or_length_turns_probes_off() -> None:
+    job = _job(spread=1.4, hours=240)
+    assert not plan_probes(**job, settings=ProbeSettings(budget=0.0)).rows.any()
+    assert not plan_probes(**job, settings=ProbeSettings(minutes=0.0)).rows.any()
+
+
+def test_jobs_are_planned_apart_and_a_plan_does_not_depend_on_the_batch() -> None:
+    a, b = _job(spread=1.4, hours=24), _job(spread=1.01, hours=24, n=2)
+    both = {k: np.concatenate([a[k], b[k] + (1 if k == "job" else 0)]) for k in a}
+    plan = plan_probes(**both, settings=ProbeSettings())
+    alone = plan_probes(**a, settings=ProbeSettings())
+    assert plan.rows[:3].tolist() == alone.rows.tolist() and not plan.rows[3:].any()
+    assert plan.saving[0] == alone.saving[0] and np.isnan(plan.saving[1])
+
+
+def test_the_expected_saving_is_what_probing_then_choosing_saves() -> None:
+    """Draw truths from the predictive distributions, probe as planned with a short run's
+    noise, choose with `choose_after_probes`: the saving realised on average is the plan's."""
+    job = _job(spread=1.5, hours=48)
+    settings = ProbeSettings(budget=0.02)
+    plan = plan_probes(**job, settings=settings)
+    assert plan.rows.any()
+    rng = np.random.default_rng(5)
+    sd = log_sd(job["low"], job["high"])
+    n = 4000
+    truth = job["pred"] * np.exp(sd * rng.standard_normal((n, 3)))
+    cost = job["planned_samples"][0] / truth * job["usd_per_hour"] / 3600.0
+    saved = np.empty(n)
+    for i in range(n):
+        measured = np.where(
+            plan.rows, truth[i] * np.exp(settings.noise * rng.standard_normal(3)), np.nan
+        )
+        pick = choose_after_probes(
+            job["job"],
+            job["pred"],
+            job["low"],
+            job["high"],
+            job["usd_per_hour"],
+            measured,
+            settings,
+            1,
+        )[0]
+        saved[i] = cost[i, 0] - cost[i, pick]
+    realised = saved.mean() - plan.cost[0]
+    assert realised == pytest.approx(plan.saving[0], rel=0.15)
+
+
+def test_the_choice_weighs_a_probe_against_the_prediction() -> None:
+    job = _job(spread=1.3, hours=24)
+    args = (job["job"], job["pred"], job["low"], job["high"], job["usd_per_hour"])
+    nothing = np.full(3, np.nan)
+    assert choose_after_probes(*args, nothing, ProbeSettings(), 1).tolist() == [0]
+    # the first measures 30 % slower than predicted, the second as predicted: the second runs
+    slow_first = np.asarray([70.0, 97.0, np.nan])
+    assert choose_after_probes(*args, slow_first, ProbeSettings(), 1).tolist() == [1]
+    # a probe far noisier than the prediction (a few seconds long) barely moves it
+    assert choose_after_probes(*args, slow_first, ProbeSettings(minutes=0.01), 1).tolist() == [0]
+
+
+def test_log_sd_is_the_80_percent_interval_spread() -> None:
+    assert log_sd(np.asarray([np.exp(-Z80)]), np.asarray([np.exp(Z80)]))[0] == pytest.approx(1.0)
+    assert np.isnan(log_sd(np.asarray([np.nan]), np.asarray([1.0]))[0])
