@@ -67,28 +67,56 @@ def test_tiny_backtest_reports_every_predictor() -> None:
 def test_a_closed_loop_with_a_budget_runs_explorations_and_counts_their_cost() -> None:
     """With an exploration budget the jobs a ranking marks `explore` run there: the summary
     counts them, their measured extra cost as a share of the fleet's, and the savings net of
-    it; without one there is no such block."""
+    it; without one, none run and the savings as run are the first choice's."""
     summary, _ = run_backtest(
         seed=3, nights=2, warmup_days=3, rate=400, progress=False, explore_budget=0.5
     )
     e, m = summary["explore"], summary["model"]
+    nights = [n["as_run"] for n in summary["per_night"]]
     assert summary["explore_budget"] == 0.5
-    assert e["count"] > 0 and e["count"] == sum(n["explore"]["count"] for n in summary["per_night"])
+    assert e["count"] > 0 and e["count"] == sum(n["explore_count"] for n in nights)
     assert e["cost_share_fleet"] == round(
-        sum(n["explore"]["extra_cost"] for n in summary["per_night"])
-        / sum(n["explore"]["fleet_cost"] for n in summary["per_night"]),
-        5,
+        sum(n["explore_extra_cost"] for n in nights) / sum(n["fleet_cost"] for n in nights), 5
     )
-    net = np.mean(
-        [
-            n["model"]["savings"] - n["explore"]["extra_cost"] / n["explore"]["default_cost"]
-            for n in summary["per_night"]
-        ]
-    )
+    net = np.mean([1.0 - n["as_run_cost"] / n["default_cost"] for n in nights])
     assert m["savings_net"] == round(float(net), 4)
     assert m["savings_share_of_oracle_net"] == round(float(net) / summary["oracle"]["savings"], 4)
+    assert summary["probes"]["count"] == 0  # no probes without a budget
     off, _ = run_backtest(seed=3, nights=1, warmup_days=3, rate=400, progress=False)
-    assert "explore" not in off and "savings_net" not in off["model"]
+    assert off["explore"]["count"] == 0 and off["probes"]["count"] == 0
+    assert off["model"]["savings_net"] == off["model"]["savings"]
+    assert off["model"]["regret_top1pct"] == pytest.approx(
+        off["model"]["regret_top1pct_first_choice"], abs=0.01
+    )
+
+
+def test_probes_run_where_the_ranking_marks_them_and_are_paid_for() -> None:
+    """With a probe budget, long jobs whose first candidates the model cannot tell apart are
+    probed: the probes' cost is within the budget of the jobs probed, it is taken off the
+    savings, and their measurements become training rows marked as probes."""
+    from leap_stream.core.probe import ProbeSettings
+
+    seen: list[Night] = []
+    summary, _ = run_backtest(
+        seed=3,
+        nights=2,
+        warmup_days=3,
+        rate=1000,
+        progress=False,
+        probe=ProbeSettings(budget=0.05),
+        on_night=seen.append,
+    )
+    p, m = summary["probes"], summary["model"]
+    nights = [n["as_run"] for n in summary["per_night"]]
+    assert summary["probe_budget"] == 0.05
+    assert p["count"] > 0 and p["count"] == sum(n["probe_count"] for n in nights)
+    assert 0 < p["cost_share_probed"] <= 0.05
+    assert p["cost_usd"] == pytest.approx(sum(n["probe_cost"] for n in nights), abs=0.01)
+    net = np.mean([1.0 - n["as_run_cost"] / n["default_cost"] for n in nights])
+    assert m["savings_net"] == round(float(net), 4)
+    # each probed type measured, and the measurement went to the history and training rows
+    assert p["measurements"] >= p["count"]
+    assert seen[1].train_frame.shape[0] > 0
 
 
 def test_savings_replicates_weigh_jobs_alike_for_every_predictor() -> None:

@@ -12,6 +12,7 @@ import orjson
 import pandas as pd
 
 from leap_stream.core import features as F
+from leap_stream.core.probe import ProbeSettings
 from leap_stream.settings import Settings
 from leap_stream.tools.backtest.loop import run_backtest
 from leap_stream.tools.backtest.params import (
@@ -114,6 +115,21 @@ def register(parser: argparse.ArgumentParser) -> None:
         "--no-explore", action="store_true", help="no exploration (--explore-budget 0)"
     )
     parser.add_argument(
+        "--probe-budget",
+        type=float,
+        metavar="SHARE",
+        help="with --policy ranked: the largest share of a job's expected cost its probes may "
+        "take (default LEAP_PROBE_BUDGET); a probed job runs where the probes' measurements "
+        "rank it first",
+    )
+    parser.add_argument(
+        "--probe-minutes",
+        type=float,
+        metavar="MIN",
+        help="a probe's length on the job's devices (default LEAP_PROBE_MINUTES)",
+    )
+    parser.add_argument("--no-probes", action="store_true", help="no probes (--probe-budget 0)")
+    parser.add_argument(
         "--new-hardware",
         metavar="TYPE",
         help="a catalog type the fleet only gets from --from-day on (no history before it)",
@@ -164,8 +180,16 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     if budget < 0:
         print("backtest: --explore-budget must be >= 0", file=sys.stderr)
         return 2
+    probe = ProbeSettings(
+        budget=settings.probe_budget if args.probe_budget is None else args.probe_budget,
+        minutes=settings.probe_minutes if args.probe_minutes is None else args.probe_minutes,
+    )
+    if probe.budget < 0 or probe.minutes < 0:
+        print("backtest: --probe-budget and --probe-minutes must be >= 0", file=sys.stderr)
+        return 2
     summary, scored = run_backtest(
         explore_budget=0.0 if args.no_explore else budget,
+        probe=ProbeSettings(budget=0.0) if args.no_probes else probe,
         new_hardware=new_hw,
         drift=drift,
         seed=args.seed,
@@ -197,10 +221,13 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         file=sys.stderr,
     )
     if "explore" in summary:
-        e = summary["explore"]
+        e, p = summary["explore"], summary["probes"]
         print(
-            f"model   {e['count']} explorations, {e['cost_share_fleet']} of the fleet's cost; "
-            f"savings net of them {m['savings_net']:.3f}",
+            f"model   {e['count']} explorations ({e['cost_share_fleet']} of the fleet's cost), "
+            f"{p['count']} probes ({p['cost_share_fleet']} of the fleet's, "
+            f"{p['cost_share_probed']} of the probed jobs'); savings net of them "
+            f"{m['savings_net']:.3f} ({m['savings_share_of_oracle_net']} of the oracle's), "
+            f"worst 1 % regret ${m['regret_top1pct']:,.0f}",
             file=sys.stderr,
         )
     if m["savings_share_of_oracle"] is not None:

@@ -24,26 +24,26 @@ import pandas as pd
 
 from leap_stream.contracts.timestamps import epoch_seconds
 from leap_stream.core import features as F
-from leap_stream.core.explore import explorations, never_measured
 from leap_stream.core.lookup import LookupTable
 from leap_stream.core.predictor import ThroughputModel
-from leap_stream.core.ranker import SRC_NONE, Ranker
-from leap_stream.core.ranking import throughput_per_cost, within_noise_of_best
+from leap_stream.core.probe import ProbeSettings
+from leap_stream.store.offline import DATASET_COLUMNS
 from leap_stream.tools.backtest.params import (
     ABLATION_KEYS,
     DEFAULT_RATE,
     TRAIN_ROWS,
     TRAIN_WINDOW_DAYS,
 )
+from leap_stream.tools.backtest.policy import RankedPolicy
 from leap_stream.tools.backtest.scenarios import drift_recovery, new_hardware_summary
 from leap_stream.tools.backtest.scoring import (
     LineageResamples,
     _night_eval,
     _score_night,
-    exploration_figures,
+    as_run_figures,
 )
 from leap_stream.tools.backtest.summary import _summarise
-from leap_stream.tools.backtest.truth import Night, _argmax_per_job, _candidates, _SpecCatalog
+from leap_stream.tools.backtest.truth import Night
 from leap_stream.train import pit
 
 
@@ -61,12 +61,14 @@ def run_backtest(
     new_hardware: tuple[str, int] | None = None,
     on_night: Callable[[Night], None] | None = None,
     explore_budget: float = 0.0,
+    probe: ProbeSettings | None = None,
 ) -> tuple[dict[str, Any], list[pd.DataFrame]]:
     """`drift`: the simulator's DriftEvents to run instead of its random ones (a controlled
     software-release scenario; `drift_recovery` in the summary follows each).
     `new_hardware`: (type, day) a catalog type the fleet only gets on that day (0-based); the
     summary's `new_hardware` follows it from then on.
-    `on_night`: called after each night is scored (benchmarks' diagnoses; it changes nothing)."""
+    `on_night`: called after each night is scored (benchmarks' diagnoses; it changes nothing).
+    `probe`: the probes' settings (`core.probe`; None or a zero budget: no probes)."""
     from tqdm import tqdm
 
     from leap_stream.catalog import load_catalog
@@ -98,17 +100,25 @@ def run_backtest(
     train_s = 0.0
     verdicts: Counter[str] = Counter()  # what the history rules made of every measurement
 
-    def ingest(day: Any) -> pit.Snapshots:
+    def ingest(day: Any, probes: pd.DataFrame | None = None) -> pit.Snapshots:
         """Histories for the day's submissions, then its rows become training material.
 
         The day's completions go in first: a retry or resume submitted later the same day sees
-        the completions that ended before it (the replay is point in time), as Redis would."""
+        the completions that ended before it (the replay is point in time), as Redis would.
+        `probes`: the dataset rows of the day's probes, which enter the history and the
+        training rows like any completion (features: their job's, at its submission)."""
         rep.add_completions(day.completions)
+        ds = day.dataset.assign(_snap=np.arange(len(day.dataset)))
+        if probes is not None:
+            rep.add_completions(probes[[c for c in probes if c in day.completions]])
+            keys = zip(ds["job_id"], ds["attempt"], strict=True)
+            position = {key: i for i, key in enumerate(keys)}
+            at = [position[k] for k in zip(probes["job_id"], probes["attempt"], strict=True)]
+            ds = pd.concat([ds, probes.assign(_snap=at)], ignore_index=True)
         informed.add(day.completions, day.truth, vendor_of)
         snap = rep.snapshot(day.submissions)
         verdicts.update(v for v in snap.verdicts.tolist() if v != "none")
-        ds = day.dataset
-        measured = pit.measured(ds.assign(_snap=np.arange(len(ds))))
+        measured = pit.measured(ds)
         idx = measured["_snap"].to_numpy()
         frame = F.build(
             measured,
@@ -120,7 +130,7 @@ def run_backtest(
         )
         ended = epoch_seconds(measured["ended_at"])
         train_parts.append((frame, measured, ended))
-        datasets.append(ds)
+        datasets.append(ds.drop(columns="_snap"))
         return snap
 
     bar = tqdm(
@@ -171,9 +181,19 @@ def run_backtest(
         train_s += time.perf_counter() - t0
         policy_fn = None
         if policy == "ranked":
-            policy_fn = _RankedPolicy(models["full"], lookup, specs, rep, explore_budget)
+            policy_fn = RankedPolicy(
+                models["full"],
+                lookup,
+                specs,
+                rep,
+                explore_budget,
+                probe or ProbeSettings(budget=0.0),
+                lambda: sim.short_runs,
+                DATASET_COLUMNS,
+            )
         day = sim.step_day(policy_fn)
-        snap = ingest(day)
+        probes = policy_fn.take_probe_rows() if policy_fn is not None else None
+        snap = ingest(day, probes)
         base, tr = _score_night(
             day.submissions, day.truth, day.completions, snap, specs, models["full"], lookup
         )
@@ -195,8 +215,13 @@ def run_backtest(
             informed_pred,
         )
         replicates.append(result.pop("savings_replicates"))
-        if policy_fn is not None and explore_budget > 0:
-            result["explore"] = exploration_figures(day.submissions, base, tr, policy_fn.explored)
+        if policy_fn is not None:
+            result["as_run"] = as_run_figures(
+                day.submissions, base, tr, policy_fn.explored, policy_fn.probed
+            )
+            result["as_run"]["probe_rows"] = (
+                0.0 if probes is None else float(len(pit.measured(probes)))
+            )
         result["date"] = str(day.day)
         result["train_rows"] = int(known.sum())
         for v in variants[1:]:
@@ -238,6 +263,7 @@ def run_backtest(
         rate_per_day=rate,
         policy=policy,
         explore_budget=explore_budget if policy == "ranked" else 0.0,
+        probe_budget=probe.budget if probe is not None and policy == "ranked" else 0.0,
         train_window_days=train_window_days,
         train_rows_cap=train_rows,
         train_s=round(train_s, 1),
@@ -245,57 +271,3 @@ def run_backtest(
         per_night=per_night,
     )
     return summary, scored_all
-
-
-@dataclasses.dataclass
-class _RankedPolicy:
-    """The ranker's top choice as the simulator policy, with start-of-day history; where the
-    ranking marks an exploration (`core.explore`, within `explore_budget`), the explored type.
-    `explored`: the explored type per (job_id, attempt), over every call (a day calls it
-    once per round of submissions)."""
-
-    model: ThroughputModel
-    lookup: LookupTable
-    specs: pd.DataFrame
-    rep: pit.Replayer
-    explore_budget: float = 0.0
-    explored: dict[tuple[str, int], str] = dataclasses.field(default_factory=dict)
-
-    def __call__(self, subs: pd.DataFrame) -> pd.Series:
-        book = self.rep.book
-        hist = [book.lineage(x) for x in subs["lineage_id"].tolist()]
-        aggs_by_type = {m: book.aggregates(m) for m in subs["model_type"].unique()}
-        aggs = [aggs_by_type[m] for m in subs["model_type"].tolist()]
-        now = epoch_seconds(subs["submitted_at"])
-        fr, _ = Ranker(_SpecCatalog(self.specs), self.model, self.lookup).score_batch(
-            subs, _candidates(subs), hist, aggs, now
-        )
-        job = fr["job"].to_numpy(np.int64)
-        usable = fr["source"].to_numpy() != SRC_NONE
-        tpc = fr["tpc"].to_numpy(np.float64)
-        top = _argmax_per_job(job, np.where(usable, tpc, -np.inf), len(subs))
-        hw = fr["hardware_type"].to_numpy(object)
-        nd = subs["num_devices"].to_numpy(np.float64)[job]
-        explore, _extra = self._explorations(fr, job, tpc, nd, usable, len(subs))
-        pick = np.where(explore >= 0, explore, top)
-        keys = list(zip(subs["job_id"].tolist(), subs["attempt"].tolist(), strict=True))
-        for j in np.flatnonzero(explore >= 0).tolist():
-            self.explored[(str(keys[j][0]), int(keys[j][1]))] = str(hw[explore[j]])
-        choice = np.where(pick >= 0, hw[np.maximum(pick, 0)], subs["default_hardware"].to_numpy())
-        return pd.Series(choice, index=subs.index)
-
-    def _explorations(
-        self,
-        fr: pd.DataFrame,
-        job: np.ndarray,
-        tpc: np.ndarray,
-        nd: np.ndarray,
-        usable: np.ndarray,
-        n: int,
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Per job the row the ranking marks `explore` (-1: none), as `Ranker` marks it."""
-        if self.explore_budget <= 0:
-            return np.full(n, -1, np.int64), np.full(n, np.nan)
-        high = throughput_per_cost(fr["high"].to_numpy(np.float64), fr["cost"].to_numpy(), nd)
-        near = within_noise_of_best(job, tpc, high, usable, n)
-        return explorations(job, tpc, near, never_measured(fr), self.explore_budget, n)

@@ -4,7 +4,7 @@ interval."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -159,30 +159,54 @@ def _score_night(
     return base, NightTruth.of(base, subs, truth, completions)
 
 
-def exploration_figures(
-    subs: pd.DataFrame, base: pd.DataFrame, tr: NightTruth, explored: dict[tuple[str, int], str]
+def as_run_figures(
+    subs: pd.DataFrame,
+    base: pd.DataFrame,
+    tr: NightTruth,
+    explored: Mapping[tuple[str, int], str],
+    probed: Mapping[tuple[str, int], Any],
 ) -> dict[str, float]:
-    """What the night's explorations cost: how many jobs ran an explored type instead of the
-    model's first choice, the measured extra cost of those runs (explored type's cost less the
-    first choice's, in dollars; negative where the explored type was in truth cheaper) and the
-    cost of every scored job's first choice (the fleet's) and default, on the same truth as the
-    savings."""
+    """What the night's jobs cost as the closed loop ran them, on the same truth as the
+    savings: the model's first choice, or the explored type, or the type a probe led to plus
+    the probes' cost (`probed`: `policy.Probed` per job attempt). Per kind, how many and the
+    measured extra cost against the first choice (negative where it was in truth cheaper);
+    the fleet's cost of the first choices, as run, and on defaults; the regret (as run less the
+    measured best, USD) of the 1 % of jobs with the most."""
     usable = (base["source"].to_numpy(np.int64) != SRC_NONE) & base["fits"].to_numpy(bool)
     pred = base["pred"].to_numpy(np.float64)
     top = _top_choice(tr, pred, usable & np.isfinite(pred) & (pred > 0))
-    chosen, _best, scored = _choice_costs(tr, top)
+    chosen, best, scored = _choice_costs(tr, top)
     keys = list(zip(subs["job_id"].tolist(), subs["attempt"].tolist(), strict=True))
-    want = np.asarray([explored.get((str(j), int(a)), "") for j, a in keys], object)
     job = base["job"].to_numpy(np.int64)
-    rows = np.flatnonzero(base["hardware_type"].to_numpy(object) == want[job])
-    rows = rows[scored[job[rows]] & np.isfinite(tr.row_cost[rows])]
-    extra = tr.row_cost[rows] - chosen[job[rows]]
+    hw = base["hardware_type"].to_numpy(object)
+
+    def ran_rows(want: np.ndarray) -> np.ndarray:
+        rows = np.flatnonzero(hw == want[job])
+        return rows[scored[job[rows]] & np.isfinite(tr.row_cost[rows])]
+
+    ran = chosen.copy()
+    e_rows = ran_rows(np.asarray([explored.get((str(j), int(a)), "") for j, a in keys], object))
+    ran[job[e_rows]] = tr.row_cost[e_rows]
+    p_of = [probed.get((str(j), int(a))) for j, a in keys]
+    p_rows = ran_rows(np.asarray(["" if p is None else p.ran_on for p in p_of], object))
+    ran[job[p_rows]] = tr.row_cost[p_rows]
+    probe_cost = np.asarray([0.0 if p is None else p.cost for p in p_of])
+    is_probed = np.zeros(len(keys), bool)
+    is_probed[job[p_rows]] = True
+    total = ran + probe_cost
     return {
-        "count": float(len(explored)),
-        "scored": float(len(rows)),
-        "extra_cost": float(extra.sum()),
+        "explore_count": float(len(explored)),
+        "explore_scored": float(len(e_rows)),
+        "explore_extra_cost": float((ran - chosen)[job[e_rows]].sum()),
+        "probe_count": float(sum(p is not None for p in p_of)),
+        "probe_scored": float(is_probed.sum()),
+        "probe_cost": float(probe_cost[scored].sum()),
+        "probe_extra_cost": float((ran - chosen)[is_probed].sum()),
+        "probed_jobs_cost": float(ran[is_probed].sum()),
         "fleet_cost": float(chosen[scored].sum()),
+        "as_run_cost": float(total[scored].sum()),
         "default_cost": float(tr.cost_default[scored].sum()),
+        "regret_top1pct": regret_of_the_worst((total - best)[scored]),
     }
 
 

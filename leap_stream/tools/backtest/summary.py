@@ -71,8 +71,8 @@ def _summarise(
     for key in ("by_anchor", "by_anchor_informed"):
         if pooled := _pooled_anchors(per_night, key):
             out[key] = pooled
-    if per_night and "explore" in per_night[0]:
-        out["explore"] = _explore_summary(per_night, out)
+    if per_night and "as_run" in per_night[0]:
+        _as_run_summary(per_night, out)
     if INFORMED in out:
         out["ceiling"] = _ceiling(out)
     if ablation:
@@ -80,30 +80,45 @@ def _summarise(
     return out
 
 
-def _explore_summary(per_night: list[dict[str, Any]], out: dict[str, Any]) -> dict[str, Any]:
-    """The explorations over the run (`scoring.exploration_figures` per night): how many, their
-    measured extra cost as a share of the fleet's, and the model's savings net of it (each
-    night's savings less its exploration cost over its default cost; as a share of the
-    oracle's in `model.savings_share_of_oracle_net`)."""
-    nights = [n["explore"] for n in per_night]
-    fleet = sum(n["fleet_cost"] for n in nights)
-    extra = sum(n["extra_cost"] for n in nights)
+def _as_run_summary(per_night: list[dict[str, Any]], out: dict[str, Any]) -> None:
+    """The closed loop as it ran (`scoring.as_run_figures` per night): the explorations and
+    probes, their cost as a share of the fleet's (and the probes' of the probed jobs'), and
+    the model's savings and worst-1 % regret as run, net of every probe and exploration
+    (`model.savings_net`, its share of the oracle's, `model.regret_top1pct`; the first
+    choice's regret stays in `model.regret_top1pct_first_choice`)."""
+    nights = [n["as_run"] for n in per_night]
+
+    def total(key: str) -> float:
+        return float(sum(n[key] for n in nights))
+
+    fleet = total("fleet_cost")
     net = float(
         np.nanmean(
             [
-                p["model"]["savings"]
-                - (n["extra_cost"] / n["default_cost"] if n["default_cost"] else 0.0)
-                for p, n in zip(per_night, nights, strict=True)
+                1.0 - n["as_run_cost"] / n["default_cost"] if n["default_cost"] else np.nan
+                for n in nights
             ]
         )
     )
     oracle = out["oracle"]["savings"]
-    out["model"]["savings_net"] = round(net, 4)
-    out["model"]["savings_share_of_oracle_net"] = round(net / oracle, 4) if oracle > 0 else None
-    return {
-        "count": int(sum(n["count"] for n in nights)),
-        "cost_share_fleet": round(extra / fleet, 5) if fleet else None,
-        "extra_cost_usd": round(extra, 2),
+    model = out["model"]
+    model["savings_net"] = round(net, 4)
+    model["savings_share_of_oracle_net"] = round(net / oracle, 4) if oracle > 0 else None
+    model["regret_top1pct_first_choice"] = model["regret_top1pct"]
+    model["regret_top1pct"] = round(float(np.mean([n["regret_top1pct"] for n in nights])), 2)
+    out["explore"] = {
+        "count": int(total("explore_count")),
+        "cost_share_fleet": round(total("explore_extra_cost") / fleet, 5) if fleet else None,
+        "extra_cost_usd": round(total("explore_extra_cost"), 2),
+    }
+    probed = total("probed_jobs_cost")
+    out["probes"] = {
+        "count": int(total("probe_count")),
+        "cost_usd": round(total("probe_cost"), 2),
+        "cost_share_fleet": round(total("probe_cost") / fleet, 5) if fleet else None,
+        "cost_share_probed": round(total("probe_cost") / probed, 5) if probed else None,
+        "extra_cost_usd": round(total("probe_extra_cost"), 2),
+        "measurements": int(total("probe_rows")),  # in the history and the training rows
     }
 
 

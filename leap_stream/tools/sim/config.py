@@ -81,6 +81,9 @@ MAX_DEVICES = 1024
 # ×0.6–×1.7 for half of them. Drawn from its own stream (`PLANNED_SAMPLES_STREAM`).
 PLANNED_SAMPLES_SIGMA = 0.5
 PLANNED_SAMPLES_STREAM = 7
+# A probe (a short run of a few minutes) measures with σ (log) `core.probe.probe_noise(minutes)`,
+# above a full run's `noise_sigma`; its draws come from a stream of their own (`PROBE_STREAM`).
+PROBE_STREAM = 11
 
 
 @dataclass(frozen=True)

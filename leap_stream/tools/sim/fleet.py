@@ -33,6 +33,7 @@ from leap_stream.tools.sim.config import (
     PLANNED_SAMPLES_SIGMA,
     PLANNED_SAMPLES_STREAM,
     POPULARITY,
+    PROBE_STREAM,
     STATUSES,
     DayResult,
     DriftEvent,
@@ -53,6 +54,7 @@ from leap_stream.tools.sim.models import (
     model_catalog,
 )
 from leap_stream.tools.sim.population import LineageDraws
+from leap_stream.tools.sim.short_runs import ShortRuns
 from leap_stream.tools.sim.throughput import (
     VENDORS,
     HardwareArrays,
@@ -72,6 +74,8 @@ class FleetSimulator(LineageDraws):
         self.hw = HardwareArrays.from_catalog(self.catalog)
         self.models = model_catalog()
         self.day_index = 0
+        # the running day's probes (a policy may call them while it chooses)
+        self.short_runs: ShortRuns | None = None
         unknown = [t for t, _d in config.hardware_from if t not in self.hw.types]
         if unknown:
             raise ValueError(f"hardware_from names types the catalog lacks: {unknown}")
@@ -280,6 +284,8 @@ class FleetSimulator(LineageDraws):
         subs = self._submissions_frame(s, ids, cand)
         true, measured, truth, pos = self._truth(rng, d, s, ids, cand)
         subs["planned_samples"] = self._planned_samples(d, s, true, pos)
+        probe_rng = np.random.default_rng([self.config.seed, d, PROBE_STREAM])
+        self.short_runs = ShortRuns(true, pos, self.hw.types, probe_rng)
         chosen, invalid = self._choose(policy, subs, s, cand)
         comp, has_thr, ended = self._completions_frame(s, ids, true, measured, pos, chosen)
         subs["has_prior"] = self._has_prior(s, has_thr, ended)
@@ -547,6 +553,7 @@ class FleetSimulator(LineageDraws):
             axis=1,
         )
         merged["quarantine"] = None  # the simulator's telemetry is honest
+        merged["probe"] = None  # every row is an attempt's own run
         return merged[list(DATASET_COLUMNS)]
 
 

@@ -122,6 +122,7 @@ def load_gavel(table: Literal["simulation", "physical"] = "simulation") -> pd.Da
             "ended_at": submitted + pd.Timedelta(hours=1),
             "device_hours": n.astype(float),
             "quarantine": None,
+            "probe": None,
         }
     )
     return out[list(DATASET_COLUMNS)]
