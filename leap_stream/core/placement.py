@@ -2,7 +2,7 @@
 
 Every integration (the Slurm plugins, the SkyPilot policy, the Kueue gate) asks the same
 question of a ranking: which of the types the user allowed, best first (an exploration the
-ranking marks before them). A ranking with source
+ranking marks before them; once a ranking's probes ran, `after_probes`). A ranking with source
 ``none`` has no opinion, and an unranked type is never preferred over a ranked one; when nothing
 the user allowed was ranked, the answer is empty and the job keeps what the user asked for.
 """
@@ -11,6 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
+
+import numpy as np
+
+from leap_stream.core.probe import ProbeSettings, choose_after_probes
 
 
 def ranked_types(ranking: Mapping[str, Any]) -> list[str]:
@@ -50,4 +54,34 @@ def candidate_of(ranking: Mapping[str, Any], hardware_type: str) -> Mapping[str,
     return None
 
 
-__all__ = ["candidate_of", "choose", "ranked_types"]
+def after_probes(ranking: Mapping[str, Any], measured: Mapping[str, float]) -> list[str]:
+    """The ranking's types once its probes are in (``measured``: samples/s per probed type,
+    whole job): the type `core.probe.choose_after_probes` picks first (a probed type's
+    prediction weighed with what its probe measured), then the others in ranked order. A
+    ranking without a probe, or probes that measured nothing usable, keep `ranked_types`."""
+    types = ranked_types(ranking)
+    probe = ranking.get("probe")
+    if not types or not probe:
+        return types
+    cands = [candidate_of(ranking, t) or {} for t in types]
+
+    def column(get: Any) -> np.ndarray:
+        return np.asarray([get(c) for c in cands], np.float64)
+
+    interval = [c.get("interval") or {} for c in cands]
+    pick = choose_after_probes(
+        np.zeros(len(types), np.int64),
+        column(lambda c: c.get("predicted_throughput", np.nan)),
+        np.asarray([i.get("low", np.nan) for i in interval], np.float64),
+        np.asarray([i.get("high", np.nan) for i in interval], np.float64),
+        column(lambda c: c.get("cost_per_device_hour", np.nan) * c.get("num_devices", np.nan)),
+        np.asarray([measured.get(t, np.nan) for t in types], np.float64),
+        ProbeSettings(minutes=float(probe.get("minutes", 5.0))),
+        1,
+    )[0]
+    if pick < 0:
+        return types
+    return [types[pick], *(t for i, t in enumerate(types) if i != pick)]
+
+
+__all__ = ["after_probes", "candidate_of", "choose", "ranked_types"]

@@ -224,3 +224,62 @@ def test_a_malformed_job_spec_never_fails_the_job(world: SlurmWorld, comment: st
     assert job["Partition"] == asked and job["JobState"] == "PENDING"
     if "lineage_id" not in comment:
         assert "job spec ignored" in stderr
+
+
+def test_a_rankings_probes_run_as_short_jobs_and_report_as_completions(world: SlurmWorld) -> None:
+    """A long job's ranking names probes: each runs as a short job on its type's partition
+    (real slurmctld and slurmd), reports what it measured as a completion marked `probe`
+    (taken by the real store once per type, leaving the attempt its own completion), and the
+    job then goes where `after_probes` puts the types."""
+    from datetime import UTC, datetime
+
+    from leap_stream.core.placement import after_probes
+    from leap_stream.schedulers.probes import probe_completion, slurm_probe_args
+    from leap_stream.store.connection import connect
+    from leap_stream.store.online import OnlineStore
+
+    world.configure(None)
+    for i in range(len(world.submissions)):
+        event, _ranked = _ranked_event(world, i)
+        event["training"]["planned_samples"] = 1e15  # months of work: a probe pays
+        ranking = world.rank(event)
+        if "probe" in ranking:
+            break
+    else:
+        raise AssertionError("no long job's ranking names a probe")
+    types = ranking["probe"]["hardware_types"]
+    assert len(types) >= 2, ranking["probe"]  # months of work: every close candidate is worth it
+    # the probes "measure" half their prediction, except the last probed type: three times it
+    predicted = {c["hardware_type"]: c["predicted_throughput"] for c in ranking["candidates"]}
+    rates = {t: round(predicted[t] * (3.0 if t == types[-1] else 0.5), 3) for t in types}
+    out = world.slurm.folder / "probes"
+    out.mkdir(exist_ok=True)
+    started = datetime.now(UTC)
+    jobs = {}
+    for t, args in zip(types, slurm_probe_args(ranking), strict=True):
+        wrap = f'echo {rates[t]} > {out}/"$LEAP_PROBE_TYPE"'
+        jobs[t], _ = world.slurm.sbatch(*args, wrap=wrap)
+        job = world.slurm.job(jobs[t])
+        assert job["Partition"] == t and job["TimeLimit"].startswith("00:0"), job
+    for t, job_id in jobs.items():
+        wait_for(f"probe {t}", lambda j=job_id: world.slurm.job(j)["JobState"] == "COMPLETED", 60)
+    measured = {t: float((out / t).read_text()) for t in types}
+    assert measured == rates
+    ended = datetime.now(UTC)
+    completions = [probe_completion(event, t, measured[t], started, ended) for t in types]
+    env = world.served.env
+    store = OnlineStore(connect(env["LEAP_REDIS_URL"]), prefix=env["LEAP_REDIS_PREFIX"])
+    try:
+        store.remember_submissions([event])
+        again = dict(completions[0], event_id=completions[0]["event_id"] + ".again")
+        got = store.apply_completions([*completions, again], require_submission=True)
+        assert [r.outcome for r in got][-1] == "repeat"
+        assert all(r.applied for r in got[:-1]), [r.outcome for r in got]
+        [hist], _ = store.read_batch([event["lineage_id"]], [], [event["model"]["model_type"]])
+        assert set(types) <= set(hist)
+    finally:
+        store.r.close()
+    order = after_probes(ranking, measured)
+    assert order[0] == types[-1] != ranking["candidates"][0]["hardware_type"], (ranking, order)
+    job_id, _ = world.slurm.sbatch("-p", order[0])
+    assert world.slurm.job(job_id)["Partition"] == order[0]

@@ -145,3 +145,64 @@ def test_spec_of_is_the_inverse_of_submission_from_spec() -> None:
         spec, job_id=event["job_id"], allowed=event["candidate_hardware"], now=NOW
     )
     assert spec_of(again) == spec and again["candidate_hardware"] == event["candidate_hardware"]
+
+
+def _probed_ranking() -> dict[str, Any]:
+    """Three candidates 5 % apart, each within ×1.3 (80 %), the first two to probe."""
+    r = _ranking(["h200", "mi300x", "h100-sxm"])
+    for c, pred in zip(r["candidates"], (100.0, 95.0, 90.0), strict=True):
+        c.update(
+            predicted_throughput=pred,
+            interval={"low": pred / 1.3, "high": pred * 1.3, "level": 0.8},
+            cost_per_device_hour=3.0,
+            num_devices=8,
+        )
+    r["probe"] = {
+        "hardware_types": ["h200", "mi300x"],
+        "minutes": 4.5,
+        "cost": 4.0,
+        "expected_saving": 50.0,
+    }
+    return r
+
+
+def test_after_probes_puts_first_what_the_probes_measured_best() -> None:
+    from leap_stream.core.placement import after_probes
+
+    r = _probed_ranking()
+    assert after_probes(r, {}) == ["h200", "mi300x", "h100-sxm"]  # nothing measured
+    # the first measures 30 % under its prediction, the second as predicted
+    assert after_probes(r, {"h200": 70.0, "mi300x": 95.0}) == ["mi300x", "h200", "h100-sxm"]
+    assert after_probes(r, {"h200": 101.0, "mi300x": 80.0}) == ["h200", "mi300x", "h100-sxm"]
+    del r["probe"]  # a ranking without a probe keeps its order
+    assert after_probes(r, {"h200": 70.0}) == ranked_types(r)
+
+
+def test_a_probe_job_per_type_and_the_completion_it_reports() -> None:
+    from leap_stream.contracts import validate_event
+    from leap_stream.core.history import HistoryBook
+    from leap_stream.schedulers.probes import probe_completion, probe_types, slurm_probe_args
+
+    r = _probed_ranking()
+    assert probe_types(r) == ["h200", "mi300x"] and probe_types(_ranking(["h200"])) == []
+    args = slurm_probe_args(r, {"h200": "gpu-h200"})
+    assert args[0] == [
+        "--partition=gpu-h200",
+        "--time=5",
+        "--job-name=leap-probe.h200",
+        "--export=ALL,LEAP_PROBE=1,LEAP_PROBE_TYPE=h200",
+    ]
+    assert args[1][0] == "--partition=mi300x"
+    sub = submission_from_spec(_spec(), job_id="slurm/9", allowed=["h200", "mi300x"], now=NOW)
+    started = datetime(2026, 12, 3, 12, 1, tzinfo=UTC)
+    ended = datetime(2026, 12, 3, 12, 5, 30, tzinfo=UTC)
+    c = probe_completion(sub, "mi300x", 123.4, started, ended)
+    assert validate_event(c, "job-completed") is None
+    nd = sub["training"]["num_devices"]
+    assert c["probe"] is True and c["device_hours"] == pytest.approx(nd * 4.5 / 60)
+    # one per type, apart from the attempt's own completion
+    book = HistoryBook()
+    assert book.apply_completion(c) == "accepted"
+    assert book.apply_completion(dict(c, event_id="again")) == "repeat"
+    own = dict(c, event_id="own", hardware_type="h200", probe=False)
+    assert book.apply_completion(own) != "repeat"

@@ -144,10 +144,11 @@ class LocalSlurm:
             raise RuntimeError(f"scontrol {' '.join(args)}: {proc.stderr.strip()}")
         return proc.stdout
 
-    def sbatch(self, *args: str) -> tuple[int, str]:
-        """Submit ``--wrap true`` with ``args``; the job id and what sbatch printed on stderr."""
+    def sbatch(self, *args: str, wrap: str = "true") -> tuple[int, str]:
+        """Submit ``--wrap`` of a command (default ``true``) with ``args``; the job id and what
+        sbatch printed on stderr."""
         proc = subprocess.run(
-            [find_binary("sbatch"), "--parsable", "--wrap", "true",
+            [find_binary("sbatch"), "--parsable", "--wrap", wrap,
              f"--output={self.folder / 'spool' / 'job-%j.out'}", *args],
             env=self.env, capture_output=True, text=True, timeout=60,
         )  # fmt: skip
