@@ -184,6 +184,9 @@ def observe_submissions(
         m.ranking_latency.observe(min(max(0.0, float(r["latency_ms"]) / 1000.0), LATENCY_CEILING_S))
         if "explore" in r:
             m.explore_cost.observe(r["explore"]["expected_extra_cost"])
+        if "probe" in r:
+            m.probe_cost.observe(r["probe"]["cost"])
+            m.probe_saving.inc(r["probe"]["expected_saving"])
     m.observe_coverage(len(res.rankings), len(res.rankings) - sources["none"])
     m.batch_size.labels(agent="submissions").observe(len(records))
     m.batch_seconds.labels(agent="submissions").observe(took)

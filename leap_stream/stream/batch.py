@@ -374,6 +374,7 @@ class CompletionBatchResult:
     orphans: int = 0
     mismatches: int = 0
     repeats: int = 0  # completions of an attempt that had completed before: dead letters
+    probes: int = 0  # new completions of probes (`probe`: a short run before the attempt's)
     quarantined: Counter[str] = field(default_factory=Counter)  # by rule, new ones only
     aggregate_held: int = 0  # new measurements whose aggregate update the speed bound held
     # (hardware type, anchor, predicted / measured per-device - 1) where the model ranked the
@@ -477,6 +478,7 @@ class CompletionProcessor:
                 continue
             if res.new:
                 out.new += 1
+                out.probes += bool(comp.get("probe"))
                 out.measured += int(res.measured)
                 if res.quarantine is not None:
                     out.quarantined[res.quarantine] += 1

@@ -84,6 +84,7 @@ def count_applied(m: Metrics, res: CompletionBatchResult) -> None:
     for rule, n in res.quarantined.items():
         m.quarantined.labels(rule=rule).inc(n)
     m.aggregate_held.inc(res.aggregate_held)
+    m.probe_completions.inc(res.probes)
     m.observe_online(res.online)
 
 

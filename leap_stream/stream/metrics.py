@@ -58,6 +58,23 @@ class Metrics:
             buckets=(0.005, 0.01, 0.02, 0.03, 0.05, 0.1, 0.2),
             registry=r,
         )
+        self.probe_cost = Histogram(
+            "leap_probe_cost_usd",
+            "Rankings that name a probe (core/probe.py), by what the probes cost together (USD); "
+            "the sum over the count is the mean cost, the sum the spend the rankings ask for.",
+            buckets=(1, 3, 10, 30, 100, 300, 1000, 3000),
+            registry=r,
+        )
+        self.probe_saving = Counter(
+            "leap_probe_expected_saving_usd",
+            "What the probes named by rankings are expected to save, net of their cost (USD).",
+            registry=r,
+        )
+        self.probe_completions = Counter(
+            "leap_probe_completions",
+            "Completions of probes taken into the history (job-completed with probe: true).",
+            registry=r,
+        )
         self.ranking_latency = Histogram(
             "leap_ranking_latency_seconds",
             "submitted_at to ranking produced (on the broker's time; above the top bucket "
