@@ -16,7 +16,7 @@ from leap_stream.core.explore import explorations, never_measured
 from leap_stream.core.lookup import LookupTable
 from leap_stream.core.predictor import ThroughputModel
 from leap_stream.core.probe import ProbeSettings, choose_after_probes, plan_probes
-from leap_stream.core.ranker import SRC_NONE, Ranker
+from leap_stream.core.ranker import SRC_MODEL, SRC_NONE, Ranker
 from leap_stream.core.ranking import throughput_per_cost, within_noise_of_best
 from leap_stream.tools.backtest.truth import _argmax_per_job, _candidates, _SpecCatalog
 from leap_stream.tools.sim.short_runs import ShortRuns, probe_dataset_rows
@@ -93,13 +93,16 @@ class RankedPolicy:
             return {}
         job = fr["job"].to_numpy(np.int64)
         nd_sub = subs["num_devices"].to_numpy(np.float64)
-        model_rows = fr["source"].to_numpy() == 0
-        plan = plan_probes(
+        # the model's rows as the ranker gives them to `plan_probes` (a lookup has no interval)
+        belief = (
             job,
-            np.where(model_rows, fr["pred"].to_numpy(np.float64), np.nan),
+            np.where(fr["source"].to_numpy() == SRC_MODEL, fr["pred"].to_numpy(np.float64), np.nan),
             fr["low"].to_numpy(np.float64),
             fr["high"].to_numpy(np.float64),
             fr["cost"].to_numpy(np.float64) * nd_sub[job],
+        )
+        plan = plan_probes(
+            *belief,
             subs["planned_samples"].to_numpy(np.float64)
             if "planned_samples" in subs
             else np.full(len(subs), np.nan),
@@ -116,16 +119,7 @@ class RankedPolicy:
         )
         meas_rows = np.full(len(fr), np.nan)
         meas_rows[rows] = measured
-        post = choose_after_probes(
-            job,
-            np.where(model_rows, fr["pred"].to_numpy(np.float64), np.nan),
-            fr["low"].to_numpy(np.float64),
-            fr["high"].to_numpy(np.float64),
-            fr["cost"].to_numpy(np.float64) * nd_sub[job],
-            meas_rows,
-            self.probe,
-            len(subs),
-        )
+        post = choose_after_probes(*belief, meas_rows, self.probe, len(subs))
         hw_all = fr["hardware_type"].to_numpy(object)
         out: dict[int, str] = {}
         job_ids, attempts = subs["job_id"].tolist(), subs["attempt"].tolist()
