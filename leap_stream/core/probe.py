@@ -98,17 +98,28 @@ def plan_probes(
     if not settings.enabled or not len(job) or not (planned > 0).any():
         return plan
     pred, rate = np.asarray(pred, np.float64), np.asarray(usd_per_hour, np.float64)
-    sd = log_sd(low, high)
-    ok = (pred > 0) & np.isfinite(pred) & (rate > 0) & np.isfinite(rate) & (sd > 0) & (sd < 5)
-    ok &= np.isfinite(planned[job]) & (planned[job] > 0)
-    top = _top_rows(job, np.where(ok, pred / rate, -np.inf), ok, n_jobs, settings.top)
-    first_cost = _cost(planned, pred, rate, top[:, 0])  # NaN where the first is not usable
-    cheapest = settings.minutes / 60.0 * np.where(top >= 0, rate[top], np.inf).min(1)
-    with np.errstate(invalid="ignore"):
-        worth = (top[:, 1] >= 0) & (cheapest <= settings.budget * first_cost)
+    # the rows of jobs that could pay for a probe at all: cheap per-job bounds before any sort
+    sub = np.flatnonzero(planned[job] > 0)
+    sd = np.full(len(job), np.nan)
+    sd[sub] = log_sd(np.asarray(low)[sub], np.asarray(high)[sub])
+    p, c, s_ = pred[sub], rate[sub], sd[sub]
+    ok = (p > 0) & np.isfinite(p) & (c > 0) & np.isfinite(c) & (s_ > 0) & (s_ < 5)
+    sub, j = sub[ok], job[sub[ok]]
+    tpc = pred[sub] / rate[sub]
+    best_tpc, low_rate = np.zeros(n_jobs), np.full(n_jobs, np.inf)
+    np.maximum.at(best_tpc, j, tpc)
+    np.minimum.at(low_rate, j, rate[sub])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        first_cost = planned / (3600.0 * best_tpc)  # the job's cost on its first candidate
+    cheapest = settings.minutes / 60.0 * low_rate
+    worth = (np.bincount(j, minlength=n_jobs) >= 2) & (cheapest <= settings.budget * first_cost)
     jobs = np.flatnonzero(worth)
     if not len(jobs):
         return plan
+    keep = worth[j]
+    sub = sub[keep]
+    top_sub = _top_rows(job[sub], tpc[keep], n_jobs, settings.top)
+    top = np.where(top_sub >= 0, sub[np.maximum(top_sub, 0)], -1)
     rows = top[jobs]
     valid = rows >= 0
     r = np.maximum(rows, 0)
@@ -116,7 +127,13 @@ def plan_probes(
     probe_cost = np.where(valid, settings.minutes / 60.0 * rate[r], np.inf)
     allowance = settings.budget * first_cost[jobs]
     best_set, saving = _best_probe_sets(
-        np.log(pred[r]), np.where(valid, sd[r], 1.0), scale, probe_cost, valid, allowance, settings
+        np.where(valid, np.log(pred[r]), 0.0),
+        np.where(valid, sd[r], 1.0),
+        scale,
+        probe_cost,
+        valid,
+        allowance,
+        settings,
     )
     spend = (best_set * np.where(valid, probe_cost, 0.0)).sum(1)
     take = saving > 0
@@ -128,12 +145,9 @@ def plan_probes(
     return ProbePlan(probe_rows, out_saving, out_cost)
 
 
-def _top_rows(
-    job: np.ndarray, score: np.ndarray, ok: np.ndarray, n_jobs: int, k: int
-) -> np.ndarray:
-    """(jobs, k): each job's best `k` usable rows by score, best first; -1 pads."""
+def _top_rows(job: np.ndarray, score: np.ndarray, n_jobs: int, k: int) -> np.ndarray:
+    """(jobs, k): each job's best `k` rows by score, best first (positions in `job`); -1 pads."""
     order = np.lexsort((np.arange(len(job)), -score, job))
-    order = order[ok[order]]
     j = job[order]
     starts = np.searchsorted(j, np.arange(n_jobs))
     rank = np.arange(len(order)) - starts[j]
@@ -143,12 +157,9 @@ def _top_rows(
     return out
 
 
-def _cost(planned: np.ndarray, pred: np.ndarray, rate: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """USD to process each job's planned samples on `rows` (NaN where -1)."""
-    r = np.maximum(rows, 0)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        cost = planned / pred[r] * rate[r] / 3600.0
-    return np.asarray(np.where(rows >= 0, cost, np.nan))
+def _masks(k: int, size: int) -> list[list[bool]]:
+    """Every subset of `size` of `k` candidates, as masks."""
+    return [[i in chosen for i in range(k)] for chosen in combinations(range(k), size)]
 
 
 def _best_probe_sets(
@@ -177,23 +188,19 @@ def _best_probe_sets(
     posterior = (mu[:, :, None] * w_prior[:, :, None] + measured * w_probe) / (
         w_prior[:, :, None] + w_probe
     )
-    best_set = np.zeros((n, k), bool)
-    best_saving = np.full(n, -np.inf)
-    for size in range(1, k + 1):
-        for subset in combinations(range(k), size):
-            chosen = np.zeros(k, bool)
-            chosen[list(subset)] = True
-            belief = np.where(chosen[None, :, None], posterior, mu[:, :, None])
-            estimate = np.where(valid[:, :, None], scale[:, :, None] / np.exp(belief), np.inf)
-            pick = estimate.argmin(1)
-            paid = np.take_along_axis(cost, pick[:, None, :], 1)[:, 0]
-            regret_after = (paid - cheapest).mean(1)
-            spend = np.where(chosen[None], probe_cost, 0.0).sum(1)
-            usable = valid[:, list(subset)].all(1) & (spend <= allowance)
-            saving = np.where(usable, regret_now - regret_after - spend, -np.inf)
-            better = saving > best_saving
-            best_saving = np.where(better, saving, best_saving)
-            best_set[better] = chosen
+    # every non-empty subset at once, smallest first: (jobs, subsets, candidates, draws)
+    subsets = np.asarray([m for size in range(1, k + 1) for m in _masks(k, size)], bool)
+    belief = np.where(subsets[None, :, :, None], posterior[:, None], mu[:, None, :, None])
+    log_scale = np.where(valid, np.log(np.where(valid, scale, 1.0)), np.inf)
+    pick = (log_scale[:, None, :, None] - belief).argmin(2)
+    paid = np.take_along_axis(np.broadcast_to(cost[:, None], belief.shape), pick[:, :, None], 2)
+    regret_after = (paid[:, :, 0] - cheapest[:, None]).mean(2)
+    spend = np.where(subsets[None], np.where(valid, probe_cost, 0.0)[:, None], 0.0).sum(2)
+    usable = ~(subsets[None] & ~valid[:, None]).any(2) & (spend <= allowance[:, None])
+    saving = np.where(usable, regret_now[:, None] - regret_after - spend, -np.inf)
+    best = saving.argmax(1)  # ties: the smallest subset
+    best_set = subsets[best]
+    best_saving = saving[np.arange(n), best]
     return best_set, best_saving
 
 

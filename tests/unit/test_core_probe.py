@@ -60,12 +60,21 @@ def test_a_zero_budget_or_length_turns_probes_off() -> None:
 
 
 def test_jobs_are_planned_apart_and_a_plan_does_not_depend_on_the_batch() -> None:
-    a, b = _job(spread=1.4, hours=24), _job(spread=1.01, hours=24, n=2)
-    both = {k: np.concatenate([a[k], b[k] + (1 if k == "job" else 0)]) for k in a}
+    """A job with two candidates (fewer than `top`) is planned as alone, also behind a job
+    without predictions and beside one that cannot pay."""
+    blind = _job(spread=1.4, hours=24, n=2)
+    blind["pred"] = np.full(2, np.nan)
+    a, b = _job(spread=1.4, hours=24, n=2), _job(spread=1.01, hours=24, n=2)
+    parts = [blind, a, b]
+    both = {
+        k: np.concatenate([p[k] + (i if k == "job" else 0) for i, p in enumerate(parts)]) for k in a
+    }
     plan = plan_probes(**both, settings=ProbeSettings())
     alone = plan_probes(**a, settings=ProbeSettings())
-    assert plan.rows[:3].tolist() == alone.rows.tolist() and not plan.rows[3:].any()
-    assert plan.saving[0] == alone.saving[0] and np.isnan(plan.saving[1])
+    assert alone.rows.any()
+    assert plan.rows[2:4].tolist() == alone.rows.tolist()
+    assert not plan.rows[:2].any() and not plan.rows[4:].any()
+    assert plan.saving[1] == alone.saving[0] and np.isnan(plan.saving[[0, 2]]).all()
 
 
 def test_the_expected_saving_is_what_probing_then_choosing_saves() -> None:
