@@ -8,10 +8,12 @@ per cost), the expected regret of choosing now is E[cost of the first] − E[che
 job's cost on a type being its planned samples at the type's throughput × devices × price.
 Probing a set of candidates measures each with a short run's noise; the choice then takes the
 best by the posterior (the prediction and the probe, weighed by their precisions), and its
-expected regret is what is left. A job is probed on the set that saves most in expectation,
-net of the probe's cost (`minutes` on the job's devices at each type's price), when that saving
-is positive and the probe's cost is at most `budget` × the job's expected cost on its first
-choice (`LEAP_PROBE_BUDGET`). Jobs without `planned_samples` count as small: never probed.
+expected regret is what is left. A probe costs `minutes` on the job's devices at its type's
+price; the first candidate's probe is the job's own start there, whose minutes are lost only
+when the probes move the job (`probe_cost_as_run`). A job is probed on the set that saves most
+in expectation, net of the probes' expected cost, when that saving is positive and the cost is
+at most `budget` × the job's expected cost on its first choice (`LEAP_PROBE_BUDGET`). Jobs
+without `planned_samples` count as small: never probed.
 
 Expectations are over fixed draws (common to every job and call): the same inputs give the same
 plan. Pure arrays in, arrays out; the ranker marks the candidates, the scheduler runs them and
@@ -126,7 +128,7 @@ def plan_probes(
     scale = np.where(valid, planned[jobs, None] * rate[r] / 3600.0, np.nan)  # cost × samples/s
     probe_cost = np.where(valid, settings.minutes / 60.0 * rate[r], np.inf)
     allowance = settings.budget * first_cost[jobs]
-    best_set, saving = _best_probe_sets(
+    best_set, saving, spend = _best_probe_sets(
         np.where(valid, np.log(pred[r]), 0.0),
         np.where(valid, sd[r], 1.0),
         scale,
@@ -135,7 +137,6 @@ def plan_probes(
         allowance,
         settings,
     )
-    spend = (best_set * np.where(valid, probe_cost, 0.0)).sum(1)
     take = saving > 0
     probe_rows = plan.rows.copy()
     probe_rows[rows[best_set & take[:, None]]] = True
@@ -170,11 +171,12 @@ def _best_probe_sets(
     valid: np.ndarray,
     allowance: np.ndarray,
     settings: ProbeSettings,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Per job (rows of the (jobs, k) arrays): the candidates to probe (bool, (jobs, k)) and
-    the expected saving net of their cost, among the sets whose cost is within the job's
-    `allowance` (-inf: none is). `mu`, `sd`: the log prediction and its spread; `scale`:
-    cost × throughput (the cost is `scale` / throughput)."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per job (rows of the (jobs, k) arrays, the first candidate first): the candidates to
+    probe (bool, (jobs, k)), the expected saving net of their expected cost and that cost,
+    among the sets whose expected cost is within the job's `allowance` (saving -inf: none
+    is). `mu`, `sd`: the log prediction and its spread; `scale`: cost × throughput (the cost
+    is `scale` / throughput)."""
     n, k = mu.shape
     rng = np.random.default_rng(DRAWS_SEED)
     z = rng.standard_normal((k, settings.draws))
@@ -195,13 +197,27 @@ def _best_probe_sets(
     pick = (log_scale[:, None, :, None] - belief).argmin(2)
     paid = np.take_along_axis(np.broadcast_to(cost[:, None], belief.shape), pick[:, :, None], 2)
     regret_after = (paid[:, :, 0] - cheapest[:, None]).mean(2)
-    spend = np.where(subsets[None], np.where(valid, probe_cost, 0.0)[:, None], 0.0).sum(2)
+    # a probe of the first candidate is the job's own start there: its minutes are lost only
+    # when the probes move the job
+    each = np.where(subsets[None], np.where(valid, probe_cost, 0.0)[:, None], 0.0)
+    moved = (pick != 0).mean(2)
+    spend = each[:, :, 1:].sum(2) + each[:, :, 0] * moved
     usable = ~(subsets[None] & ~valid[:, None]).any(2) & (spend <= allowance[:, None])
     saving = np.where(usable, regret_now[:, None] - regret_after - spend, -np.inf)
     best = saving.argmax(1)  # ties: the smallest subset
     best_set = subsets[best]
     best_saving = saving[np.arange(n), best]
-    return best_set, best_saving
+    return best_set, best_saving, spend[np.arange(n), best]
+
+
+def probe_cost_as_run(
+    usd_per_hour: dict[str, float], first: str, ran_on: str, settings: ProbeSettings
+) -> float:
+    """What a job's probes cost once it ran (`usd_per_hour`: per probed type, the job's cost
+    per hour there): every probe but the first candidate's, and the first's only when the job
+    moved from it."""
+    hours = settings.minutes / 60.0
+    return sum(hours * r for t, r in usd_per_hour.items() if t != first or ran_on != first)
 
 
 def choose_after_probes(
@@ -251,5 +267,6 @@ __all__ = [
     "choose_after_probes",
     "log_sd",
     "plan_probes",
+    "probe_cost_as_run",
     "probe_noise",
 ]

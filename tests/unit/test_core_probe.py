@@ -6,7 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from leap_stream.core.probe import Z80, ProbeSettings, choose_after_probes, log_sd, plan_probes
+from leap_stream.core.probe import (
+    Z80,
+    ProbeSettings,
+    choose_after_probes,
+    log_sd,
+    plan_probes,
+    probe_cost_as_run,
+)
 
 DAY = 24 * 3600.0
 
@@ -30,7 +37,9 @@ def test_a_long_wide_job_is_probed_within_its_budget() -> None:
     plan = plan_probes(**job, settings=ProbeSettings())
     first_cost = 24 * 3.0 * 128
     assert plan.rows.sum() >= 1 and plan.saving[0] > 0
-    assert plan.cost[0] == pytest.approx(plan.rows.sum() * 5 / 60 * 3.0 * 128)
+    # every probe but the first's (the job's own start, lost only if it moves) is paid
+    others = plan.rows[1:].sum() * 5 / 60 * 3.0 * 128
+    assert others <= plan.cost[0] <= others + plan.rows[0] * 5 / 60 * 3.0 * 128
     assert plan.cost[0] <= 0.01 * first_cost
 
 
@@ -90,6 +99,8 @@ def test_the_expected_saving_is_what_probing_then_choosing_saves() -> None:
     truth = job["pred"] * np.exp(sd * rng.standard_normal((n, 3)))
     cost = job["planned_samples"][0] / truth * job["usd_per_hour"] / 3600.0
     saved = np.empty(n)
+    types = ["a", "b", "c"]
+    rates = {types[i]: float(job["usd_per_hour"][i]) for i in np.flatnonzero(plan.rows)}
     for i in range(n):
         measured = np.where(
             plan.rows, truth[i] * np.exp(settings.noise * rng.standard_normal(3)), np.nan
@@ -104,8 +115,9 @@ def test_the_expected_saving_is_what_probing_then_choosing_saves() -> None:
             settings,
             1,
         )[0]
-        saved[i] = cost[i, 0] - cost[i, pick]
-    realised = saved.mean() - plan.cost[0]
+        paid = probe_cost_as_run(rates, "a", types[pick], settings)
+        saved[i] = cost[i, 0] - cost[i, pick] - paid
+    realised = saved.mean()
     assert realised == pytest.approx(plan.saving[0], rel=0.15)
 
 
@@ -124,3 +136,11 @@ def test_the_choice_weighs_a_probe_against_the_prediction() -> None:
 def test_log_sd_is_the_80_percent_interval_spread() -> None:
     assert log_sd(np.asarray([np.exp(-Z80)]), np.asarray([np.exp(Z80)]))[0] == pytest.approx(1.0)
     assert np.isnan(log_sd(np.asarray([np.nan]), np.asarray([1.0]))[0])
+
+
+def test_the_first_candidates_probe_is_paid_only_when_the_job_moves() -> None:
+    rates = {"a": 120.0, "b": 60.0}
+    settings = ProbeSettings(minutes=6.0)
+    assert probe_cost_as_run(rates, "a", "a", settings) == pytest.approx(6.0)  # b's only
+    assert probe_cost_as_run(rates, "a", "b", settings) == pytest.approx(18.0)  # both
+    assert probe_cost_as_run({"b": 60.0}, "a", "a", settings) == pytest.approx(6.0)

@@ -15,7 +15,12 @@ from leap_stream.contracts.timestamps import epoch_seconds
 from leap_stream.core.explore import explorations, never_measured
 from leap_stream.core.lookup import LookupTable
 from leap_stream.core.predictor import ThroughputModel
-from leap_stream.core.probe import ProbeSettings, choose_after_probes, plan_probes
+from leap_stream.core.probe import (
+    ProbeSettings,
+    choose_after_probes,
+    plan_probes,
+    probe_cost_as_run,
+)
 from leap_stream.core.ranker import SRC_MODEL, SRC_NONE, Ranker
 from leap_stream.core.ranking import throughput_per_cost, within_noise_of_best
 from leap_stream.tools.backtest.truth import _argmax_per_job, _candidates, _SpecCatalog
@@ -25,7 +30,8 @@ from leap_stream.train import pit
 
 @dataclasses.dataclass(frozen=True)
 class Probed:
-    """One probed job attempt: the types probed, where it then ran, the probes' cost (USD)."""
+    """One probed job attempt: the types probed, where it then ran, the probes' cost as run
+    (USD; `core.probe.probe_cost_as_run`)."""
 
     types: tuple[str, ...]
     ran_on: str
@@ -121,16 +127,19 @@ class RankedPolicy:
         meas_rows[rows] = measured
         post = choose_after_probes(*belief, meas_rows, self.probe, len(subs))
         hw_all = fr["hardware_type"].to_numpy(object)
+        model_tpc = np.where(np.isfinite(belief[1]), belief[1] / belief[4], -np.inf)
+        first = _argmax_per_job(job, model_tpc, len(subs))
+        rate_of = belief[4]
         out: dict[int, str] = {}
         job_ids, attempts = subs["job_id"].tolist(), subs["attempt"].tolist()
         for j in np.unique(at).tolist():
             if post[j] < 0:
                 continue
             out[j] = str(hw_all[post[j]])
-            mine = (at == j).tolist()
-            self.probed[(str(job_ids[j]), int(attempts[j]))] = Probed(
-                tuple(t for t, m in zip(types, mine, strict=True) if m), out[j], float(plan.cost[j])
-            )
+            mine = rows[at == j]
+            rates = {str(hw_all[r]): float(rate_of[r]) for r in mine.tolist()}
+            cost = probe_cost_as_run(rates, str(hw_all[first[j]]), out[j], self.probe)
+            self.probed[(str(job_ids[j]), int(attempts[j]))] = Probed(tuple(rates), out[j], cost)
         return out
 
     def _explorations(
