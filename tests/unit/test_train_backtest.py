@@ -85,6 +85,7 @@ def test_a_closed_loop_with_a_budget_runs_explorations_and_counts_their_cost() -
     off, _ = run_backtest(seed=3, nights=1, warmup_days=3, rate=400, progress=False)
     assert off["explore"]["count"] == 0 and off["probes"]["count"] == 0
     assert off["model"]["savings_net"] == off["model"]["savings"]
+    assert off["model"]["top1_as_run"] == pytest.approx(off["model"]["top1"], abs=1e-4)
     assert off["model"]["regret_top1pct"] == pytest.approx(
         off["model"]["regret_top1pct_first_choice"], abs=0.01
     )

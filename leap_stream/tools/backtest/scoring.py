@@ -171,7 +171,8 @@ def as_run_figures(
     the probes' cost (`probed`: `policy.Probed` per job attempt). Per kind, how many and the
     measured extra cost against the first choice (negative where it was in truth cheaper);
     the fleet's cost of the first choices, as run, and on defaults; the regret (as run less the
-    measured best, USD) of the 1 % of jobs with the most."""
+    measured best, USD) of the 1 % of jobs with the most; the share of jobs run on their
+    measured best (`top1`)."""
     usable = (base["source"].to_numpy(np.int64) != SRC_NONE) & base["fits"].to_numpy(bool)
     pred = base["pred"].to_numpy(np.float64)
     top = _top_choice(tr, pred, usable & np.isfinite(pred) & (pred > 0))
@@ -184,12 +185,12 @@ def as_run_figures(
         rows = np.flatnonzero(hw == want[job])
         return rows[scored[job[rows]] & np.isfinite(tr.row_cost[rows])]
 
-    ran = chosen.copy()
+    ran, ran_row = chosen.copy(), top.copy()
     e_rows = ran_rows(np.asarray([explored.get((str(j), int(a)), "") for j, a in keys], object))
-    ran[job[e_rows]] = tr.row_cost[e_rows]
+    ran[job[e_rows]], ran_row[job[e_rows]] = tr.row_cost[e_rows], e_rows
     p_of = [probed.get((str(j), int(a))) for j, a in keys]
     p_rows = ran_rows(np.asarray(["" if p is None else p.ran_on for p in p_of], object))
-    ran[job[p_rows]] = tr.row_cost[p_rows]
+    ran[job[p_rows]], ran_row[job[p_rows]] = tr.row_cost[p_rows], p_rows
     probe_cost = np.asarray([0.0 if p is None else p.cost for p in p_of])
     is_probed = np.zeros(len(keys), bool)
     is_probed[job[p_rows]] = True
@@ -207,6 +208,7 @@ def as_run_figures(
         "as_run_cost": float(total[scored].sum()),
         "default_cost": float(tr.cost_default[scored].sum()),
         "regret_top1pct": regret_of_the_worst((total - best)[scored]),
+        "top1": float(np.mean((ran_row == tr.best_row)[scored])) if scored.any() else np.nan,
     }
 
 

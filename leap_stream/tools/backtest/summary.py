@@ -85,7 +85,8 @@ def _as_run_summary(per_night: list[dict[str, Any]], out: dict[str, Any]) -> Non
     probes, their cost as a share of the fleet's (and the probes' of the probed jobs'), and
     the model's savings and worst-1 % regret as run, net of every probe and exploration
     (`model.savings_net`, its share of the oracle's, `model.regret_top1pct`; the first
-    choice's regret stays in `model.regret_top1pct_first_choice`)."""
+    choice's regret stays in `model.regret_top1pct_first_choice`), and the share of jobs run
+    on their measured best (`model.top1_as_run`; `model.top1` is the first choice's)."""
     nights = [n["as_run"] for n in per_night]
 
     def total(key: str) -> float:
@@ -106,6 +107,7 @@ def _as_run_summary(per_night: list[dict[str, Any]], out: dict[str, Any]) -> Non
     model["savings_share_of_oracle_net"] = round(net / oracle, 4) if oracle > 0 else None
     model["regret_top1pct_first_choice"] = model["regret_top1pct"]
     model["regret_top1pct"] = round(float(np.mean([n["regret_top1pct"] for n in nights])), 2)
+    model["top1_as_run"] = round(float(np.nanmean([n["top1"] for n in nights])), 4)
     out["explore"] = {
         "count": int(total("explore_count")),
         "cost_share_fleet": round(total("explore_extra_cost") / fleet, 5) if fleet else None,
