@@ -286,10 +286,11 @@ class Ranker:
             )
             if ood[j] and source_name == "model":
                 out[-1]["out_of_distribution"] = True
-            if (explore := rows.explored[j]) is not None and source_name == "model":
-                out[-1]["explore"] = explore
+            # a probe measures what an exploration would guess at: a probed job explores nothing
             if (probe := rows.probes[j]) is not None and source_name == "model":
                 out[-1]["probe"] = probe
+            elif (explore := rows.explored[j]) is not None and source_name == "model":
+                out[-1]["explore"] = explore
         return out
 
 

@@ -160,9 +160,21 @@ def test_a_ranking_names_the_probes_a_long_job_pays_for(
         if r["candidates"]:
             month = r["candidates"][0]["predicted_throughput"] * 30 * 86400.0
             s["training"]["planned_samples"] = month
-    on = Ranker(load_catalog(), model, lookup, probe=settings).rank_batch(
-        long, [None] * 40, {}, NOW
+    # each lineage ran on its first choice: the others are explorations' candidates
+    hist = [
+        {r["candidates"][0]["hardware_type"]: Measurement(50.0, 1, 1.7e9, 1)}
+        if r["candidates"]
+        else None
+        for r in plain
+    ]
+    on = Ranker(load_catalog(), model, lookup, explore_budget=1.0, probe=settings).rank_batch(
+        long, hist, {}, NOW
     )
+    explored = Ranker(load_catalog(), model, lookup, explore_budget=1.0).rank_batch(
+        long, hist, {}, NOW
+    )
+    # a probed job explores nothing; without probes some of them would have
+    assert any("explore" in e and "probe" in r for e, r in zip(explored, on, strict=True))
     marked = [r for r in on if "probe" in r]
     assert marked
     for r in on:
@@ -170,6 +182,7 @@ def test_a_ranking_names_the_probes_a_long_job_pays_for(
         assert validate_event(r, "hardware-ranking") is None
         if "probe" not in r:
             continue
+        assert "explore" not in r  # a probed job explores nothing
         p, cands = r["probe"], r["candidates"]
         first_three = [c["hardware_type"] for c in cands[: settings.top]]
         assert set(p["hardware_types"]) <= set(first_three)
@@ -178,7 +191,7 @@ def test_a_ranking_names_the_probes_a_long_job_pays_for(
         job_cost = 30 * 24 * first["cost_per_device_hour"] * first["num_devices"]
         assert 0 < p["cost"] <= 0.01 * job_cost + 0.01 and p["expected_saving"] > 0
         assert p["minutes"] == settings.minutes
-    off = Ranker(load_catalog(), model, lookup).rank_batch(long, [None] * 40, {}, NOW)
+    off = Ranker(load_catalog(), model, lookup).rank_batch(long, hist, {}, NOW)
     assert not any("probe" in r for r in off)
 
 
