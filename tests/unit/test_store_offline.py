@@ -79,6 +79,15 @@ def test_flatten_one_row() -> None:
     assert str(row["ended_at"].tz) == "UTC"
 
 
+def test_a_probes_row_is_marked_and_keeps_its_mark_in_a_table() -> None:
+    [(sub, comp)], [(sub2, comp2)] = synthetic.pairs(1, seed=2), synthetic.pairs(1, seed=3)
+    probe = dict(comp, status="succeeded", throughput={"samples_per_s": 80.0}, probe=True)
+    rows = [flatten(sub, probe), flatten(sub2, comp2)]
+    assert rows[0]["probe"] is True and rows[1]["probe"] is None  # the attempt's own: null
+    back = rows_to_table(rows).to_pylist()
+    assert [r["probe"] for r in back] == [True, None]
+
+
 def test_flatten_unmeasured_and_offset_timestamps() -> None:
     [(sub, comp)] = synthetic.pairs(1, seed=4)
     comp = dict(comp, status="failed", ended_at="2026-11-21T02:00:00+02:00")
