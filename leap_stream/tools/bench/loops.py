@@ -137,7 +137,14 @@ def pipeline_processor(world: BenchWorld) -> tuple[Any, dict[str, Any]]:
 
     catalog = load_catalog()
     compiled = wanted(world.settings.compiled_trees)
-    holder = RankerHolder(catalog, Registry(world.registry_dir), Metrics(), compile_trees=compiled)
+    holder = RankerHolder(
+        catalog,
+        Registry(world.registry_dir),
+        Metrics(),
+        compile_trees=compiled,
+        explore_budget=world.settings.explore_budget,  # the worker's ranking: explorations
+        probe=world.settings.probe_settings(),  # and probes planned as it plans them
+    )
     holder.poll()
     if holder.version is None:
         raise RuntimeError("the bench model did not load")
