@@ -88,6 +88,16 @@ def test_model_rankings_are_valid_and_sorted(
     assert again[0]["event_id"] == out[0]["event_id"]
 
 
+def _ran_on_first(rankings: list[Any]) -> list[dict[str, Measurement] | None]:
+    """A history per ranking: its lineage ran once on the ranking's first candidate."""
+    return [
+        {r["candidates"][0]["hardware_type"]: Measurement(50.0, 1, 1.7e9, 1)}
+        if r["candidates"]
+        else None
+        for r in rankings
+    ]
+
+
 def test_a_ranking_marks_the_untried_candidate_within_the_noise_it_would_explore(
     trained: tuple[Any, ThroughputModel, LookupTable],
 ) -> None:
@@ -100,12 +110,7 @@ def test_a_ranking_marks_the_untried_candidate_within_the_noise_it_would_explore
     subs = _subs(d, 40)
     out0 = Ranker(load_catalog(), model, lookup).rank_batch(subs, [None] * 40, {}, NOW)
     # each lineage ran on its first choice: its first is tried, the rest are not
-    hist = [
-        {r["candidates"][0]["hardware_type"]: Measurement(50.0, 1, 1.7e9, 1)}
-        if r["candidates"]
-        else None
-        for r in out0
-    ]
+    hist = _ran_on_first(out0)
     off = Ranker(load_catalog(), model, lookup).rank_batch(subs, hist, {}, NOW)
     assert not any("explore" in r for r in off)
     on = Ranker(load_catalog(), model, lookup, explore_budget=1.0).rank_batch(subs, hist, {}, NOW)
@@ -161,12 +166,7 @@ def test_a_ranking_names_the_probes_a_long_job_pays_for(
             month = r["candidates"][0]["predicted_throughput"] * 30 * 86400.0
             s["training"]["planned_samples"] = month
     # each lineage ran on its first choice: the others are explorations' candidates
-    hist = [
-        {r["candidates"][0]["hardware_type"]: Measurement(50.0, 1, 1.7e9, 1)}
-        if r["candidates"]
-        else None
-        for r in plain
-    ]
+    hist = _ran_on_first(plain)
     on = Ranker(load_catalog(), model, lookup, explore_budget=1.0, probe=settings).rank_batch(
         long, hist, {}, NOW
     )
