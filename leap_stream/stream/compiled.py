@@ -25,7 +25,12 @@ from typing import Any
 
 import numpy as np
 
-from leap_stream.core.predictor import COMPILED_KIND, ThroughputModel, predict_threads
+from leap_stream.core.predictor import (
+    COMPILED_KIND,
+    ThroughputModel,
+    lightgbm_predict,
+    predict_threads,
+)
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +162,7 @@ def compile_booster(
     if reference is None:
 
         def reference(X: np.ndarray) -> np.ndarray:
-            return np.asarray(booster.predict(X, num_threads=predict_threads(len(X))))
+            return lightgbm_predict(booster, X, predict_threads(len(X)))
 
     def score_chunk(X: np.ndarray) -> np.ndarray:
         X = np.ascontiguousarray(X, np.float64)

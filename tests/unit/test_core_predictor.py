@@ -340,3 +340,29 @@ def test_on_few_model_types_the_type_pair_effects_move_priors(
     assert err["effects"] < err["difference"], err
     again = read_model(write_model(tmp_path / "m", model))
     np.testing.assert_allclose(again.predict(test)[0], model.predict(test)[0])
+
+
+def test_every_lightgbm_predict_holds_the_process_lock(
+    data: tuple[pd.DataFrame, pd.DataFrame],
+) -> None:
+    """LightGBM's predict races on one booster from two threads (the worker's batches and the
+    compile thread's check); the model's LightGBM scorers and the compile check go through one
+    lock."""
+    from leap_stream.core.predictor import params
+
+    m, fr = data
+    model = ThroughputModel.fit(fr, m["samples_per_s"].to_numpy(), m["lineage_id"], num_rounds=5)
+    seen: list[bool] = []
+    for booster in filter(None, (model.booster, model.ratio)):
+        inner = booster.predict
+
+        def spy(*args: object, _inner: object = inner, **kwargs: object) -> object:
+            seen.append(params._LIGHTGBM_PREDICT.locked())
+            return _inner(*args, **kwargs)  # type: ignore[operator]
+
+        booster.predict = spy  # type: ignore[method-assign]
+    X = np.zeros((3, model.booster.num_feature()))
+    model.score_lightgbm(X)
+    if model.ratio is not None:
+        model.ratio_lightgbm(np.zeros((3, model.ratio.num_feature())))
+    assert seen and all(seen)

@@ -24,6 +24,7 @@ from leap_stream.core.predictor.params import (
     Scorer,
     anchor_kind,
     holdout_mask,
+    lightgbm_predict,
     predict_threads,
 )
 from leap_stream.core.predictor.ratio import ratio_features
@@ -45,6 +46,7 @@ __all__ = [
     "anchor_kind",
     "check_model_text",
     "holdout_mask",
+    "lightgbm_predict",
     "predict_threads",
     "ratio_features",
 ]

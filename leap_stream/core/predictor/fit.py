@@ -29,6 +29,7 @@ from leap_stream.core.predictor.params import (
     UNSEEN_TYPES,
     BoosterCompiler,
     Scorer,
+    lightgbm_predict,
 )
 from leap_stream.core.predictor.ratio import _at_most
 from leap_stream.core.roofline import LearnedRoofline
@@ -69,7 +70,7 @@ class _Fitted:
     def _score(self, X: np.ndarray, num_threads: int) -> np.ndarray:
         if self.scorer is not None:
             return self.scorer(X)
-        return np.asarray(self.booster.predict(X, num_threads=num_threads))
+        return lightgbm_predict(self.booster, X, num_threads)
 
 
 def _levels(frame: pd.DataFrame, names: Sequence[str]) -> dict[str, list[str]]:

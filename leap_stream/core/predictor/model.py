@@ -93,6 +93,7 @@ from leap_stream.core.predictor.params import (
     _threads,
     anchor_kind,
     holdout_mask,
+    lightgbm_predict,
     predict_threads,
 )
 from leap_stream.core.predictor.ratio import (
@@ -183,11 +184,11 @@ class ThroughputModel:
         """LightGBM's own predict of the ratio model (the reference a scorer is checked on)."""
         if self.ratio is None:
             raise ValueError("this model has no ratio model")
-        return np.asarray(self.ratio.predict(X, num_threads=predict_threads(len(X))))
+        return lightgbm_predict(self.ratio, X, predict_threads(len(X)))
 
     def score_lightgbm(self, X: np.ndarray) -> np.ndarray:
         """LightGBM's own predict, whatever `score` is (the reference a scorer is checked on)."""
-        return np.asarray(self.booster.predict(X, num_threads=predict_threads(len(X))))
+        return lightgbm_predict(self.booster, X, predict_threads(len(X)))
 
     # --- training
     @classmethod

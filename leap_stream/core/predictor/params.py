@@ -4,6 +4,7 @@ fit, the anchor kinds and the training support a job is judged against."""
 from __future__ import annotations
 
 import os
+import threading
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -119,6 +120,19 @@ def usable_cores() -> int:
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1
+
+
+# LightGBM's predict is not safe on one booster from two threads (a data race where it builds its
+# Predictor, LightGBM issue 6142): the worker's batches and the compile thread's check of the
+# compiled trees against LightGBM both predict with the serving model's boosters, and a
+# `leap-stream demo` worker segfaulted there. Every LightGBM predict goes through this lock.
+_LIGHTGBM_PREDICT = threading.Lock()
+
+
+def lightgbm_predict(booster: lgb.Booster, X: np.ndarray, num_threads: int) -> np.ndarray:
+    """``booster.predict`` under the process's LightGBM predict lock (the one way to call it)."""
+    with _LIGHTGBM_PREDICT:
+        return np.asarray(booster.predict(X, num_threads=num_threads))
 
 
 def predict_threads(rows: int) -> int:
