@@ -19,6 +19,7 @@ from typing import Final
 import numpy as np
 
 from leap_stream.core.columns import Frame, f64
+from leap_stream.core.ranking import best_per_job
 
 REASON: Final = "never_measured"  # the lineage and its model type have no measurement there
 
@@ -59,12 +60,10 @@ def explorations(
     ok = near & ~is_best & np.asarray(untried, bool) & ~best_untried[job] & (share <= budget)
     if not ok.any():
         return rows, extra
-    candidates = np.flatnonzero(ok)
     # per job, the qualifying row with the best throughput per cost (ties: the first row)
-    order = candidates[np.lexsort((candidates, -tpc[candidates], job[candidates]))]
-    first = order[np.r_[True, job[order][1:] != job[order][:-1]]]
-    rows[job[first]] = first
-    extra[job[first]] = share[first]
+    rows = best_per_job(job, np.where(ok, tpc, -np.inf), n_jobs)
+    explored = rows >= 0
+    extra[explored] = share[rows[explored]]
     return rows, extra
 
 

@@ -29,6 +29,8 @@ from typing import Final
 
 import numpy as np
 
+from leap_stream.core.ranking import best_per_job, rank_order
+
 Z80: Final = 1.2815515655446004  # the 80 % interval's half-width in standard normals
 DRAWS_SEED: Final = 20261207  # the fixed draws' seed: a plan does not depend on the call
 
@@ -148,7 +150,7 @@ def plan_probes(
 
 def _top_rows(job: np.ndarray, score: np.ndarray, n_jobs: int, k: int) -> np.ndarray:
     """(jobs, k): each job's best `k` rows by score, best first (positions in `job`); -1 pads."""
-    order = np.lexsort((np.arange(len(job)), -score, job))
+    order = rank_order(job, score)
     j = job[order]
     starts = np.searchsorted(j, np.arange(n_jobs))
     rank = np.arange(len(order)) - starts[j]
@@ -186,10 +188,7 @@ def _best_probe_sets(
     cheapest = cost.min(1)
     regret_now = (cost[:, 0] - cheapest).mean(1)
     measured = log_true + settings.noise * e[None]
-    w_prior, w_probe = 1.0 / sd**2, 1.0 / settings.noise**2
-    posterior = (mu[:, :, None] * w_prior[:, :, None] + measured * w_probe) / (
-        w_prior[:, :, None] + w_probe
-    )
+    posterior = _posterior(mu[:, :, None], 1.0 / sd[:, :, None] ** 2, measured, settings)
     # every non-empty subset at once, smallest first: (jobs, subsets, candidates, draws)
     subsets = np.asarray([m for size in range(1, k + 1) for m in _masks(k, size)], bool)
     belief = np.where(subsets[None, :, :, None], posterior[:, None], mu[:, None, :, None])
@@ -208,6 +207,15 @@ def _best_probe_sets(
     best_set = subsets[best]
     best_saving = saving[np.arange(n), best]
     return best_set, best_saving, spend[np.arange(n), best]
+
+
+def _posterior(
+    log_pred: np.ndarray, w_prior: np.ndarray, log_measured: np.ndarray, settings: ProbeSettings
+) -> np.ndarray:
+    """The log throughput a prediction (precision `w_prior`) and a probe's measurement (its
+    noise's precision) make together: their precision-weighted mean."""
+    w_probe = 1.0 / settings.noise**2
+    return np.asarray((log_pred * w_prior + log_measured * w_probe) / (w_prior + w_probe))
 
 
 def probe_cost_as_run(
@@ -240,23 +248,12 @@ def choose_after_probes(
     probed = np.isfinite(measured) & (measured > 0)
     with np.errstate(divide="ignore", invalid="ignore"):
         w_prior = np.where(np.isfinite(sd) & (sd > 0), 1.0 / sd**2, 0.0)
-        w_probe = 1.0 / settings.noise**2
         belief = np.where(
-            probed,
-            (np.log(pred) * w_prior + np.log(measured) * w_probe) / (w_prior + w_probe),
-            np.log(pred),
+            probed, _posterior(np.log(pred), w_prior, np.log(measured), settings), np.log(pred)
         )
         belief = np.where(probed & ~(pred > 0), np.log(measured), belief)
         score = np.exp(belief) / np.asarray(usd_per_hour, np.float64)
-    ok = np.isfinite(score) & (score > 0)
-    out = np.full(n_jobs, -1, np.int64)
-    if not ok.any():
-        return out
-    rows = np.flatnonzero(ok)
-    order = rows[np.lexsort((rows, -score[rows], job[rows]))]
-    first = order[np.r_[True, job[order][1:] != job[order][:-1]]]
-    out[job[first]] = first
-    return out
+    return best_per_job(job, np.where(score > 0, score, np.nan), n_jobs)
 
 
 __all__ = [

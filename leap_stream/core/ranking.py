@@ -40,6 +40,22 @@ def rank_order(job: np.ndarray, score: np.ndarray, first: np.ndarray | None = No
     return np.lexsort(keys)
 
 
+def best_per_job(job: np.ndarray, score: np.ndarray, n_jobs: int) -> np.ndarray:
+    """Per job the row with the best finite score (ties: the first row), -1 where it has none;
+    ``job`` sorted or not."""
+    job = np.asarray(job, np.int64)
+    score = np.asarray(score, np.float64)
+    out = np.full(n_jobs, -1, np.int64)
+    rows = np.flatnonzero(np.isfinite(score))
+    if not len(rows):
+        return out
+    order = rows[rank_order(job[rows], score[rows])]
+    first = np.ones(len(order), bool)
+    first[1:] = job[order][1:] != job[order][:-1]
+    out[job[order][first]] = order[first]
+    return out
+
+
 def within_noise_of_best(
     job: np.ndarray, tpc: np.ndarray, tpc_high: np.ndarray, usable: np.ndarray, n_jobs: int
 ) -> np.ndarray:

@@ -7,14 +7,14 @@ from typing import Any
 import numpy as np
 import pytest
 
+from leap_stream.core.ranking import best_per_job
 from leap_stream.tools.backtest import LineageResamples, Night, run_backtest, savings_replicates
-from leap_stream.tools.backtest.truth import _argmax_per_job
 
 
-def test_argmax_per_job_ignores_non_finite_and_keeps_ties_first() -> None:
+def test_best_per_job_ignores_non_finite_and_keeps_ties_first() -> None:
     job = np.asarray([0, 0, 0, 1, 1, 2])
     score = np.asarray([1.0, 3.0, 3.0, -np.inf, -np.inf, 0.5])
-    assert _argmax_per_job(job, score, 4).tolist() == [1, -1, 5, -1]
+    assert best_per_job(job, score, 4).tolist() == [1, -1, 5, -1]
 
 
 def test_tiny_backtest_reports_every_predictor() -> None:

@@ -22,8 +22,8 @@ from leap_stream.core.probe import (
     probe_cost_as_run,
 )
 from leap_stream.core.ranker import SRC_MODEL, SRC_NONE, Ranker
-from leap_stream.core.ranking import throughput_per_cost, within_noise_of_best
-from leap_stream.tools.backtest.truth import _argmax_per_job, _candidates, _SpecCatalog
+from leap_stream.core.ranking import best_per_job, throughput_per_cost, within_noise_of_best
+from leap_stream.tools.backtest.truth import _candidates, _SpecCatalog
 from leap_stream.tools.sim.short_runs import ShortRuns, probe_dataset_rows
 from leap_stream.train import pit
 
@@ -70,14 +70,14 @@ class RankedPolicy:
         job = fr["job"].to_numpy(np.int64)
         usable = fr["source"].to_numpy() != SRC_NONE
         tpc = fr["tpc"].to_numpy(np.float64)
-        top = _argmax_per_job(job, np.where(usable, tpc, -np.inf), len(subs))
+        top = best_per_job(job, np.where(usable, tpc, -np.inf), len(subs))
         hw = fr["hardware_type"].to_numpy(object)
         nd = subs["num_devices"].to_numpy(np.float64)[job]
         explore, _extra = self._explorations(fr, job, tpc, nd, usable, len(subs))
         pick = np.where(explore >= 0, explore, top)
         keys = list(zip(subs["job_id"].tolist(), subs["attempt"].tolist(), strict=True))
         choice = np.where(pick >= 0, hw[np.maximum(pick, 0)], subs["default_hardware"].to_numpy())
-        for j, ran_on in self._probe(subs, fr).items():
+        for j, ran_on in self._probe(subs, fr, top).items():
             choice[j] = ran_on
             explore[j] = -1
         for j in np.flatnonzero(explore >= 0).tolist():
@@ -93,8 +93,10 @@ class RankedPolicy:
         self,
         subs: pd.DataFrame,
         fr: pd.DataFrame,
+        first: np.ndarray,
     ) -> dict[int, str]:
-        """Run the probes the ranking marks; per probed job (position), where it runs."""
+        """Run the probes the ranking marks; per probed job (position), where it runs.
+        `first`: per job the ranking's first row (a probed job's rows are all the model's)."""
         if not self.probe.enabled or self.short_runs is None:
             return {}
         job = fr["job"].to_numpy(np.int64)
@@ -127,8 +129,6 @@ class RankedPolicy:
         meas_rows[rows] = measured
         post = choose_after_probes(*belief, meas_rows, self.probe, len(subs))
         hw_all = fr["hardware_type"].to_numpy(object)
-        model_tpc = np.where(np.isfinite(belief[1]), belief[1] / belief[4], -np.inf)
-        first = _argmax_per_job(job, model_tpc, len(subs))
         rate_of = belief[4]
         out: dict[int, str] = {}
         job_ids, attempts = subs["job_id"].tolist(), subs["attempt"].tolist()

@@ -13,9 +13,9 @@ import pandas as pd
 from leap_stream.core.lookup import LookupTable
 from leap_stream.core.predictor import ThroughputModel
 from leap_stream.core.ranker import SRC_LOOKUP, SRC_NONE, Ranker
-from leap_stream.core.ranking import throughput_per_cost, within_noise_of_best
+from leap_stream.core.ranking import best_per_job, throughput_per_cost, within_noise_of_best
 from leap_stream.tools.backtest.params import INFORMED, SAVINGS_REPLICATES, TRANSFER_KEYS
-from leap_stream.tools.backtest.truth import NightTruth, _argmax_per_job, _candidates, _SpecCatalog
+from leap_stream.tools.backtest.truth import NightTruth, _candidates, _SpecCatalog
 from leap_stream.train import pit
 from leap_stream.train.trainer import metrics
 
@@ -24,7 +24,7 @@ def _top_choice(tr: NightTruth, p: np.ndarray, usable: np.ndarray) -> np.ndarray
     """Per job, the row a predictor ranks first (best predicted throughput per cost among its
     usable rows with a truth); -1 when none."""
     score = np.where(usable & tr.in_truth, throughput_per_cost(p, tr.cost, tr.nd), -np.inf)
-    return _argmax_per_job(tr.job, score, tr.n_jobs)
+    return best_per_job(tr.job, score, tr.n_jobs)
 
 
 def _choice_costs(tr: NightTruth, top: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from leap_stream.core.predictor import ThroughputModel
-from leap_stream.core.ranking import throughput_per_cost
+from leap_stream.core.ranking import best_per_job, throughput_per_cost
 from leap_stream.train import pit
 
 
@@ -104,7 +104,7 @@ class NightTruth:
             nd=nd,
             cost=cost,
             row_cost=row_cost,
-            best_row=_argmax_per_job(job, np.where(in_truth, meas_tpc, -np.inf), n_jobs),
+            best_row=best_per_job(job, np.where(in_truth, meas_tpc, -np.inf), n_jobs),
             cost_default=cost_default,
             eligible=np.isfinite(cost_default) & (work > 0),
             dev_hours=np.nan_to_num(c["device_hours"].to_numpy(np.float64), nan=0.0),
@@ -129,17 +129,3 @@ class Night:
     truth: NightTruth
     submissions: pd.DataFrame
     snapshot: pit.Snapshots
-
-
-def _argmax_per_job(job: np.ndarray, score: np.ndarray, n_jobs: int) -> np.ndarray:
-    """Row index of the best finite score per job, -1 when none (job sorted or not)."""
-    out = np.full(n_jobs, -1, np.int64)
-    ok = np.isfinite(score)
-    if not ok.any():
-        return out
-    rows = np.flatnonzero(ok)
-    order = rows[np.lexsort((-score[rows], job[rows]))]
-    first = np.ones(len(order), bool)
-    first[1:] = job[order][1:] != job[order][:-1]
-    out[job[order][first]] = order[first]
-    return out
