@@ -19,7 +19,7 @@ from typing import Any
 
 from leap_stream.contracts.window import TimeWindow
 from leap_stream.core.history import HistoryRules
-from leap_stream.core.probe import ProbeSettings
+from leap_stream.core.probe import PROBE_SIZES, ProbeSettings, ProbeSize
 
 Parser = Callable[[str, str], Any]  # (env name, raw value) -> value; raises SettingsError
 
@@ -558,8 +558,14 @@ class Settings:
     probe_minutes: float = _setting(
         "LEAP_PROBE_MINUTES",
         "5",
-        "A probe's length, in minutes on the job's own devices, after its warm-up: what a probe costs, and how long the job waits for its choice.",
+        "A probe's length in minutes, after its warm-up: what a probe costs, and how long the job waits for its choice.",
         _float(0),
+    )
+    probe_size: str = _setting(
+        "LEAP_PROBE_SIZE",
+        "slice",
+        "What a probe runs: `slice`, the fewest of the job's data-parallel replicas that fit the type (one, unless its model state needs more devices), its measurement carried to the job's size by the model's own prediction at both (docs/decisions/0016); `job`, the whole job on its own devices (the first candidate's probe is then the job's own start).",
+        _choice(*PROBE_SIZES),
     )
     fault_clock_offset_s: float = _setting(
         "LEAP_FAULT_CLOCK_OFFSET_S",
@@ -706,8 +712,10 @@ class Settings:
         )
 
     def probe_settings(self) -> ProbeSettings:
-        """What a probe may cost and how long it runs (LEAP_PROBE_BUDGET, LEAP_PROBE_MINUTES)."""
-        return ProbeSettings(budget=self.probe_budget, minutes=self.probe_minutes)
+        """What a probe may cost, how long it runs and on what (LEAP_PROBE_BUDGET,
+        LEAP_PROBE_MINUTES, LEAP_PROBE_SIZE)."""
+        size: ProbeSize = "job" if self.probe_size == "job" else "slice"
+        return ProbeSettings(budget=self.probe_budget, minutes=self.probe_minutes, size=size)
 
     def time_window(self) -> TimeWindow:
         """The accepted window of event times (LEAP_EVENT_MAX_AGE_S / LEAP_EVENT_MAX_LEAD_S)."""

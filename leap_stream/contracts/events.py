@@ -125,11 +125,19 @@ class Exploration(TypedDict):
     expected_extra_cost: float
 
 
+class ProbeRun(TypedDict):
+    num_devices: int
+    data_parallel: int
+    global_batch_size: int
+    predicted_throughput: float
+
+
 class Probe(TypedDict):
     hardware_types: list[str]
     minutes: float
     cost: float
     expected_saving: float
+    runs: NotRequired[list[ProbeRun]]
 
 
 class RankedCandidate(TypedDict):
@@ -246,6 +254,7 @@ __all__ = [
     "Optimizer",
     "Precision",
     "Probe",
+    "ProbeRun",
     "RankedCandidate",
     "RankingSource",
     "Throughput",

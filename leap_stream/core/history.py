@@ -264,6 +264,13 @@ def log_per_device(samples_per_s: float, num_devices: int) -> float:
     return math.log(samples_per_s / num_devices)
 
 
+def slice_of(num_devices: int, submitted_devices: int) -> bool:
+    """Whether a probe on ``num_devices`` is a slice of a job asked for ``submitted_devices``
+    (`core.probe.slice_shape`: a whole number of its replicas divides it). A probe may run
+    such a slice; the `devices` rule holds any other count."""
+    return 0 < num_devices <= submitted_devices and submitted_devices % num_devices == 0
+
+
 def judge(
     previous: Measurement | None,
     aggregate: TypeAggregate | None,
@@ -456,6 +463,9 @@ class HistoryBook:
         taken = self._completed.setdefault(attempt, str(completion["event_id"]))
         if taken != completion["event_id"]:
             return "repeat"
+        nd = int(completion["num_devices"])
+        if probe and submitted_devices and slice_of(nd, submitted_devices):
+            submitted_devices = nd
         return self.apply(
             completion["lineage_id"],
             completion["model_type"],

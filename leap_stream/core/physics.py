@@ -77,16 +77,22 @@ def min_memory_per_device_gib(jobs: Jobs, elem: np.ndarray | None = None) -> np.
     embeddings) plus the activations a checkpoint at every layer keeps (one element per token
     and hidden unit of a layer; the layer being recomputed is left out). A candidate is
     excluded only when even this does not fit, because the submission does not say how the
-    job shards its state or recomputes. Weights kept in fp32 need no fp32 master copy in the
-    optimizer state. A family whose parameters are embedding tables (`_WEIGHTS_ONLY_FAMILIES`)
-    counts its weights alone: their gradients are sparse and their optimizers keep state per
-    row, not per parameter."""
+    job shards its state or recomputes."""
+    state, acts = memory_parts_gib(jobs, elem)
+    return np.asarray(state / f64(jobs, "num_devices") + acts)
+
+
+def memory_parts_gib(jobs: Jobs, elem: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The two parts of `min_memory_per_device_gib`: the whole model state (to be divided by
+    the devices) and the activations per device (whatever the data-parallel degree). Weights
+    kept in fp32 need no fp32 master copy in the optimizer state. A family whose parameters are
+    embedding tables (`_WEIGHTS_ONLY_FAMILIES`) counts its weights alone: their gradients are
+    sparse and their optimizers keep state per row, not per parameter."""
     params = f64(jobs, "parameters")
     elem = _elem_bytes(jobs) if elem is None else elem
     opt = _opt_bytes(jobs) - np.where(elem >= _MASTER_COPY_BYTES, _MASTER_COPY_BYTES, 0.0)
-    nd = f64(jobs, "num_devices")
     weights_only = map_column(jobs, "family", _WEIGHTS_ONLY_FAMILIES, 0.0) > 0.0
-    state = params * np.where(weights_only, elem, 2.0 * elem + opt) / nd
+    state = params * np.where(weights_only, elem, 2.0 * elem + opt)
     seq = f64(jobs, "sequence_length")
     hidden = f64(jobs, "hidden_size")
     layers = f64(jobs, "layers")
@@ -94,7 +100,7 @@ def min_memory_per_device_gib(jobs: Jobs, elem: np.ndarray | None = None) -> np.
     tp = f64(jobs, "tensor_parallel")
     pp = f64(jobs, "pipeline_parallel")
     acts = mbs * seq * hidden * (layers / pp) * elem / tp
-    return np.asarray((state + acts) / 2**30)
+    return np.asarray(state / 2**30), np.asarray(acts / 2**30)
 
 
 def flops_per_sample(jobs: Jobs) -> np.ndarray:

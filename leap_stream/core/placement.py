@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from leap_stream.core.probe import ProbeSettings, choose_after_probes
+from leap_stream.core.probe import ProbeSettings, carry, choose_after_probes
 
 
 def ranked_types(ranking: Mapping[str, Any]) -> list[str]:
@@ -55,10 +55,12 @@ def candidate_of(ranking: Mapping[str, Any], hardware_type: str) -> Mapping[str,
 
 
 def after_probes(ranking: Mapping[str, Any], measured: Mapping[str, float]) -> list[str]:
-    """The ranking's types once its probes are in (``measured``: samples/s per probed type,
-    whole job): the type `core.probe.choose_after_probes` picks first (a probed type's
-    prediction weighed with what its probe measured), then the others in ranked order. A
-    ranking without a probe, or probes that measured nothing usable, keep `ranked_types`."""
+    """The ranking's types once its probes are in (``measured``: samples/s per probed type, as
+    its probe ran: the slice its `runs` entry names, or the whole job without one): the type
+    `core.probe.choose_after_probes` picks first (a probed type's prediction weighed with what
+    its probe measured, carried to the job's size by the model's predictions at both), then
+    the others in ranked order. A ranking without a probe, or probes that measured nothing
+    usable, keep `ranked_types`."""
     types = ranked_types(ranking)
     probe = ranking.get("probe")
     if not types or not probe:
@@ -69,14 +71,28 @@ def after_probes(ranking: Mapping[str, Any], measured: Mapping[str, float]) -> l
         return np.asarray([get(c) for c in cands], np.float64)
 
     interval = [c.get("interval") or {} for c in cands]
+    pred = column(lambda c: c.get("predicted_throughput", np.nan))
+    # per type, the model's samples/s at the slice its probe ran (the whole job: its own)
+    at_probe = dict(zip(probe.get("hardware_types") or [], probe.get("runs") or [], strict=False))
+    sliced = bool(probe.get("runs"))
     pick = choose_after_probes(
         np.zeros(len(types), np.int64),
-        column(lambda c: c.get("predicted_throughput", np.nan)),
+        pred,
         np.asarray([i.get("low", np.nan) for i in interval], np.float64),
         np.asarray([i.get("high", np.nan) for i in interval], np.float64),
         column(lambda c: c.get("cost_per_device_hour", np.nan) * c.get("num_devices", np.nan)),
-        np.asarray([measured.get(t, np.nan) for t in types], np.float64),
-        ProbeSettings(minutes=float(probe.get("minutes", 5.0))),
+        carry(
+            np.asarray([measured.get(t, np.nan) for t in types], np.float64),
+            pred,
+            np.asarray(
+                [
+                    at_probe[t]["predicted_throughput"] if t in at_probe else p
+                    for t, p in zip(types, pred.tolist(), strict=True)
+                ],
+                np.float64,
+            ),
+        ),
+        ProbeSettings(minutes=float(probe.get("minutes", 5.0)), size="slice" if sliced else "job"),
         1,
     )[0]
     if pick < 0:

@@ -1,10 +1,12 @@
 """Running a ranking's probes from a scheduler: the short jobs to submit, and the completion
 each one reports (pure; the scheduler submits, the caller publishes).
 
-A ranking's ``probe`` names types and a length. Each probe is the job's own command on the
-job's own devices for that many minutes, on one type, with ``LEAP_PROBE=1`` in its environment
-so the training script knows to measure and stop; it reports what it measured as a
-job-completed event with ``probe: true`` (`probe_completion`). Once every probe reported (or
+A ranking's ``probe`` names types and a length, and per type the slice of the job to run
+(``runs``: devices, data-parallel degree, global batch; without it, the whole job). Each probe is
+the job's own command on that slice for that many minutes, on one type, with ``LEAP_PROBE=1``
+and the slice's shape in its environment so the training script knows to launch that slice,
+measure and stop; it reports what it measured, on the slice's devices, as a job-completed event
+with ``probe: true`` (`probe_completion`). Once every probe reported (or
 timed out), `core.placement.after_probes` orders the types for the job itself.
 """
 
@@ -24,22 +26,37 @@ def probe_types(ranking: Mapping[str, Any]) -> list[str]:
     return [str(t) for t in (ranking.get("probe") or {}).get("hardware_types") or []]
 
 
+def probe_runs(ranking: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """Per probed type, the slice its probe runs (``{}``: the whole job, as asked)."""
+    runs = (ranking.get("probe") or {}).get("runs") or []
+    return [runs[i] if i < len(runs) else {} for i in range(len(probe_types(ranking)))]
+
+
 def slurm_probe_args(
     ranking: Mapping[str, Any], partition_of: Mapping[str, str] | None = None
 ) -> list[list[str]]:
     """Per probed type, the ``sbatch`` options of its probe job: the type's partition
     (``partition_of``, default the type's own name), a time limit of the probe's minutes
-    rounded up, a name that says what it is, and ``LEAP_PROBE=1`` / ``LEAP_PROBE_TYPE``."""
+    rounded up, a name that says what it is, and in its environment ``LEAP_PROBE=1``,
+    ``LEAP_PROBE_TYPE`` and the slice to launch (``LEAP_PROBE_DEVICES``,
+    ``LEAP_PROBE_DATA_PARALLEL``, ``LEAP_PROBE_GLOBAL_BATCH``; absent: the whole job)."""
     probe = ranking.get("probe") or {}
     limit = max(1, math.ceil(float(probe.get("minutes", 5.0))))
     out = []
-    for t in probe_types(ranking):
+    for t, run in zip(probe_types(ranking), probe_runs(ranking), strict=True):
+        env = f"ALL,LEAP_PROBE=1,LEAP_PROBE_TYPE={t}"
+        if run:
+            env += (
+                f",LEAP_PROBE_DEVICES={int(run['num_devices'])}"
+                f",LEAP_PROBE_DATA_PARALLEL={int(run['data_parallel'])}"
+                f",LEAP_PROBE_GLOBAL_BATCH={int(run['global_batch_size'])}"
+            )
         out.append(
             [
                 f"--partition={(partition_of or {}).get(t, t)}",
                 f"--time={limit}",
                 f"--job-name=leap-probe.{t}",
-                f"--export=ALL,LEAP_PROBE=1,LEAP_PROBE_TYPE={t}",
+                f"--export={env}",
             ]
         )
     return out
@@ -54,8 +71,9 @@ def probe_completion(
     num_devices: int | None = None,
 ) -> JobCompleted:
     """The job-completed event of one probe of ``submission`` (the job-submitted event the
-    ranking answered) on ``hardware_type``: marked ``probe``, so it completes once per type and
-    never counts as the attempt's own run."""
+    ranking answered) on ``hardware_type``, on ``num_devices`` (its slice's; default the
+    job's): marked ``probe``, so it completes once per type and never counts as the attempt's
+    own run."""
     nd = int(num_devices or submission["training"]["num_devices"])
     hours = max(0.0, (ended_at - started_at).total_seconds() / 3600.0)
     return {
@@ -77,4 +95,4 @@ def probe_completion(
     }
 
 
-__all__ = ["probe_completion", "probe_types", "slurm_probe_args"]
+__all__ = ["probe_completion", "probe_runs", "probe_types", "slurm_probe_args"]

@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from leap_stream.contracts.timestamps import to_ns, to_timestamp
+from leap_stream.core.probe import slice_shape
 from leap_stream.core.rows import SUBMISSION_COLUMNS, submission_fields
 from leap_stream.store.files import fsync_dir, write_atomic
 
@@ -82,8 +83,11 @@ def flatten(
     submission: Mapping[str, Any], completion: Mapping[str, Any], quarantine: str | None = None
 ) -> dict[str, Any]:
     """One dataset row. ``num_devices`` is the completion's: the count the throughput was measured
-    at; ``quarantine`` the rule that kept its measurement out of the history, if one did."""
+    at (a probe's slice of the job has its data-parallel degree and global batch too);
+    ``quarantine`` the rule that kept its measurement out of the history, if one did."""
     row = submission_fields(submission)
+    if completion.get("probe"):
+        _as_slice(row, int(completion["num_devices"]))
     throughput = completion.get("throughput") or {}
     sps = throughput.get("samples_per_s")
     tps = throughput.get("tokens_per_s")
@@ -104,6 +108,23 @@ def flatten(
     for col in TIMESTAMP_COLUMNS:
         row[col] = to_timestamp(row[col])
     return {col: row[col] for col in DATASET_COLUMNS}
+
+
+def _as_slice(row: dict[str, Any], num_devices: int) -> None:
+    """A probe's row at its slice's shape (`core.probe.slice_shape`) when it ran on a whole
+    number of the job's data-parallel replicas, fewer than all."""
+    asked, dp = int(row["num_devices"]), max(int(row["data_parallel"]), 1)
+    per_replica = max(asked // dp, 1)
+    if num_devices >= asked or num_devices % per_replica:
+        return
+    k = num_devices // per_replica
+    _nd, batch = slice_shape(
+        np.asarray([asked]),
+        np.asarray([dp]),
+        np.asarray([int(row["global_batch_size"])]),
+        np.asarray([k]),
+    )
+    row["data_parallel"], row["global_batch_size"] = k, int(batch[0])
 
 
 def completions_from_frame(frame: pd.DataFrame) -> list[dict[str, Any]]:

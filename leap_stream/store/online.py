@@ -414,7 +414,8 @@ class OnlineStore:
                     assert sps is not None
                     at = epoch_s(c["ended_at"])
                     x = log_per_device(sps, nd)
-                    args += ["1", c["hardware_type"], nd, repr(at), repr(x), *ids]
+                    flag = "2" if c.get("probe") else "1"
+                    args += [flag, c["hardware_type"], nd, repr(at), repr(x), *ids]
                     args += [c["event_id"], repr(event_time(at, now)), job_key(str(c["job_id"]))]
                 else:
                     args += ["0", c["hardware_type"], nd, "0", "0", *ids, c["event_id"], "0", 0]

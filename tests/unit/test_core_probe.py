@@ -9,10 +9,13 @@ import pytest
 from leap_stream.core.probe import (
     Z80,
     ProbeSettings,
+    carry,
     choose_after_probes,
     log_sd,
     plan_probes,
     probe_cost_as_run,
+    slice_data_parallel,
+    slice_shape,
 )
 
 DAY = 24 * 3600.0
@@ -32,9 +35,12 @@ def _job(spread: float, hours: float, devices: int = 128, n: int = 3) -> dict[st
     }
 
 
+WHOLE = ProbeSettings(size="job")
+
+
 def test_a_long_wide_job_is_probed_within_its_budget() -> None:
     job = _job(spread=1.4, hours=24)
-    plan = plan_probes(**job, settings=ProbeSettings())
+    plan = plan_probes(**job, settings=WHOLE)
     first_cost = 24 * 3.0 * 128
     assert plan.rows.sum() >= 1 and plan.saving[0] > 0
     # every probe but the first's (the job's own start, lost only if it moves) is paid
@@ -140,7 +146,54 @@ def test_log_sd_is_the_80_percent_interval_spread() -> None:
 
 def test_the_first_candidates_probe_is_paid_only_when_the_job_moves() -> None:
     rates = {"a": 120.0, "b": 60.0}
-    settings = ProbeSettings(minutes=6.0)
+    settings = ProbeSettings(minutes=6.0, size="job")
     assert probe_cost_as_run(rates, "a", "a", settings) == pytest.approx(6.0)  # b's only
     assert probe_cost_as_run(rates, "a", "b", settings) == pytest.approx(18.0)  # both
     assert probe_cost_as_run({"b": 60.0}, "a", "a", settings) == pytest.approx(6.0)
+    # a slice is never the job's own start: every probe is paid
+    sliced = ProbeSettings(minutes=6.0, size="slice")
+    assert probe_cost_as_run(rates, "a", "a", sliced) == pytest.approx(18.0)
+
+
+def test_a_slice_is_one_replica_unless_the_state_needs_more_devices() -> None:
+    # 64 replicas of tensor 4 × pipeline 2 (512 devices), 80 GiB devices, 1 GiB of activations
+    nd, dp, mem, acts = np.asarray([512] * 4), np.asarray([64] * 4), np.full(4, 80.0), np.ones(4)
+    # model state of 100 GiB fits one replica's 8 devices; 1,000 GiB needs 2 (1,000 / 8 / 79:
+    # 1.6, a power of two up); 20,000 GiB needs 32; 100,000 GiB more than the job has: all of it
+    state = np.asarray([100.0, 1_000.0, 20_000.0, 100_000.0])
+    k = slice_data_parallel(state, acts, nd, dp, mem)
+    assert k.tolist() == [1, 2, 32, 64]
+    devices, batch = slice_shape(nd, dp, np.full(4, 1024), k)
+    assert devices.tolist() == [8, 16, 256, 512]
+    assert batch.tolist() == [16, 32, 512, 1024]
+    # activations alone past the device's memory: no slice smaller than the job
+    assert slice_data_parallel(state[:1], np.asarray([90.0]), nd[:1], dp[:1], mem[:1]).tolist() == [
+        64
+    ]
+    # a job of one replica is its own slice
+    assert slice_data_parallel(
+        state[:1], acts[:1], np.asarray([8]), np.asarray([1]), mem[:1]
+    ).tolist() == [1]
+
+
+def test_carry_moves_a_slices_measurement_by_the_models_ratio() -> None:
+    got = carry(
+        np.asarray([10.0, 10.0, 10.0]),
+        np.asarray([400.0, np.nan, 400.0]),
+        np.asarray([8.0, 8.0, 0.0]),
+    )
+    assert got[0] == pytest.approx(500.0)
+    assert np.isnan(got[1:]).all()
+
+
+def test_a_slice_probe_pays_where_a_whole_job_probe_cannot() -> None:
+    """A 6-hour job on 512 devices: five minutes of the whole job on a second type is past 1 %
+    of it, five minutes of one replica (8 devices) is not; the slice's noisier measurement is
+    still worth it, and every probe is paid (none is the job's own start)."""
+    job = _job(spread=1.4, hours=6, devices=512)
+    assert not plan_probes(**job, settings=WHOLE).rows[1:].any()
+    sliced = ProbeSettings()
+    plan = plan_probes(**job, settings=sliced, probe_usd_per_hour=np.full(3, 3.0 * 8))
+    assert plan.rows.sum() >= 1 and plan.saving[0] > 0
+    assert plan.cost[0] == pytest.approx(plan.rows.sum() * 5 / 60 * 3.0 * 8)
+    assert sliced.noise > ProbeSettings(size="job").noise

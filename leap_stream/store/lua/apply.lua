@@ -8,7 +8,8 @@
 -- hardware its submission did not list as a candidate, is a mismatch; one of a job attempt that
 -- already completed (its `done` marker holds another event) is a repeat. Per event: KEYS seen,
 -- lin, agg, sub, done, the lineage's guard, the model type's aggregate guard; ARGV measured
--- flag, hardware, num_devices, measured_at, log(samples_per_s/num_devices) (computed in Python
+-- flag ('0' no, '1' yes, '2' a probe's: its device count may be a slice of the submission's,
+-- core.history.slice_of), hardware, num_devices, measured_at, log(samples_per_s/num_devices) (computed in Python
 -- so both sides use the same libm), lineage_id, model_type, physics ceiling, event_id, event
 -- time (core.history.event_time), job key. Floats leave as %.17g: exact round trip.
 -- A stored submission gives the device count the job asked for (the `devices` rule).
@@ -120,7 +121,7 @@ for i = 0, n - 1 do
     elseif not orphans then
       code = 9
     end
-    if code == nil and ARGV[a] ~= '1' then code = 1 end
+    if code == nil and ARGV[a] == '0' then code = 1 end
     local held = 0
     if code == nil then
       local hw = ARGV[a+1]
@@ -148,7 +149,7 @@ for i = 0, n - 1 do
       end
       code = 2
       local rule = nil
-      if snd and nd ~= snd then
+      if snd and nd ~= snd and not (ARGV[a] == '2' and nd > 0 and nd < snd and snd % nd == 0) then
         rule = 6
       elseif #recent > 0 and nd == pnd then
         if math.abs(x - median(recent)) > llim then rule = 4 end

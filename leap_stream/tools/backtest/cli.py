@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ import orjson
 import pandas as pd
 
 from leap_stream.core import features as F
-from leap_stream.core.probe import ProbeSettings
+from leap_stream.core.probe import PROBE_SIZES
 from leap_stream.settings import Settings
 from leap_stream.tools.backtest.loop import run_backtest
 from leap_stream.tools.backtest.params import (
@@ -126,7 +127,13 @@ def register(parser: argparse.ArgumentParser) -> None:
         "--probe-minutes",
         type=float,
         metavar="MIN",
-        help="a probe's length on the job's devices (default LEAP_PROBE_MINUTES)",
+        help="a probe's length (default LEAP_PROBE_MINUTES)",
+    )
+    parser.add_argument(
+        "--probe-size",
+        choices=PROBE_SIZES,
+        help="what a probe runs: the smallest slice of the job that fits, or the whole job "
+        "(default LEAP_PROBE_SIZE)",
     )
     parser.add_argument("--no-probes", action="store_true", help="no probes (--probe-budget 0)")
     parser.add_argument(
@@ -180,16 +187,24 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     if budget < 0:
         print("backtest: --explore-budget must be >= 0", file=sys.stderr)
         return 2
-    probe = ProbeSettings(
-        budget=settings.probe_budget if args.probe_budget is None else args.probe_budget,
-        minutes=settings.probe_minutes if args.probe_minutes is None else args.probe_minutes,
+    probe = dataclasses.replace(
+        settings.probe_settings(),
+        **{
+            k: v
+            for k, v in (
+                ("budget", args.probe_budget),
+                ("minutes", args.probe_minutes),
+                ("size", args.probe_size),
+            )
+            if v is not None
+        },
     )
     if probe.budget < 0 or probe.minutes < 0:
         print("backtest: --probe-budget and --probe-minutes must be >= 0", file=sys.stderr)
         return 2
     summary, scored = run_backtest(
         explore_budget=0.0 if args.no_explore else budget,
-        probe=ProbeSettings(budget=0.0) if args.no_probes else probe,
+        probe=dataclasses.replace(probe, budget=0.0) if args.no_probes else probe,
         new_hardware=new_hw,
         drift=drift,
         seed=args.seed,

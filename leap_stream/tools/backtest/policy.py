@@ -17,6 +17,7 @@ from leap_stream.core.lookup import LookupTable
 from leap_stream.core.predictor import ThroughputModel
 from leap_stream.core.probe import (
     ProbeSettings,
+    carry,
     choose_after_probes,
     plan_probes,
     probe_cost_as_run,
@@ -65,7 +66,7 @@ class RankedPolicy:
         aggs_by_type = {m: book.aggregates(m) for m in subs["model_type"].unique()}
         aggs = [aggs_by_type[m] for m in subs["model_type"].tolist()]
         now = epoch_seconds(subs["submitted_at"])
-        ranker = Ranker(_SpecCatalog(self.specs), self.model, self.lookup)
+        ranker = Ranker(_SpecCatalog(self.specs), self.model, self.lookup, probe=self.probe)
         fr, _ = ranker.score_batch(subs, _candidates(subs), hist, aggs, now)
         job = fr["job"].to_numpy(np.int64)
         usable = fr["source"].to_numpy() != SRC_NONE
@@ -77,7 +78,8 @@ class RankedPolicy:
         pick = np.where(explore >= 0, explore, top)
         keys = list(zip(subs["job_id"].tolist(), subs["attempt"].tolist(), strict=True))
         choice = np.where(pick >= 0, hw[np.maximum(pick, 0)], subs["default_hardware"].to_numpy())
-        for j, ran_on in self._probe(subs, fr, top).items():
+        context = (hist, aggs, np.asarray(now, np.float64))
+        for j, ran_on in self._probe(ranker, subs, fr, top, context).items():
             choice[j] = ran_on
             explore[j] = -1
         for j in np.flatnonzero(explore >= 0).tolist():
@@ -91,23 +93,28 @@ class RankedPolicy:
 
     def _probe(
         self,
+        ranker: Ranker,
         subs: pd.DataFrame,
         fr: pd.DataFrame,
         first: np.ndarray,
+        context: tuple[list[Any], list[Any], np.ndarray],
     ) -> dict[int, str]:
         """Run the probes the ranking marks; per probed job (position), where it runs.
-        `first`: per job the ranking's first row (a probed job's rows are all the model's)."""
+        `first`: per job the ranking's first row (a probed job's rows are all the model's);
+        `context`: per job its history, aggregates and submission time (as `score_batch`)."""
         if not self.probe.enabled or self.short_runs is None:
             return {}
         job = fr["job"].to_numpy(np.int64)
-        nd_sub = subs["num_devices"].to_numpy(np.float64)
+        slices = ranker.probe_slices(subs, fr)
+        price = fr["cost"].to_numpy(np.float64)
+        probe_rate = price * ranker.probe_devices(subs, fr, slices)
         # the model's rows as the ranker gives them to `plan_probes` (a lookup has no interval)
         belief = (
             job,
             np.where(fr["source"].to_numpy() == SRC_MODEL, fr["pred"].to_numpy(np.float64), np.nan),
             fr["low"].to_numpy(np.float64),
             fr["high"].to_numpy(np.float64),
-            fr["cost"].to_numpy(np.float64) * nd_sub[job],
+            price * subs["num_devices"].to_numpy(np.float64)[job],
         )
         plan = plan_probes(
             *belief,
@@ -115,21 +122,26 @@ class RankedPolicy:
             if "planned_samples" in subs
             else np.full(len(subs), np.nan),
             self.probe,
+            probe_rate,
         )
         rows = np.flatnonzero(plan.rows)
         if not len(rows):
             return {}
+        rows, at_probe = self._at_probe_size(ranker, subs, fr, rows, slices, context)
+        if not len(rows):
+            return {}
         runs: ShortRuns = self.short_runs()
-        at, types = job[rows], fr["hardware_type"].to_numpy(object)[rows].tolist()
-        measured = runs.measure(at, types, self.probe.minutes)
+        hw_all = fr["hardware_type"].to_numpy(object)
+        at, types = job[rows], hw_all[rows].tolist()
+        measured = runs.measure(at, types, self.probe.minutes, slices[rows])
         self.probe_rows.append(
-            probe_dataset_rows(subs, at, types, measured, self.probe.minutes, self.dataset_columns)
+            probe_dataset_rows(
+                subs, at, types, measured, self.probe.minutes, self.dataset_columns, slices[rows]
+            )
         )
         meas_rows = np.full(len(fr), np.nan)
-        meas_rows[rows] = measured
+        meas_rows[rows] = carry(measured, belief[1][rows], at_probe)
         post = choose_after_probes(*belief, meas_rows, self.probe, len(subs))
-        hw_all = fr["hardware_type"].to_numpy(object)
-        rate_of = belief[4]
         out: dict[int, str] = {}
         job_ids, attempts = subs["job_id"].tolist(), subs["attempt"].tolist()
         for j in np.unique(at).tolist():
@@ -137,10 +149,33 @@ class RankedPolicy:
                 continue
             out[j] = str(hw_all[post[j]])
             mine = rows[at == j]
-            rates = {str(hw_all[r]): float(rate_of[r]) for r in mine.tolist()}
+            rates = {str(hw_all[r]): float(probe_rate[r]) for r in mine.tolist()}
             cost = probe_cost_as_run(rates, str(hw_all[first[j]]), out[j], self.probe)
             self.probed[(str(job_ids[j]), int(attempts[j]))] = Probed(tuple(rates), out[j], cost)
         return out
+
+    @staticmethod
+    def _at_probe_size(
+        ranker: Ranker,
+        subs: pd.DataFrame,
+        fr: pd.DataFrame,
+        rows: np.ndarray,
+        slices: np.ndarray,
+        context: tuple[list[Any], list[Any], np.ndarray],
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The probed rows that can run (as the ranker keeps them: a job whose every probed
+        type has a prediction at its slice) and those predictions."""
+        job = fr["job"].to_numpy(np.int64)
+        pred = fr["pred"].to_numpy(np.float64)[rows].copy()
+        part = slices[rows] < subs["data_parallel"].to_numpy(np.int64)[job[rows]]
+        if part.any():
+            types = fr["hardware_type"].to_numpy(object)[rows[part]].tolist()
+            pred[part] = ranker.predict_at(
+                subs, job[rows[part]], slices[rows[part]], types, *context
+            )
+        bad = np.unique(job[rows][~(np.isfinite(pred) & (pred > 0))])
+        keep = ~np.isin(job[rows], bad)
+        return rows[keep], pred[keep]
 
     def _explorations(
         self,

@@ -17,6 +17,7 @@ Why it is built this way:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
@@ -27,6 +28,7 @@ import pyarrow as pa
 
 from leap_stream.catalog import HardwareCatalog, load_catalog
 from leap_stream.contracts.vocab import FAMILIES, FRAMEWORKS, OPTIMIZERS, PRECISIONS
+from leap_stream.core.probe import slice_shape
 from leap_stream.tools.sim.config import (
     FRAMEWORK_VERSIONS,
     MAX_DEVICES,
@@ -282,10 +284,10 @@ class FleetSimulator(LineageDraws):
         ids = self._day_ids(s)
         cand = self._lin["cand"][s["lin"]] & self.available(d)
         subs = self._submissions_frame(s, ids, cand)
-        true, measured, truth, pos = self._truth(rng, d, s, ids, cand)
+        true, measured, truth, pos, sliced = self._truth(rng, d, s, ids, cand)
         subs["planned_samples"] = self._planned_samples(d, s, true, pos)
         probe_rng = np.random.default_rng([self.config.seed, d, PROBE_STREAM])
-        self.short_runs = ShortRuns(true, pos, self.hw.types, probe_rng)
+        self.short_runs = ShortRuns(pos, self.hw.types, probe_rng, sliced)
         chosen, invalid = self._choose(policy, subs, s, cand)
         comp, has_thr, ended = self._completions_frame(s, ids, true, measured, pos, chosen)
         subs["has_prior"] = self._has_prior(s, has_thr, ended)
@@ -359,9 +361,10 @@ class FleetSimulator(LineageDraws):
         s: dict[str, np.ndarray[Any, Any]],
         ids: _DayIds,
         cand: np.ndarray[Any, Any],
-    ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], pd.DataFrame, np.ndarray[Any, Any]]:
+    ) -> tuple[F64, F64, pd.DataFrame, I64, Callable[[np.ndarray, np.ndarray], F64]]:
         """(true rate, measured rate, truth frame, position of (submission, hardware) in them)
-        of every (submission × candidate); the one draw of the day's noise."""
+        of every (submission × candidate), and the true rate of some of them run as slices of
+        a few data-parallel replicas; the one draw of the day's noise."""
         L = self._lin
         lin = s["lin"]
         mi = L["model_idx"][lin]
@@ -382,15 +385,32 @@ class FleetSimulator(LineageDraws):
             "pp": L["pp"][lin[sub_i]],
             "ckpt": L["ckpt"][lin[sub_i]],
         }
-        job = self._job_arrays(mi[sub_i], cols)
         vend = self.hw.vendor_idx[hw_i]
         drift = self.drift_matrix(d)[fam_idx[sub_i], vend]
         lin_sub = lin[sub_i]
-        # what a fleet's data determines, given enough of it (tools/sim/informed.py)
-        known = base_throughput(job, self.hw, hw_i) * self._model_hw[mi[sub_i], hw_i] * drift
-        true = known * L["lin_f"][lin_sub] * L["lin_v"][lin_sub, vend]
-        cap = L["cap_dev"][lin_sub] * s["num_devices"][sub_i]
-        true = true / (1.0 + (true / cap) ** 4) ** 0.25  # soft input-pipeline cap
+
+        def rates(rows: np.ndarray, c: dict[str, np.ndarray[Any, Any]]) -> tuple[F64, F64]:
+            """(true, known) rates of the truth rows ``rows`` run with the columns ``c``."""
+            job = self._job_arrays(mi[sub_i[rows]], c)
+            h, ls = hw_i[rows], lin_sub[rows]
+            # what a fleet's data determines, given enough of it (tools/sim/informed.py)
+            known = base_throughput(job, self.hw, h) * self._model_hw[mi[sub_i[rows]], h]
+            known = known * drift[rows]
+            true = known * L["lin_f"][ls] * L["lin_v"][ls, vend[rows]]
+            cap = L["cap_dev"][ls] * c["num_devices"]
+            return true / (1.0 + (true / cap) ** 4) ** 0.25, known  # soft input-pipeline cap
+
+        def sliced(rows: np.ndarray, slice_dp: np.ndarray) -> F64:
+            """True rates of the truth rows ``rows`` run as slices of ``slice_dp`` data-parallel
+            replicas (`core.probe.slice_shape`)."""
+            c = {k: v[rows] for k, v in cols.items()}
+            c["num_devices"], c["global_batch"] = slice_shape(
+                c["num_devices"], c["dp"], c["global_batch"], slice_dp
+            )
+            c["dp"] = np.minimum(np.asarray(slice_dp, np.int64), c["dp"])
+            return rates(rows, c)[0]
+
+        true, known = rates(np.arange(len(sub_i)), cols)
         noise = np.exp(rng.normal(0.0, self.config.noise_sigma, len(true)))
         measured = true * noise
         truth = pd.DataFrame(
@@ -406,7 +426,7 @@ class FleetSimulator(LineageDraws):
         # position of (submission, hardware) in the truth rows
         pos = np.full((n, len(self.hw.types)), -1, dtype=np.int64)
         pos[sub_i, hw_i] = np.arange(len(sub_i))
-        return true, measured, truth, pos
+        return true, measured, truth, pos, sliced
 
     def _choose(
         self,
