@@ -241,6 +241,31 @@ def test_a_probe_completes_once_per_type_apart_from_its_attempt(store: OnlineSto
     assert {other, c["hardware_type"]} <= set(hist)
 
 
+def test_a_probe_on_a_slice_of_its_job_passes_the_devices_rule_in_lua_as_in_python(
+    store: OnlineStore,
+) -> None:
+    """The Lua script takes a probe's completion on a slice of the submission's devices (a
+    count dividing it) and holds any other count, as `core.history.slice_of` does."""
+    pairs = [
+        (s, c) for s, c in synthetic.pairs(60, seed=8, lineages=6) if c["status"] == "succeeded"
+    ]
+    s, c = next((s, c) for s, c in pairs if s["training"]["num_devices"] % 2 == 0)
+    asked = int(s["training"]["num_devices"])
+    store.remember_submissions([s])
+    others = [t for t in s["candidate_hardware"] if t != c["hardware_type"]]
+    half = dict(c, event_id="slice", hardware_type=others[0], num_devices=asked // 2, probe=True)
+    odd = dict(half, event_id="odd", hardware_type=others[-1], num_devices=asked + 1)
+    own = dict(c, num_devices=asked // 2)
+    got = store.apply_completions([half, odd, own], require_submission=True)
+    assert [r.outcome for r in got] == ["accepted", "devices", "devices"]
+    book = HistoryBook()
+    assert [book.apply_completion(x, submitted_devices=asked) for x in (half, odd, own)] == [
+        "accepted",
+        "devices",
+        "devices",
+    ]
+
+
 def test_rebuild_history_from_the_dataset(store: OnlineStore, tmp_path) -> None:
     from leap_stream.store.offline import DatasetSink, completions_from_frame, read_dataset
 

@@ -242,6 +242,22 @@ def test_a_probe_completes_once_per_type_and_leaves_the_attempt_its_own_run() ->
     assert book.apply_completion(dict(c, event_id="own-again")) == "repeat"
 
 
+def test_a_probe_on_a_slice_of_its_job_passes_the_devices_rule_and_nothing_else_does() -> None:
+    """A probe may run a whole number of the job's replicas (a count dividing the submitted
+    one); any other count, or a slice's count on the attempt's own completion, is held."""
+    from leap_stream.core.history import slice_of
+
+    assert slice_of(8, 64) and slice_of(64, 64) and not slice_of(24, 64) and not slice_of(128, 64)
+    [c] = [c for _s, c in synthetic.pairs(40, seed=9, lineages=1) if c["status"] == "succeeded"][:1]
+    asked = 64
+    probe = dict(c, event_id="p-1", hardware_type="a", num_devices=8, probe=True)
+    assert HistoryBook().apply_completion(probe, submitted_devices=asked) == "accepted"
+    odd = dict(probe, event_id="p-2", hardware_type="b", num_devices=24)
+    assert HistoryBook().apply_completion(odd, submitted_devices=asked) == "devices"
+    own = dict(c, num_devices=8)
+    assert HistoryBook().apply_completion(own, submitted_devices=asked) == "devices"
+
+
 DAY = 86_400.0
 
 

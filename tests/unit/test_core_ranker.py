@@ -191,6 +191,27 @@ def test_a_ranking_names_the_probes_a_long_job_pays_for(
         job_cost = 30 * 24 * first["cost_per_device_hour"] * first["num_devices"]
         assert 0 < p["cost"] <= 0.01 * job_cost + 0.01 and p["expected_saving"] > 0
         assert p["minutes"] == settings.minutes
+    # each probe runs a slice of its job (`runs`, one per type): a whole number of its
+    # replicas, its cost that slice's, and the model's prediction there
+    sliced = 0
+    for s, r in zip(long, on, strict=True):
+        if "probe" not in r:
+            continue
+        p, t = r["probe"], s["training"]
+        price = {c["hardware_type"]: c["cost_per_device_hour"] for c in r["candidates"]}
+        assert len(p["runs"]) == len(p["hardware_types"])
+        per_replica = t["num_devices"] // t["data_parallel"]
+        for run in p["runs"]:
+            assert run["num_devices"] == per_replica * run["data_parallel"]
+            assert 1 <= run["data_parallel"] <= t["data_parallel"]
+            assert run["predicted_throughput"] > 0
+        sliced += any(run["data_parallel"] < t["data_parallel"] for run in p["runs"])
+        paid = sum(
+            settings.minutes / 60 * price[h] * run["num_devices"]
+            for h, run in zip(p["hardware_types"], p["runs"], strict=True)
+        )
+        assert p["cost"] == pytest.approx(paid, abs=0.01)
+    assert sliced
     off = Ranker(load_catalog(), model, lookup).rank_batch(long, hist, {}, NOW)
     assert not any("probe" in r for r in off)
 

@@ -178,6 +178,31 @@ def test_after_probes_puts_first_what_the_probes_measured_best() -> None:
     assert after_probes(r, {"h200": 70.0}) == ranked_types(r)
 
 
+def test_after_probes_carries_what_a_slice_measured_to_the_jobs_size() -> None:
+    from leap_stream.core.placement import after_probes
+
+    r = _probed_ranking()
+    # each probe ran one of the job's replicas, predicted at a 16th of the job
+    r["probe"]["runs"] = [_run(100.0 / 16), _run(95.0 / 16)]
+    # a 16th of the prediction on the first is as predicted; 30 % under on the second
+    assert after_probes(r, {"h200": 100.0 / 16, "mi300x": 0.7 * 95.0 / 16})[0] == "h200"
+    # the first's slice 30 % under its prediction, the second's as predicted: the second
+    assert after_probes(r, {"h200": 0.7 * 100.0 / 16, "mi300x": 95.0 / 16})[0] == "mi300x"
+    # read as whole-job measurements, both probed types would be 16 times slower than
+    # predicted: the job would go to the one not probed
+    del r["probe"]["runs"]
+    assert after_probes(r, {"h200": 0.7 * 100.0 / 16, "mi300x": 95.0 / 16})[0] == "h100-sxm"
+
+
+def _run(predicted: float) -> dict[str, Any]:
+    return {
+        "num_devices": 8,
+        "data_parallel": 1,
+        "global_batch_size": 64,
+        "predicted_throughput": predicted,
+    }
+
+
 def test_a_probe_job_per_type_and_the_completion_it_reports() -> None:
     from leap_stream.contracts import validate_event
     from leap_stream.core.history import HistoryBook
@@ -193,6 +218,12 @@ def test_a_probe_job_per_type_and_the_completion_it_reports() -> None:
         "--export=ALL,LEAP_PROBE=1,LEAP_PROBE_TYPE=h200",
     ]
     assert args[1][0] == "--partition=mi300x"
+    sliced = _probed_ranking()
+    sliced["probe"]["runs"] = [_run(6.0), _run(5.0)]
+    assert slurm_probe_args(sliced)[0][-1] == (
+        "--export=ALL,LEAP_PROBE=1,LEAP_PROBE_TYPE=h200,LEAP_PROBE_DEVICES=8,"
+        "LEAP_PROBE_DATA_PARALLEL=1,LEAP_PROBE_GLOBAL_BATCH=64"
+    )
     sub = submission_from_spec(_spec(), job_id="slurm/9", allowed=["h200", "mi300x"], now=NOW)
     started = datetime(2026, 12, 3, 12, 1, tzinfo=UTC)
     ended = datetime(2026, 12, 3, 12, 5, 30, tzinfo=UTC)

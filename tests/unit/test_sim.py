@@ -387,3 +387,39 @@ def test_submissions_carry_their_users_estimate_of_the_work() -> None:
     assert len(error) > 500
     assert abs(float(np.median(error))) < 0.1
     assert 0.4 < float(np.std(error)) < 0.6
+
+
+def test_a_probe_measures_the_day_s_truth_on_the_whole_job_and_more_per_device_on_a_slice() -> None:
+    """`ShortRuns`: a whole-job probe (the job's own data-parallel degree) measures the day's
+    true rate within a short run's noise; one replica of a data-parallel job runs no
+    all-reduce, so it measures more per device; its dataset row has the slice's shape."""
+    from leap_stream.core.probe import probe_noise
+    from leap_stream.tools.sim.short_runs import probe_dataset_rows
+
+    sim = FleetSimulator(SimConfig(seed=4, days=1, rate=2000))
+    day = sim.step_day()
+    runs = sim.short_runs
+    assert runs is not None
+    subs = day.submissions
+    truth = day.truth.set_index(["job_id", "attempt", "hardware_type"])["true_samples_per_s"]
+    dp = subs["data_parallel"].to_numpy(np.int64)
+    at = np.flatnonzero(dp >= 8)[:50]
+    types = [str(subs["candidate_hardware"].iloc[j]).split("|")[0] for j in at.tolist()]
+    whole = runs.measure(at, types, 5.0, dp[at])
+    true = np.asarray(
+        [
+            truth[(subs["job_id"].iloc[j], subs["attempt"].iloc[j], t)]
+            for j, t in zip(at, types, strict=True)
+        ]
+    )
+    assert np.abs(np.log(whole / true)).max() < 5 * probe_noise(5.0)
+    one = runs.measure(at, types, 5.0, np.ones(len(at), np.int64))
+    per_device = (one / (subs["num_devices"].to_numpy()[at] // dp[at])) / (
+        whole / subs["num_devices"].to_numpy()[at]
+    )
+    assert np.median(per_device) > 1.01
+    rows = probe_dataset_rows(
+        subs, at, types, one, 5.0, [*subs.columns, "probe"], np.ones(len(at), np.int64)
+    )
+    assert (rows["data_parallel"] == 1).all() and rows["probe"].all()
+    assert (rows["num_devices"].to_numpy() * dp[at] == subs["num_devices"].to_numpy()[at]).all()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pandas as pd
@@ -86,6 +87,21 @@ def test_a_probes_row_is_marked_and_keeps_its_mark_in_a_table() -> None:
     assert rows[0]["probe"] is True and rows[1]["probe"] is None  # the attempt's own: null
     back = rows_to_table(rows).to_pylist()
     assert [r["probe"] for r in back] == [True, None]
+
+
+def test_a_probe_on_a_slice_has_the_slices_shape_in_its_row() -> None:
+    [(sub, comp)] = synthetic.pairs(1, seed=2)
+    sub = copy.deepcopy(sub)
+    sub["training"].update(num_devices=64, data_parallel=16, tensor_parallel=4, pipeline_parallel=1)
+    sub["training"]["global_batch_size"] = 1024
+    measured = dict(comp, status="succeeded", throughput={"samples_per_s": 80.0}, probe=True)
+    row = flatten(sub, dict(measured, num_devices=8))  # two of its 16 replicas
+    assert (row["num_devices"], row["data_parallel"], row["global_batch_size"]) == (8, 2, 128)
+    whole = flatten(sub, dict(measured, num_devices=64))
+    assert (whole["data_parallel"], whole["global_batch_size"]) == (16, 1024)
+    # the attempt's own completion keeps its submission's shape, whatever it reports
+    own = flatten(sub, dict(measured, probe=False, num_devices=8))
+    assert (own["data_parallel"], own["global_batch_size"]) == (16, 1024)
 
 
 def test_flatten_unmeasured_and_offset_timestamps() -> None:
