@@ -241,6 +241,8 @@ def test_a_rankings_probes_run_as_short_jobs_and_report_as_completions(world: Sl
     world.configure(None)
     for i in range(len(world.submissions)):
         event, _ranked = _ranked_event(world, i)
+        if event["training"]["data_parallel"] < 2:  # a job of one replica is its own slice
+            continue
         event["training"]["planned_samples"] = 1e15  # months of work: a probe pays
         ranking = world.rank(event)
         if "probe" in ranking:
@@ -249,24 +251,34 @@ def test_a_rankings_probes_run_as_short_jobs_and_report_as_completions(world: Sl
         raise AssertionError("no long job's ranking names a probe")
     types = ranking["probe"]["hardware_types"]
     assert len(types) >= 2, ranking["probe"]  # months of work: every close candidate is worth it
-    # the probes "measure" half their prediction, except the last probed type: three times it
-    predicted = {c["hardware_type"]: c["predicted_throughput"] for c in ranking["candidates"]}
-    rates = {t: round(predicted[t] * (3.0 if t == types[-1] else 0.5), 3) for t in types}
+    # each probe runs the slice its `runs` entry names (the whole job without one) and
+    # "measures" half the model's prediction there, except the last probed type: three times it
+    runs = dict(zip(types, ranking["probe"]["runs"], strict=True))
+    dp = event["training"]["data_parallel"]
+    assert any(r["data_parallel"] < dp for r in runs.values()), ranking["probe"]
+    at_slice = {t: runs[t]["predicted_throughput"] for t in types}
+    rates = {t: round(at_slice[t] * (3.0 if t == types[-1] else 0.5), 3) for t in types}
     out = world.slurm.folder / "probes"
     out.mkdir(exist_ok=True)
     started = datetime.now(UTC)
     jobs = {}
     for t, args in zip(types, slurm_probe_args(ranking), strict=True):
-        wrap = f'echo {rates[t]} > {out}/"$LEAP_PROBE_TYPE"'
+        # the script sees the slice to launch in its environment
+        wrap = f'echo {rates[t]} "${{LEAP_PROBE_DEVICES:-all}}" > {out}/"$LEAP_PROBE_TYPE"'
         jobs[t], _ = world.slurm.sbatch(*args, wrap=wrap)
         job = world.slurm.job(jobs[t])
         assert job["Partition"] == t and job["TimeLimit"].startswith("00:0"), job
     for t, job_id in jobs.items():
         wait_for(f"probe {t}", lambda j=job_id: world.slurm.job(j)["JobState"] == "COMPLETED", 60)
-    measured = {t: float((out / t).read_text()) for t in types}
+    said = {t: (out / t).read_text().split() for t in types}
+    measured = {t: float(said[t][0]) for t in types}
     assert measured == rates
+    assert {t: said[t][1] for t in types} == {t: str(runs[t]["num_devices"]) for t in types}
     ended = datetime.now(UTC)
-    completions = [probe_completion(event, t, measured[t], started, ended) for t in types]
+    completions = [
+        probe_completion(event, t, measured[t], started, ended, runs[t]["num_devices"])
+        for t in types
+    ]
     env = world.served.env
     store = OnlineStore(connect(env["LEAP_REDIS_URL"]), prefix=env["LEAP_REDIS_PREFIX"])
     try:
@@ -274,7 +286,10 @@ def test_a_rankings_probes_run_as_short_jobs_and_report_as_completions(world: Sl
         again = dict(completions[0], event_id=completions[0]["event_id"] + ".again")
         got = store.apply_completions([*completions, again], require_submission=True)
         assert [r.outcome for r in got][-1] == "repeat"
-        assert all(r.applied for r in got[:-1]), [r.outcome for r in got]
+        # a slice of the job passes the devices rule of the real store's script
+        assert all(r.applied and r.outcome not in ("devices", "none") for r in got[:-1]), [
+            r.outcome for r in got
+        ]
         [hist], _ = store.read_batch([event["lineage_id"]], [], [event["model"]["model_type"]])
         assert set(types) <= set(hist)
     finally:
