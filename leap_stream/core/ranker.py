@@ -242,17 +242,23 @@ class Ranker:
         return slice_data_parallel(state[job], acts[job], nd, dp, self._spec_arrays.mem[codes])
 
     @staticmethod
-    def probe_devices(
+    def probe_rates(
         jobs: pd.DataFrame | Columns, frame: Columns | pd.DataFrame, slices: np.ndarray
     ) -> np.ndarray:
-        """Per scored row, the devices its probe runs on (its `probe_slices`)."""
+        """Per scored row, what its probe costs an hour (its price × the devices of its
+        `probe_slices`); NaN, never probed, where the slice is smaller than the job and the
+        lineage has its own measurement on the type (a full run says more than a slice, and a
+        slice's per-device rate would join a window of the job's own size)."""
         job = np.asarray(frame["job"], np.int64)
-        return slice_shape(
+        dp = np.asarray(jobs["data_parallel"], np.int64)[job]
+        devices = slice_shape(
             np.asarray(jobs["num_devices"], np.int64)[job],
-            np.asarray(jobs["data_parallel"], np.int64)[job],
+            dp,
             np.asarray(jobs["global_batch_size"], np.int64)[job],
             slices,
         )[0]
+        own = (np.asarray(frame["self_count"], np.float64) > 0) & (slices < dp)
+        return np.where(own, np.nan, np.asarray(frame["cost"], np.float64) * devices)
 
     def predict_at(
         self,
@@ -393,7 +399,7 @@ class Ranker:
             self.explore_budget,
             self.probe,
             np.asarray(jobs["planned_samples"], np.float64),
-            None if slices is None else self.probe_devices(jobs, frame, slices),
+            None if slices is None else self.probe_rates(jobs, frame, slices),
         )
         if slices is not None and any(p is not None for p in rows.probes):
             self._size_probes(rows.probes, frame, jobs, slices, histories, aggs)
@@ -481,7 +487,7 @@ class _RankedRows:
         explore_budget: float = 0.0,
         probe: ProbeSettings | None = None,
         planned_samples: np.ndarray | None = None,
-        probe_devices: np.ndarray | None = None,
+        probe_rates: np.ndarray | None = None,
     ) -> _RankedRows:
         job = np.asarray(frame["job"], np.int64)
         source = np.asarray(frame["source"], np.int64)
@@ -562,7 +568,7 @@ class _RankedRows:
                 cost_all * num_devices[job],
                 planned_samples,
                 probe,
-                None if probe_devices is None else cost_all * probe_devices,
+                probe_rates,
             )
             probed = order[plan.rows[order]]  # in ranking order
             for j in np.flatnonzero(np.isfinite(plan.saving)).tolist():

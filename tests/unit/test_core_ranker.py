@@ -206,6 +206,11 @@ def test_a_ranking_names_the_probes_a_long_job_pays_for(
             assert 1 <= run["data_parallel"] <= t["data_parallel"]
             assert run["predicted_throughput"] > 0
         sliced += any(run["data_parallel"] < t["data_parallel"] for run in p["runs"])
+        # the type the lineage ran on is probed only as the whole job: its own run says more
+        # than a slice, and a slice's rate would join a window of the job's own size
+        ran = r["candidates"][0]["hardware_type"]
+        for h, run in zip(p["hardware_types"], p["runs"], strict=True):
+            assert h != ran or run["data_parallel"] == t["data_parallel"]
         paid = sum(
             settings.minutes / 60 * price[h] * run["num_devices"]
             for h, run in zip(p["hardware_types"], p["runs"], strict=True)

@@ -107,7 +107,7 @@ class RankedPolicy:
         job = fr["job"].to_numpy(np.int64)
         slices = ranker.probe_slices(subs, fr)
         price = fr["cost"].to_numpy(np.float64)
-        probe_rate = price * ranker.probe_devices(subs, fr, slices)
+        probe_rate = ranker.probe_rates(subs, fr, slices)
         # the model's rows as the ranker gives them to `plan_probes` (a lookup has no interval)
         belief = (
             job,
