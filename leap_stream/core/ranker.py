@@ -8,7 +8,6 @@ against the simulator's truth); `rank_batch` formats them as `hardware-ranking` 
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -23,7 +22,6 @@ from leap_stream.contracts.events import (
     HardwareRanking,
     JobSubmitted,
     Probe,
-    ProbeRun,
     RankedCandidate,
     RankingSource,
 )
@@ -36,21 +34,21 @@ from leap_stream.core.explore import explorations, never_measured
 from leap_stream.core.history import LineageHistory, TypeAggregates
 from leap_stream.core.intervals import INTERVAL_LEVEL
 from leap_stream.core.lookup import LookupTable
-from leap_stream.core.physics import memory_parts_gib
 from leap_stream.core.predictor import OOD_MARGIN, ThroughputModel
-from leap_stream.core.probe import ProbeSettings, plan_probes, slice_data_parallel, slice_shape
+from leap_stream.core.probe import ProbeSettings, plan_probes
 from leap_stream.core.ranking import (
     SCHEMA_VERSION,
+    SRC_LOOKUP,
+    SRC_MODEL,
+    SRC_NONE,
     rank_order,
     ranking_event_id,
     throughput_per_cost,
     within_noise_of_best,
 )
+from leap_stream.core.slices import probe_rates, probe_slices, size_probes
 
 log = logging.getLogger(__name__)
-
-# source codes of a scored row
-SRC_MODEL, SRC_LOOKUP, SRC_NONE = 0, 1, 2
 
 
 class Catalog(Protocol):
@@ -226,146 +224,6 @@ class Ranker:
         frame["few"] = few & (source == SRC_MODEL)
         return frame, model_reason
 
-    def probe_slices(
-        self, jobs: pd.DataFrame | Columns, frame: Columns | pd.DataFrame
-    ) -> np.ndarray:
-        """Per scored row, the data-parallel degree its probe runs with: the smallest slice of
-        the job that fits the row's type (`core.probe.slice_data_parallel`), or the job's own
-        when probes run the whole job."""
-        job = np.asarray(frame["job"], np.int64)
-        dp = np.asarray(jobs["data_parallel"], np.int64)[job]
-        if self.probe is None or self.probe.in_place:
-            return dp
-        state, acts = memory_parts_gib(jobs)
-        codes = column_codes(frame, "hardware_type", self._spec_arrays.code)
-        nd = np.asarray(jobs["num_devices"], np.int64)[job]
-        return slice_data_parallel(state[job], acts[job], nd, dp, self._spec_arrays.mem[codes])
-
-    @staticmethod
-    def probe_rates(
-        jobs: pd.DataFrame | Columns, frame: Columns | pd.DataFrame, slices: np.ndarray
-    ) -> np.ndarray:
-        """Per scored row, what its probe costs an hour (its price × the devices of its
-        `probe_slices`); NaN, never probed, where the slice is smaller than the job and the
-        lineage has its own measurement on the type (a full run says more than a slice, and a
-        slice's per-device rate would join a window of the job's own size)."""
-        job = np.asarray(frame["job"], np.int64)
-        dp = np.asarray(jobs["data_parallel"], np.int64)[job]
-        devices = slice_shape(
-            np.asarray(jobs["num_devices"], np.int64)[job],
-            dp,
-            np.asarray(jobs["global_batch_size"], np.int64)[job],
-            slices,
-        )[0]
-        own = (np.asarray(frame["self_count"], np.float64) > 0) & (slices < dp)
-        return np.where(own, np.nan, np.asarray(frame["cost"], np.float64) * devices)
-
-    def predict_at(
-        self,
-        jobs: pd.DataFrame | Columns,
-        at: np.ndarray,
-        slice_dp: np.ndarray,
-        types: Sequence[str],
-        histories: Sequence[LineageHistory | None],
-        aggregates: Sequence[TypeAggregates | None] | AggregatesAsOf,
-        now: np.ndarray,
-    ) -> np.ndarray:
-        """Per entry, the model's samples/s of job ``at[i]`` (a position in ``jobs``) run as a
-        slice of ``slice_dp[i]`` data-parallel replicas (`core.probe.slice_shape`) on
-        ``types[i]``; NaN where it has none (the slice does not fit, or no model).
-        ``histories``, ``aggregates``, ``now``: per job of ``jobs``, as `score_batch` takes
-        them. One model call."""
-        at = np.asarray(at, np.int64)
-        sub = _take_jobs(jobs, at)
-        nd, gb = slice_shape(
-            np.asarray(sub["num_devices"], np.int64),
-            np.asarray(sub["data_parallel"], np.int64),
-            np.asarray(sub["global_batch_size"], np.int64),
-            slice_dp,
-        )
-        sub["num_devices"], sub["global_batch_size"] = nd, gb
-        sub["data_parallel"] = np.asarray(slice_dp, np.int64)
-        aggs = (
-            AggregatesAsOf(aggregates.log, aggregates.model_type[at], aggregates.marks[at])
-            if isinstance(aggregates, AggregatesAsOf)
-            else [aggregates[i] for i in at.tolist()]
-        )
-        hist = [histories[i] for i in at.tolist()]
-        frame, _ = self.score_columns(sub, [[t] for t in types], hist, aggs, np.asarray(now)[at])
-        out = np.full(len(at), np.nan)
-        model = np.asarray(frame["source"], np.int64) == SRC_MODEL
-        out[np.asarray(frame["job"], np.int64)[model]] = np.asarray(frame["pred"], np.float64)[
-            model
-        ]
-        return out
-
-    def _size_probes(
-        self,
-        probes: list[Probe | None],
-        frame: Columns,
-        jobs: Columns,
-        slices: np.ndarray,
-        histories: Sequence[LineageHistory | None],
-        aggregates: Sequence[TypeAggregates | None] | AggregatesAsOf,
-    ) -> None:
-        """Give each probe how to run each of its types (`ProbeRun`: the slice and the model's
-        samples/s there, what the scheduler carries its measurement to the job's size with); a
-        probe with a type the model cannot predict its slice on is dropped: the job keeps its
-        ranking."""
-        job = np.asarray(frame["job"], np.int64)
-        row_of = {
-            (j, t): r
-            for r, (j, t) in enumerate(
-                zip(job.tolist(), np.asarray(frame["hardware_type"], object).tolist(), strict=True)
-            )
-        }
-        entries = [
-            (j, t, row_of[(j, t)])
-            for j, p in enumerate(probes)
-            if p is not None
-            for t in p["hardware_types"]
-        ]
-        rows = np.asarray([r for _, _, r in entries], np.int64)
-        dp = np.asarray(jobs["data_parallel"], np.int64)[job[rows]]
-        pred = np.asarray(frame["pred"], np.float64)[rows].copy()
-        part = slices[rows] < dp
-        if part.any():
-            pred[part] = self.predict_at(
-                jobs,
-                job[rows[part]],
-                slices[rows[part]],
-                [t for (_, t, _), p in zip(entries, part.tolist(), strict=True) if p],
-                histories,
-                aggregates,
-                np.asarray(jobs["submitted_at_s"], np.float64),
-            )
-        nd, gb = slice_shape(
-            np.asarray(jobs["num_devices"], np.int64)[job[rows]],
-            dp,
-            np.asarray(jobs["global_batch_size"], np.int64)[job[rows]],
-            slices[rows],
-        )
-        runs: dict[int, list[ProbeRun]] = {}
-        for (j, _t, _r), d, b, k, p in zip(
-            entries, nd.tolist(), gb.tolist(), slices[rows].tolist(), pred.tolist(), strict=True
-        ):
-            runs.setdefault(j, []).append(
-                {
-                    "num_devices": d,
-                    "data_parallel": k,
-                    "global_batch_size": b,
-                    "predicted_throughput": p,
-                }
-            )
-        for j, got in runs.items():
-            if all(
-                math.isfinite(r["predicted_throughput"]) and r["predicted_throughput"] > 0
-                for r in got
-            ):
-                probes[j]["runs"] = got  # type: ignore[index]
-            else:
-                probes[j] = None
-
     def rank_batch(
         self,
         submissions: Sequence[JobSubmitted],
@@ -390,19 +248,20 @@ class Ranker:
             aggs,
             jobs["submitted_at_s"],
         )
-        num_devices = np.asarray(jobs["num_devices"], np.int64)
-        slices = self.probe_slices(jobs, frame) if self.probe is not None else None
+        planned = np.asarray(jobs["planned_samples"], np.float64)
+        probing = self.probe is not None and self.probe.enabled and bool((planned > 0).any())
+        slices = probe_slices(self._spec_arrays, self.probe, jobs, frame) if probing else None
         rows = _RankedRows.of(
             frame,
-            num_devices,
+            np.asarray(jobs["num_devices"], np.int64),
             len(submissions),
             self.explore_budget,
             self.probe,
-            np.asarray(jobs["planned_samples"], np.float64),
-            None if slices is None else self.probe_rates(jobs, frame, slices),
+            planned,
+            None if slices is None else probe_rates(jobs, frame, slices),
         )
         if slices is not None and any(p is not None for p in rows.probes):
-            self._size_probes(rows.probes, frame, jobs, slices, histories, aggs)
+            size_probes(self.score_columns, rows.probes, frame, jobs, slices, histories, aggs)
         ood = np.zeros(len(submissions), bool)
         ood[np.asarray(frame["job"], np.int64)] = np.asarray(frame["ood"], bool)
         version = self.model.version if self.model is not None else None
@@ -440,13 +299,6 @@ class Ranker:
             elif (explore := rows.explored[j]) is not None and source_name == "model":
                 out[-1]["explore"] = explore
         return out
-
-
-def _take_jobs(jobs: pd.DataFrame | Columns, at: np.ndarray) -> pd.DataFrame | Columns:
-    """The jobs at positions ``at``, as a frame of the same kind (a copy)."""
-    if isinstance(jobs, Columns):
-        return jobs.take(at)
-    return jobs.iloc[at].reset_index(drop=True)
 
 
 class _LazyTypes:

@@ -8,6 +8,8 @@ from typing import Literal
 import numpy as np
 
 SCHEMA_VERSION: Literal[1] = 1
+# source codes of a scored row
+SRC_MODEL, SRC_LOOKUP, SRC_NONE = 0, 1, 2
 _ID_PREFIX = "rank:"
 _ID_MAX = 128
 

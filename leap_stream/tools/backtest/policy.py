@@ -24,6 +24,7 @@ from leap_stream.core.probe import (
 )
 from leap_stream.core.ranker import SRC_MODEL, SRC_NONE, Ranker
 from leap_stream.core.ranking import best_per_job, throughput_per_cost, within_noise_of_best
+from leap_stream.core.slices import predict_slices, probe_rates, probe_slices
 from leap_stream.tools.backtest.truth import _candidates, _SpecCatalog
 from leap_stream.tools.sim.short_runs import ShortRuns, probe_dataset_rows
 from leap_stream.train import pit
@@ -105,9 +106,9 @@ class RankedPolicy:
         if not self.probe.enabled or self.short_runs is None:
             return {}
         job = fr["job"].to_numpy(np.int64)
-        slices = ranker.probe_slices(subs, fr)
+        slices = probe_slices(ranker.spec_arrays, self.probe, subs, fr)
         price = fr["cost"].to_numpy(np.float64)
-        probe_rate = ranker.probe_rates(subs, fr, slices)
+        probe_rate = probe_rates(subs, fr, slices)
         # the model's rows as the ranker gives them to `plan_probes` (a lookup has no interval)
         belief = (
             job,
@@ -170,8 +171,8 @@ class RankedPolicy:
         part = slices[rows] < subs["data_parallel"].to_numpy(np.int64)[job[rows]]
         if part.any():
             types = fr["hardware_type"].to_numpy(object)[rows[part]].tolist()
-            pred[part] = ranker.predict_at(
-                subs, job[rows[part]], slices[rows[part]], types, *context
+            pred[part] = predict_slices(
+                ranker.score_columns, subs, job[rows[part]], slices[rows[part]], types, *context
             )
         bad = np.unique(job[rows][~(np.isfinite(pred) & (pred > 0))])
         keep = ~np.isin(job[rows], bad)
