@@ -563,8 +563,8 @@ class Settings:
     )
     probe_size: str = _setting(
         "LEAP_PROBE_SIZE",
-        "slice",
-        "What a probe runs: `slice`, the fewest of the job's data-parallel replicas that fit the type (one, unless its model state needs more devices), its measurement carried to the job's size by the model's own prediction at both (docs/decisions/0016); `job`, the whole job on its own devices (the first candidate's probe is then the job's own start).",
+        "job",
+        "What a probe runs: `job`, the whole job on its own devices (the first candidate's probe is then the job's own start); `slice`, the fewest of the job's data-parallel replicas that fit the type (one, unless its model state needs more devices), its measurement carried to the job's size by the model's own prediction at both: far cheaper, but over 30 nights in closed loop its measurements entering the lineages' histories cost more than they saved (docs/decisions/0016).",
         _choice(*PROBE_SIZES),
     )
     fault_clock_offset_s: float = _setting(

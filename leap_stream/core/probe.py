@@ -55,7 +55,7 @@ class ProbeSettings:
 
     budget: float = 0.01  # largest share of the job's expected cost its probes may take; 0: none
     minutes: float = 5.0  # a probe's length, warm-up included
-    size: ProbeSize = "slice"  # what a probe runs: the smallest slice that fits, or the job
+    size: ProbeSize = "job"  # what a probe runs: the whole job, or the smallest slice that fits
     carry_sd: float = CARRY_SD  # log sd of carrying a slice's measurement to the job's size
     top: int = 3  # the first candidates a probe chooses among
     draws: int = 256  # draws of the expectations
@@ -116,12 +116,14 @@ def slice_shape(
 ) -> tuple[np.ndarray, np.ndarray]:
     """(devices, global batch) of a slice of each job of ``slice_dp`` data-parallel replicas:
     the devices of one replica (its tensor × pipeline) times that, and the global batch in
-    proportion, at least 1."""
+    proportion, at least 1; all of its replicas: the job as asked."""
     dp = np.maximum(np.asarray(data_parallel, np.int64), 1)
     k = np.clip(np.asarray(slice_dp, np.int64), 1, dp)
-    devices = np.maximum(np.asarray(num_devices, np.int64) // dp, 1) * k
-    batch = np.maximum(np.rint(np.asarray(global_batch, np.float64) * k / dp), 1).astype(np.int64)
-    return devices, batch
+    nd, gb = np.asarray(num_devices, np.int64), np.asarray(global_batch, np.int64)
+    devices = np.maximum(nd // dp, 1) * k
+    batch = np.maximum(np.rint(gb * k / dp), 1).astype(np.int64)
+    whole = k >= dp  # all of it: the job as asked
+    return np.where(whole, nd, devices), np.where(whole, gb, batch)
 
 
 def carry(measured: np.ndarray, pred_job: np.ndarray, pred_probe: np.ndarray) -> np.ndarray:

@@ -260,7 +260,8 @@ class Ranker:
             planned,
             None if slices is None else probe_rates(jobs, frame, slices),
         )
-        if slices is not None and any(p is not None for p in rows.probes):
+        sliced = self.probe is not None and not self.probe.in_place
+        if slices is not None and sliced and any(p is not None for p in rows.probes):
             size_probes(self.score_columns, rows.probes, frame, jobs, slices, histories, aggs)
         ood = np.zeros(len(submissions), bool)
         ood[np.asarray(frame["job"], np.int64)] = np.asarray(frame["ood"], bool)

@@ -192,7 +192,7 @@ def test_a_slice_probe_pays_where_a_whole_job_probe_cannot() -> None:
     still worth it, and every probe is paid (none is the job's own start)."""
     job = _job(spread=1.4, hours=6, devices=512)
     assert not plan_probes(**job, settings=WHOLE).rows[1:].any()
-    sliced = ProbeSettings()
+    sliced = ProbeSettings(size="slice")
     plan = plan_probes(**job, settings=sliced, probe_usd_per_hour=np.full(3, 3.0 * 8))
     assert plan.rows.sum() >= 1 and plan.saving[0] > 0
     assert plan.cost[0] == pytest.approx(plan.rows.sum() * 5 / 60 * 3.0 * 8)

@@ -155,7 +155,7 @@ def test_a_ranking_names_the_probes_a_long_job_pays_for(
 
     d, model, lookup = trained
     subs = _subs(d, 40)
-    settings = ProbeSettings(budget=0.01)
+    settings = ProbeSettings(budget=0.01, size="slice")
     plain = Ranker(load_catalog(), model, lookup, probe=settings).rank_batch(
         subs, [None] * 40, {}, NOW
     )
@@ -217,6 +217,12 @@ def test_a_ranking_names_the_probes_a_long_job_pays_for(
         )
         assert p["cost"] == pytest.approx(paid, abs=0.01)
     assert sliced
+    # whole-job probes (the default) carry no runs: each is the job itself
+    whole = Ranker(load_catalog(), model, lookup, probe=ProbeSettings()).rank_batch(
+        long, hist, {}, NOW
+    )
+    assert any("probe" in r for r in whole)
+    assert not any("runs" in r.get("probe", {}) for r in whole)
     off = Ranker(load_catalog(), model, lookup).rank_batch(long, hist, {}, NOW)
     assert not any("probe" in r for r in off)
 
