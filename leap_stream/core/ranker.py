@@ -249,8 +249,13 @@ class Ranker:
             jobs["submitted_at_s"],
         )
         planned = np.asarray(jobs["planned_samples"], np.float64)
-        probing = self.probe is not None and self.probe.enabled and bool((planned > 0).any())
-        slices = probe_slices(self._spec_arrays, self.probe, jobs, frame) if probing else None
+        # slices only when probes run them (whole-job probes cost the job's own rate)
+        sliced = self.probe is not None and self.probe.enabled and not self.probe.in_place
+        slices = (
+            probe_slices(self._spec_arrays, self.probe, jobs, frame)
+            if sliced and bool((planned > 0).any())
+            else None
+        )
         rows = _RankedRows.of(
             frame,
             np.asarray(jobs["num_devices"], np.int64),
@@ -260,8 +265,7 @@ class Ranker:
             planned,
             None if slices is None else probe_rates(jobs, frame, slices),
         )
-        sliced = self.probe is not None and not self.probe.in_place
-        if slices is not None and sliced and any(p is not None for p in rows.probes):
+        if slices is not None and any(p is not None for p in rows.probes):
             size_probes(self.score_columns, rows.probes, frame, jobs, slices, histories, aggs)
         ood = np.zeros(len(submissions), bool)
         ood[np.asarray(frame["job"], np.int64)] = np.asarray(frame["ood"], bool)

@@ -48,19 +48,27 @@ def probe_slices(
     return slice_data_parallel(state[job], acts[job], nd, dp, mem)
 
 
+def _slice_rows(
+    jobs: Jobs, job: np.ndarray, slices: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per row (of job ``job``): its job's data-parallel degree, and the devices and global
+    batch of its slice (`core.probe.slice_shape`)."""
+    dp = np.asarray(jobs["data_parallel"], np.int64)[job]
+    nd, gb = slice_shape(
+        np.asarray(jobs["num_devices"], np.int64)[job],
+        dp,
+        np.asarray(jobs["global_batch_size"], np.int64)[job],
+        slices,
+    )
+    return dp, nd, gb
+
+
 def probe_rates(jobs: Jobs, frame: Columns | pd.DataFrame, slices: np.ndarray) -> np.ndarray:
     """Per scored row, what its probe costs an hour (its price × the devices of its slice);
     NaN, never probed, where the slice is smaller than the job and the lineage has its own
     measurement on the type (a full run says more than a slice, and a slice's per-device rate
     would join a window of the job's own size)."""
-    job = np.asarray(frame["job"], np.int64)
-    dp = np.asarray(jobs["data_parallel"], np.int64)[job]
-    devices = slice_shape(
-        np.asarray(jobs["num_devices"], np.int64)[job],
-        dp,
-        np.asarray(jobs["global_batch_size"], np.int64)[job],
-        slices,
-    )[0]
+    dp, devices, _batch = _slice_rows(jobs, np.asarray(frame["job"], np.int64), slices)
     own = (np.asarray(frame["self_count"], np.float64) > 0) & (slices < dp)
     return np.where(own, np.nan, np.asarray(frame["cost"], np.float64) * devices)
 
@@ -103,6 +111,29 @@ def predict_slices(
     return out
 
 
+def slice_predictions(
+    score: Score,
+    jobs: Jobs,
+    frame: Columns | pd.DataFrame,
+    rows: np.ndarray,
+    slices: np.ndarray,
+    histories: Sequence[LineageHistory | None],
+    aggregates: Aggregates,
+    now: np.ndarray,
+) -> np.ndarray:
+    """Per scored row of ``rows``, the model's samples/s on its slice: its own prediction where
+    the slice is the whole job, else `predict_slices` (one model call for those rows)."""
+    job = np.asarray(frame["job"], np.int64)[rows]
+    pred = np.asarray(frame["pred"], np.float64)[rows].copy()
+    part = slices[rows] < np.asarray(jobs["data_parallel"], np.int64)[job]
+    if part.any():
+        types = np.asarray(frame["hardware_type"], object)[rows[part]].tolist()
+        pred[part] = predict_slices(
+            score, jobs, job[part], slices[rows[part]], types, histories, aggregates, now
+        )
+    return pred
+
+
 def size_probes(
     score: Score,
     probes: list[Probe | None],
@@ -120,26 +151,9 @@ def size_probes(
     row_of = {(j, t): r for r, (j, t) in enumerate(zip(job.tolist(), hw, strict=True))}
     entries = [(j, t) for j, p in enumerate(probes) if p is not None for t in p["hardware_types"]]
     rows = np.asarray([row_of[e] for e in entries], np.int64)
-    dp = np.asarray(jobs["data_parallel"], np.int64)[job[rows]]
-    pred = np.asarray(frame["pred"], np.float64)[rows].copy()
-    part = slices[rows] < dp
-    if part.any():
-        pred[part] = predict_slices(
-            score,
-            jobs,
-            job[rows[part]],
-            slices[rows[part]],
-            [t for (_, t), p in zip(entries, part.tolist(), strict=True) if p],
-            histories,
-            aggregates,
-            np.asarray(jobs["submitted_at_s"], np.float64),
-        )
-    nd, gb = slice_shape(
-        np.asarray(jobs["num_devices"], np.int64)[job[rows]],
-        dp,
-        np.asarray(jobs["global_batch_size"], np.int64)[job[rows]],
-        slices[rows],
-    )
+    now = np.asarray(jobs["submitted_at_s"], np.float64)
+    pred = slice_predictions(score, jobs, frame, rows, slices, histories, aggregates, now)
+    _dp, nd, gb = _slice_rows(jobs, job[rows], slices[rows])
     runs: dict[int, list[ProbeRun]] = {}
     for (j, _t), d, b, k, p in zip(
         entries, nd.tolist(), gb.tolist(), slices[rows].tolist(), pred.tolist(), strict=True
@@ -161,4 +175,4 @@ def size_probes(
             probes[j] = None
 
 
-__all__ = ["predict_slices", "probe_rates", "probe_slices", "size_probes"]
+__all__ = ["predict_slices", "probe_rates", "probe_slices", "size_probes", "slice_predictions"]

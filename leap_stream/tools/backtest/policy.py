@@ -24,7 +24,7 @@ from leap_stream.core.probe import (
 )
 from leap_stream.core.ranker import SRC_MODEL, SRC_NONE, Ranker
 from leap_stream.core.ranking import best_per_job, throughput_per_cost, within_noise_of_best
-from leap_stream.core.slices import predict_slices, probe_rates, probe_slices
+from leap_stream.core.slices import probe_rates, probe_slices, slice_predictions
 from leap_stream.tools.backtest.truth import _candidates, _SpecCatalog
 from leap_stream.tools.sim.short_runs import ShortRuns, probe_dataset_rows
 from leap_stream.train import pit
@@ -167,13 +167,7 @@ class RankedPolicy:
         """The probed rows that can run (as the ranker keeps them: a job whose every probed
         type has a prediction at its slice) and those predictions."""
         job = fr["job"].to_numpy(np.int64)
-        pred = fr["pred"].to_numpy(np.float64)[rows].copy()
-        part = slices[rows] < subs["data_parallel"].to_numpy(np.int64)[job[rows]]
-        if part.any():
-            types = fr["hardware_type"].to_numpy(object)[rows[part]].tolist()
-            pred[part] = predict_slices(
-                ranker.score_columns, subs, job[rows[part]], slices[rows[part]], types, *context
-            )
+        pred = slice_predictions(ranker.score_columns, subs, fr, rows, slices, *context)
         bad = np.unique(job[rows][~(np.isfinite(pred) & (pred > 0))])
         keep = ~np.isin(job[rows], bad)
         return rows[keep], pred[keep]
