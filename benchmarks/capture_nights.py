@@ -3,6 +3,7 @@ them in a minute instead of a 25-minute backtest. A diagnosis, not a metric of t
 Asserts nothing.
 
     .venv/bin/python benchmarks/capture_nights.py capture --seed 1 --nights 6 --out /tmp/nights1
+    .venv/bin/python benchmarks/capture_nights.py capture --seed 1 --nights 22 --from-night 18 --out /tmp/late1
     .venv/bin/python benchmarks/capture_nights.py recalibrate /tmp/nights1
     .venv/bin/python benchmarks/capture_nights.py ratio /tmp/nights1 --nights 1,5
     .venv/bin/python benchmarks/capture_nights.py choice /tmp/nights1
@@ -45,12 +46,14 @@ import numpy as np
 import pandas as pd
 
 
-def capture(seed: int, nights: int, rate: int | None, out: Path) -> None:
+def capture(seed: int, nights: int, rate: int | None, out: Path, first: int = 0) -> None:
     from leap_stream.tools.backtest import DEFAULT_RATE, Night, run_backtest
 
     out.mkdir(parents=True, exist_ok=True)
 
     def keep(night: Night) -> None:
+        if night.index < first:
+            return
         model, tr = night.model, night.truth
         record = {
             "train": (night.train_frame, night.train_samples_per_s, night.train_lineages,
@@ -337,13 +340,14 @@ def main() -> int:
     cap.add_argument("--nights", type=int, default=6)
     cap.add_argument("--rate", type=int, default=None)
     cap.add_argument("--out", type=Path, required=True)
+    cap.add_argument("--from-night", type=int, default=0, help="keep nights from this index on")
     for name in ("recalibrate", "ratio", "choice", "neighbours"):
         p = sub.add_parser(name)
         p.add_argument("dir", type=Path)
         p.add_argument("--nights", default=None, help="comma-separated night numbers")
     a = ap.parse_args()
     if a.cmd == "capture":
-        capture(a.seed, a.nights, a.rate, a.out)
+        capture(a.seed, a.nights, a.rate, a.out, a.from_night)
     elif a.cmd == "recalibrate":
         recalibrate(a.dir, a.nights)
     elif a.cmd == "choice":

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from leap_stream.core import features as F
-from leap_stream.core.predictor import ThroughputModel
+from leap_stream.core.predictor import KINDS, ThroughputModel, anchor_kind, holdout_mask
 from leap_stream.core.predictor import model as model_module
 from leap_stream.core.predictor.type_pairs import TypePairEffects
 from leap_stream.store.artefact import read_model, write_model
@@ -78,6 +78,23 @@ def test_save_load_round_trip_is_text_and_identical(
     for x, z in zip(a, b, strict=True):
         np.testing.assert_allclose(x, z)
     assert np.all(a[1] <= a[0]) and np.all(a[0] <= a[2])
+
+
+def test_each_held_out_row_calibrates_only_the_anchor_kind_it_had(
+    data: tuple[pd.DataFrame, pd.DataFrame],
+) -> None:
+    """A row with its own prior was chosen on what a transfer from elsewhere did not know: it
+    calibrates the self anchor alone, never the transfer or model ones (decision 0017)."""
+    m, fr = data
+    y = m["samples_per_s"].to_numpy()
+    model = ThroughputModel.fit(fr, y, m["lineage_id"], num_rounds=30)
+    held = fr.loc[holdout_mask(m["lineage_id"], 0.15, 0)]
+    kind = anchor_kind(held, model.groups)
+    metrics = model.metadata["metrics"]
+    by_kind = metrics["calib_rows_by_kind"]
+    assert sum(by_kind.values()) == metrics["calib_rows"] == len(held)
+    assert [by_kind[k] for k in KINDS] == [int((kind == i).sum()) for i in range(len(KINDS))]
+    assert min(by_kind.values()) > 0  # the fixture has every kind
 
 
 def test_unseen_categories_predict_finite(data: tuple[pd.DataFrame, pd.DataFrame]) -> None:

@@ -22,9 +22,8 @@ of on the hidden per-lineage factor (σ ≈ 0.25 in log), which is noise for eve
 f(job, B) and f(job, candidate) come from ONE main-booster call on the stacked rows; the ratio
 model scores the transfer rows in one call of its own.
 
-Intervals: split-conformal quantiles of the log residual per kind, on lineages held out of the
-booster fit; every held-out row also contributes a transfer residual when it has a prior on
-another type (the case the ranker meets most: candidates the lineage never ran on).
+Intervals: the one calibration of core/intervals.py, on lineages held out of the booster fit,
+each held-out row under the anchor kind it had (docs/decisions/0017).
 
 On disk (store/artefact.py) the model is LightGBM's text format (`model_text`, never pickle)
 and its metadata (version, trained_at, data window, features, categories, intervals, metrics);
@@ -77,6 +76,8 @@ from leap_stream.core.predictor.pairs import RARE_PAIR_ROWS, _pair_effects
 from leap_stream.core.predictor.params import (
     COMPILED_KIND,
     DEFAULT_PARAMS,
+    KIND_MODEL,
+    KIND_TRANSFER,
     KINDS,
     LIGHTGBM_KIND,
     LOG_FLOAT_MAX,
@@ -347,21 +348,17 @@ class ThroughputModel:
         cal: np.ndarray,
         left_out: _LeftOut | None = None,
     ) -> None:
-        """The interval calibration and calibration figures on held-out lineages, every
-        applicable anchor per row (into the metadata); `left_out`'s rows calibrate a type with
-        too few held-out rows of its own."""
+        """The interval calibration and calibration figures on held-out lineages, each row
+        under the anchor kind its ranking used (into the metadata); `left_out`'s rows calibrate
+        a type with too few held-out rows of its own."""
         cf = frame.loc[cal]
         yc = y[cal]
         blind, moved = self._log_pd_parts(cf)
-        resid = {
-            "self": yc - cf["self_log_pd"].to_numpy(np.float64),
-            "transfer": yc - moved,
-            "model": yc - blind,
-        }
-        if "prior" not in self.groups:
-            resid["self"] = resid["transfer"] = resid["model"]
         kind = anchor_kind(cf, self.groups)
         pred = np.choose(kind, [cf["self_log_pd"].to_numpy(np.float64), moved, blind])
+        # a row calibrates the anchor kind it had, no other: its type was chosen on what
+        # another anchor did not know (an own prior, as a transfer: docs/decisions/0017)
+        resid = {k: np.where(kind == i, yc - pred, np.nan) for i, k in enumerate(KINDS)}
         ape = np.abs(np.expm1(pred - yc))
         self.metadata["residual_quantiles"] = kind_quantiles(resid)
         self.metadata["calibration"] = self._one_calibration(cf, resid, moved, left_out, frame, y)
@@ -381,8 +378,8 @@ class ThroughputModel:
         frame: pd.DataFrame,
         y: np.ndarray,
     ) -> Calibration:
-        """The one calibration (core/intervals.py): every held-out row under every anchor kind
-        it can have, and the rows of the types left out of a refit as a few-rows type."""
+        """The one calibration (core/intervals.py): the held-out rows, and as a few-rows type
+        the rows of the types left out of a refit, each under the anchor kind it had."""
         hw = cf["hardware_type"].to_numpy(object).astype(str)
         counts = pd.Series(hw).value_counts()
         known = {str(t) for t, n in counts.items() if n >= MIN_TYPE_ROWS}
@@ -399,10 +396,12 @@ class ThroughputModel:
             lhw = lf["hardware_type"].to_numpy(object).astype(str)
             lfam = lf["family"].to_numpy(object).astype(str)
             ones = np.ones(int(rows.sum()), bool)
-            for code, est in ((2, left_out.blind[rows]), (1, left_out.moved[rows])):
+            lkind = anchor_kind(lf, self.groups)
+            for code, est in ((KIND_MODEL, left_out.blind), (KIND_TRANSFER, left_out.moved)):
                 k = np.full(len(lhw), code, np.int64)
                 t = self._terms(lf, k, left_out.moved[rows], ones, rare=ones)
-                parts.append((y[rows] - est, t, lhw, lfam, k, ones))
+                r = np.where(lkind == code, y[rows] - est[rows], np.nan)
+                parts.append((r, t, lhw, lfam, k, ones))
         r = np.concatenate([p[0] for p in parts])
         terms = np.concatenate([p[1] for p in parts])
         types = np.concatenate([p[2] for p in parts])
