@@ -16,9 +16,9 @@ ids, fit arguments), the model (texts and metadata), and every candidate the bac
 truth. ~4 minutes and ~150 MB a night at the full rate.
 
 `recalibrate` reloads each night's model, runs the current code's calibration on the held-out
-lineages of its own training rows (the unseen-type scale kept from the capture: it needs a
-refit), and prints 80 % coverage and mean width (log) by anchor kind over every candidate with
-a truth. `ratio` refits only the ratio model with the current code on each night's rows and
+lineages of its own training rows (without the types a refit leaves out: it needs a refit, so
+the few-rows bins take the widest), and prints 80 % coverage and mean width (log) over every
+candidate with a truth: by anchor kind, on cross-vendor transfers, on rare pairs, by family. `ratio` refits only the ratio model with the current code on each night's rows and
 prints transfer rows within ±10 %. Run either from a checkout with a change to compare it with
 the capture's own figures (printed first). `choice` takes the captured predictions as they are
 and asks what the first choice costs: top-1, savings and regret as the backtest scores them,
@@ -94,11 +94,36 @@ def _nights(d: Path, which: str | None) -> list[Path]:
 
 
 def _coverage(night: dict[str, Any], low: np.ndarray, high: np.ndarray) -> pd.DataFrame:
-    meas, ok = night["meas"], night["ok"]
+    from leap_stream.core.intervals import crosses_vendor
+
+    meas, ok, base = night["meas"], night["ok"], night["base"]
     inside = (meas >= low) & (meas <= high)
     with np.errstate(invalid="ignore", divide="ignore"):
         width = np.log(high / low)
-    return pd.DataFrame({"kind": night["kind"], "inside": inside, "width": width})[ok]
+    return pd.DataFrame(
+        {
+            "kind": night["kind"],
+            "inside": inside,
+            "width": width,
+            "family": base["family"].to_numpy(object).astype(str),
+            "cross": crosses_vendor(base),
+            "rare": night["model"].rare_pairs(base),
+        }
+    )[ok]
+
+
+def _coverage_line(df: pd.DataFrame) -> str:
+    """80 % coverage (mean log width) by anchor kind, on cross-vendor transfers, on rare pairs
+    (not self) and by family, then over all."""
+    from leap_stream.core.predictor import KINDS
+
+    kind, family = df["kind"].to_numpy(), df["family"].to_numpy()
+    slices: list[tuple[str, np.ndarray]] = [(k, kind == i) for i, k in enumerate(KINDS)]
+    slices += [("cross vendor", (kind == 1) & df["cross"].to_numpy())]
+    slices += [("rare pair", (kind != 0) & df["rare"].to_numpy())]
+    slices += [(f, family == f) for f in sorted(set(family))]
+    slices += [("all", np.ones(len(df), bool))]
+    return ", ".join(f"{k} {df.inside[m].mean():.3f} ({df.width[m].mean():.2f})" for k, m in slices)
 
 
 def _within(truth: np.ndarray, pred: np.ndarray) -> float:
@@ -109,7 +134,7 @@ def _within(truth: np.ndarray, pred: np.ndarray) -> float:
 
 
 def recalibrate(d: Path, which: str | None) -> None:
-    from leap_stream.core.predictor import KINDS, ThroughputModel, holdout_mask
+    from leap_stream.core.predictor import ThroughputModel, holdout_mask
 
     before, after = [], []
     for path in _nights(d, which):
@@ -124,12 +149,7 @@ def recalibrate(d: Path, which: str | None) -> None:
         after.append(_coverage(night, low, high))
         print(f"{path.stem}: recalibrated", flush=True)
     for name, parts in (("captured", before), ("recalibrated", after)):
-        df = pd.concat(parts)
-        cells = [
-            f"{k} {df.inside[df.kind == i].mean():.4f} ({df.width[df.kind == i].mean():.3f})"
-            for i, k in enumerate(KINDS)
-        ]
-        print(f"{name:12s} 80 % coverage (width): " + ", ".join(cells))
+        print(f"{name:12s} 80 % coverage (width): {_coverage_line(pd.concat(parts))}")
 
 
 def ratio(d: Path, which: str | None) -> None:
@@ -143,7 +163,7 @@ def ratio(d: Path, which: str | None) -> None:
         sub = base[rows].reset_index(drop=True)
         truth = np.log(night["meas"][rows]) - sub["log_devices"].to_numpy()
         cal = holdout_mask(lineages, 0.15, kw.get("seed", 0))
-        refit = model._with_ratio_model(frame, night["y"], ~cal, cal, kw.get("seed", 0))
+        refit = model._with_ratio_model(frame, night["y"], ~cal, cal, kw.get("seed", 0), lineages)
         figures = []
         for m in (model, refit):
             _blind, moved = m._log_pd_parts(sub)
