@@ -76,8 +76,6 @@ from leap_stream.core.predictor.pairs import RARE_PAIR_ROWS, _pair_effects
 from leap_stream.core.predictor.params import (
     COMPILED_KIND,
     DEFAULT_PARAMS,
-    KIND_MODEL,
-    KIND_TRANSFER,
     KINDS,
     LIGHTGBM_KIND,
     LOG_FLOAT_MAX,
@@ -361,7 +359,9 @@ class ThroughputModel:
         resid = {k: np.where(kind == i, yc - pred, np.nan) for i, k in enumerate(KINDS)}
         ape = np.abs(np.expm1(pred - yc))
         self.metadata["residual_quantiles"] = kind_quantiles(resid)
-        self.metadata["calibration"] = self._one_calibration(cf, resid, moved, left_out, frame, y)
+        self.metadata["calibration"] = self._one_calibration(
+            cf, yc - pred, kind, moved, left_out, frame, y
+        )
         self.metadata["metrics"] = {
             "calib_rows": int(cal.sum()),
             "calib_accuracy_10pct": float(np.mean(ape <= 0.10)),
@@ -372,23 +372,22 @@ class ThroughputModel:
     def _one_calibration(
         self,
         cf: pd.DataFrame,
-        resid: dict[str, np.ndarray],
+        resid: np.ndarray,
+        kind: np.ndarray,
         moved: np.ndarray,
         left_out: _LeftOut | None,
         frame: pd.DataFrame,
         y: np.ndarray,
     ) -> Calibration:
-        """The one calibration (core/intervals.py): the held-out rows, and as a few-rows type
-        the rows of the types left out of a refit, each under the anchor kind it had."""
+        """The one calibration (core/intervals.py): the held-out rows (`resid` under their
+        anchor `kind`), and as a few-rows type the rows of the types left out of a refit, each
+        under the anchor kind it had."""
         hw = cf["hardware_type"].to_numpy(object).astype(str)
         counts = pd.Series(hw).value_counts()
         known = {str(t) for t, n in counts.items() if n >= MIN_TYPE_ROWS}
         few = ~np.isin(hw, list(known))
         fam = cf["family"].to_numpy(object).astype(str)
-        parts = []
-        for code, name in enumerate(KINDS):
-            k = np.full(len(cf), code, np.int64)
-            parts.append((resid[name], self._terms(cf, k, moved, few), hw, fam, k, few))
+        parts = [(resid, self._terms(cf, kind, moved, few), hw, fam, kind, few)]
         if left_out is not None:
             # a type left out of the refit: every pair of it was rare there, and it had few rows
             rows = np.isfinite(left_out.blind)
@@ -397,11 +396,11 @@ class ThroughputModel:
             lfam = lf["family"].to_numpy(object).astype(str)
             ones = np.ones(int(rows.sum()), bool)
             lkind = anchor_kind(lf, self.groups)
-            for code, est in ((KIND_MODEL, left_out.blind), (KIND_TRANSFER, left_out.moved)):
-                k = np.full(len(lhw), code, np.int64)
-                t = self._terms(lf, k, left_out.moved[rows], ones, rare=ones)
-                r = np.where(lkind == code, y[rows] - est[rows], np.nan)
-                parts.append((r, t, lhw, lfam, k, ones))
+            lmoved = left_out.moved[rows]
+            # a row with its own prior on the left-out type calibrates nothing here (NaN)
+            r = y[rows] - np.choose(lkind, [np.full(len(lf), np.nan), lmoved, left_out.blind[rows]])
+            t = self._terms(lf, lkind, lmoved, ones, rare=ones)
+            parts.append((r, t, lhw, lfam, lkind, ones))
         r = np.concatenate([p[0] for p in parts])
         terms = np.concatenate([p[1] for p in parts])
         types = np.concatenate([p[2] for p in parts])
