@@ -8,6 +8,7 @@ Asserts nothing.
     .venv/bin/python benchmarks/capture_nights.py ratio /tmp/nights1 --nights 1,5
     .venv/bin/python benchmarks/capture_nights.py choice /tmp/nights1
     .venv/bin/python benchmarks/capture_nights.py neighbours /tmp/nights1
+    .venv/bin/python benchmarks/capture_nights.py pairs /tmp/nights1
 
 `capture` runs the backtest's nightly loop (full rate, default settings unless told) and writes,
 per night, a pickle of: the rows the nightly model was fitted on (frame, samples/s, lineage
@@ -32,7 +33,9 @@ fleet has measured of *other* moves corrects a transfer row's move: the lineage'
 the other types it ran on (an elasticity b of the ratio model's move m, fitted per lineage as
 Σ r·m / (Σ m² + λ) over its other types, the prediction moved by b·m; or their mean residual
 added), and the ratio model's mean residual over the training pairs of the same (model type,
-prior type, candidate type), either direction, shrunk by s pseudo-pairs.
+prior type, candidate type), either direction, shrunk by s pseudo-pairs. `pairs` prints
+transfer rows within ±10 % by how many training rows the candidate's (model type × hardware
+type) pair had that night.
 """
 
 from __future__ import annotations
@@ -170,6 +173,39 @@ def ratio(d: Path, which: str | None) -> None:
             figures.append(_within(truth, moved))
         print(f"{path.stem}: transfer rows within ±10 %: captured {figures[0]:.4f}, "
               f"refitted {figures[1]:.4f} ({len(sub)} rows)")  # fmt: skip
+
+
+PAIR_BINS = ((0, 0), (1, 9), (10, 49), (50, 199), (200, None))
+
+
+def pairs(d: Path, which: str | None) -> None:
+    """Transfer rows within ±10 % by how many training rows the candidate's (model type ×
+    hardware type) pair had that night, same-vendor and cross-vendor apart."""
+    from leap_stream.core.intervals import crosses_vendor
+
+    for path in _nights(d, which):
+        night = _load(path)
+        base, frame = night["base"], night["train"][0]
+        counts = frame.groupby(
+            [frame["model_type"].astype(str), frame["hardware_type"].astype(str)], observed=True
+        ).size()
+        rows = night["ok"] & (night["kind"] == 1)
+        sub = base[rows]
+        key = pd.MultiIndex.from_arrays(
+            [sub["model_type"].astype(str), sub["hardware_type"].astype(str)]
+        )
+        n = counts.reindex(key).fillna(0).to_numpy()
+        hit = np.abs(sub["pred"].to_numpy() / night["meas"][rows] - 1.0) <= 0.10
+        cross = crosses_vendor(base)[rows]
+        print(f"{path.stem}: {len(counts)} pairs in training, {int(rows.sum())} transfer rows "
+              f"within ±10 % {hit.mean():.3f} (same vendor {hit[~cross].mean():.3f}, "
+              f"cross {hit[cross].mean():.3f})")  # fmt: skip
+        for lo, hi in PAIR_BINS:
+            m = (n >= lo) & (n <= (np.inf if hi is None else hi))
+            label = f"{lo}+" if hi is None else f"{lo}-{hi}"
+            if m.any():
+                print(f"  pair rows {label:>7s}: share {m.mean():.3f}, within ±10 % "
+                      f"{hit[m].mean():.3f} (same vendor {hit[m & ~cross].mean():.3f})")  # fmt: skip
 
 
 RISK_K = (-1.0, 1.0, 2.0)
@@ -361,7 +397,7 @@ def main() -> int:
     cap.add_argument("--rate", type=int, default=None)
     cap.add_argument("--out", type=Path, required=True)
     cap.add_argument("--from-night", type=int, default=0, help="keep nights from this index on")
-    for name in ("recalibrate", "ratio", "choice", "neighbours"):
+    for name in ("recalibrate", "ratio", "choice", "neighbours", "pairs"):
         p = sub.add_parser(name)
         p.add_argument("dir", type=Path)
         p.add_argument("--nights", default=None, help="comma-separated night numbers")
@@ -374,6 +410,8 @@ def main() -> int:
         choice(a.dir, a.nights)
     elif a.cmd == "neighbours":
         neighbours(a.dir, a.nights)
+    elif a.cmd == "pairs":
+        pairs(a.dir, a.nights)
     else:
         ratio(a.dir, a.nights)
     return 0
