@@ -10,9 +10,11 @@ KIND_KEYS = ("self", "transfer", "model")
 TRANSFER_KEYS = ("transfer_same_vendor", "transfer_cross_vendor")
 # the figures reported as model / informed oracle (`ceiling`)
 CEILING_KEYS = ("accuracy", "accuracy_ran", "top1", "savings")
-# Nightly training set: the last days' point-in-time rows, subsampled. At the simulator's full
-# rate (30000/day) that is ~25k measured rows a day; older rows add little under drift.
-TRAIN_WINDOW_DAYS = 14
+# Nightly training set: every point-in-time row so far, as the trainer reads the whole dataset,
+# subsampled (~25k measured rows a day at the simulator's full rate, 30000/day). A window of the
+# last days loses, in closed loop, the pairs the users ran and the ranking no longer chooses
+# (docs/research/2026-12-07-training-window-and-pair-levels.md). 0: everything.
+TRAIN_WINDOW_DAYS = 0
 TRAIN_ROWS = 150_000
 DEFAULT_RATE = 30000
 ABLATION_KEYS = ("accuracy", "accuracy_ran", "mape", "top1", "savings")
