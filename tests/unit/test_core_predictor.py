@@ -73,6 +73,7 @@ def test_save_load_round_trip_is_text_and_identical(
     assert again.ratio is not None
     assert again.version == model.version
     assert again.metadata["data_window"] == ["a", "b"]
+    assert again.metadata["pair_levels"] == model.metadata["pair_levels"] != {}
     a = model.predict(fr.iloc[:500])
     b = again.predict(fr.iloc[:500])
     for x, z in zip(a, b, strict=True):
@@ -317,8 +318,10 @@ def test_the_ratio_model_corrects_the_physics_ratio(
     assert model.ratio is not None and model.metadata.get("ratio_base") == "physics"
     _blind, rows, _prior_f, physics = model._booster_parts(fr)
     assert len(rows) > 100 and np.abs(physics).max() > 0.1
-    _blind, moved = model._log_pd_parts(fr)
-    whole = {k: v for k, v in model.metadata.items() if k != "ratio_base"}
+    # without the pair levels, which move both toward the same levels' move
+    own = {k: v for k, v in model.metadata.items() if k != "pair_levels"}
+    _blind, moved = ThroughputModel(model.booster, own, ratio=model.ratio)._log_pd_parts(fr)  # type: ignore[arg-type]
+    whole = {k: v for k, v in own.items() if k != "ratio_base"}
     _blind, moved_whole = ThroughputModel(model.booster, whole, ratio=model.ratio)._log_pd_parts(  # type: ignore[arg-type]
         fr
     )
@@ -337,8 +340,11 @@ def test_on_few_model_types_the_type_pair_effects_move_priors(
     m, fr = data
     tr = _split(m)
     y = m["samples_per_s"].to_numpy()
-    model = ThroughputModel.fit(fr[tr], y[tr], m["lineage_id"][tr], num_rounds=30)
-    assert model.ratio is None and "type_pair_effects" in model.metadata
+    fitted = ThroughputModel.fit(fr[tr], y[tr], m["lineage_id"][tr], num_rounds=30)
+    assert fitted.ratio is None and "type_pair_effects" in fitted.metadata
+    # without the pair levels, which move a transfer estimate toward their own move
+    own = {k: v for k, v in fitted.metadata.items() if k != "pair_levels"}
+    model = ThroughputModel(fitted.booster, own)  # type: ignore[arg-type]
     test = fr[~tr].reset_index(drop=True)
     _blind, rows, _prior_f, physics = model._booster_parts(test)
     effects = TypePairEffects.from_json(model.metadata["type_pair_effects"])
@@ -383,3 +389,37 @@ def test_every_lightgbm_predict_holds_the_process_lock(
     if model.ratio is not None:
         model.ratio_lightgbm(np.zeros((3, model.ratio.num_feature())))
     assert seen and all(seen)
+
+
+def test_pair_levels_move_only_transfer_rows_their_lineages_can_speak_for(
+    data: tuple[pd.DataFrame, pd.DataFrame],
+) -> None:
+    """A transfer estimate moves toward the pair levels' move where both pairs had training
+    lineages and the prior had the job's device count; every other row is the model's own."""
+    m, fr = data
+    tr = _split(m)
+    model = ThroughputModel.fit(
+        fr[tr], m["samples_per_s"].to_numpy()[tr], m["lineage_id"][tr], num_rounds=30
+    )
+    own = {k: v for k, v in model.metadata.items() if k != "pair_levels"}
+    test = fr[~tr].reset_index(drop=True)
+    blind, moved = model._log_pd_parts(test)
+    without = ThroughputModel(model.booster, own, ratio=model.ratio)  # type: ignore[arg-type]
+    blind_own, moved_own = without._log_pd_parts(test)
+    np.testing.assert_array_equal(blind, blind_own)
+    levels = model.metadata["pair_levels"]
+
+    def lineages(hw_col: str) -> np.ndarray:
+        keys = test["model_type"].astype(str) + "|" + test[hw_col].astype(str)
+        return np.asarray([levels.get(k, [0.0, 0])[1] for k in keys], np.float64)
+
+    prior = np.isfinite(test["other_log_pd"].to_numpy())
+    spoken = (
+        prior
+        & (np.minimum(lineages("hardware_type"), lineages("o_hardware_type")) > 0)
+        & (test["other_log_dev_ratio"].to_numpy() == 0)
+    )
+    assert spoken.sum() > 50
+    changed = ~np.isclose(moved, moved_own, equal_nan=True)
+    assert not changed[~spoken].any()
+    assert changed[spoken].mean() > 0.9

@@ -19,6 +19,7 @@ from leap_stream.core.intervals import (
     MIN_TYPE_ROWS,
 )
 from leap_stream.core.predictor.metadata import ModelMetadata
+from leap_stream.core.predictor.pair_levels import without_types
 from leap_stream.core.predictor.params import (
     BAG_ROWS,
     EARLY_STOP,
@@ -130,6 +131,7 @@ class _LeftOut:
         meta: ModelMetadata = {  # no pair or roofline effects of a type no training row had
             **metadata,
             "pair_effects": {k: v for k, v in pairs.items() if k.split("|", 1)[1] not in types},
+            "pair_levels": without_types(metadata.get("pair_levels") or {}, types),
         }
         if "roofline" in metadata:
             roofline = LearnedRoofline.from_json(metadata["roofline"]).without_types(types)

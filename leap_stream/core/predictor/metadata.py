@@ -40,6 +40,7 @@ class ModelMetadata(TypedDict):
     params: dict[str, Any]
     pair_effects: NotRequired[dict[str, float]]
     pair_rows: NotRequired[dict[str, int]]  # training rows per pair (of the pair sample)
+    pair_levels: NotRequired[dict[str, list[float]]]  # `pair_levels`: [level, lineages]
     support: NotRequired[dict[str, list[float]]]
     calibration: NotRequired[Calibration]  # the one interval calibration (core/intervals.py)
     ratio_features: NotRequired[list[str]]

@@ -72,7 +72,8 @@ from leap_stream.core.predictor.fit import (
 )
 from leap_stream.core.predictor.matrix import _input_dtype, _matrix, _offset, _physics
 from leap_stream.core.predictor.metadata import ModelMetadata, _metadata, check_model_text
-from leap_stream.core.predictor.pairs import RARE_PAIR_ROWS, _pair_effects
+from leap_stream.core.predictor.pair_levels import fit_pair_levels
+from leap_stream.core.predictor.pairs import PairTables, _pair_effects
 from leap_stream.core.predictor.params import (
     COMPILED_KIND,
     DEFAULT_PARAMS,
@@ -132,16 +133,13 @@ class ThroughputModel:
         self.feature_names: list[str] = list(metadata["features"])
         self.groups: list[str] = list(metadata["groups"])
         self._levels: dict[str, list[str]] = {k: list(v) for k, v in metadata["categories"].items()}
-        pairs = metadata.get("pair_effects") or {}
-        # (model type × hardware) effects as a dense table: two integer look-ups per row
-        split = [k.split("|", 1) for k in pairs]
-        self._pair_mt = {m: i for i, m in enumerate(sorted({m for m, _ in split}))}
-        self._pair_hw = {h: i for i, h in enumerate(sorted({h for _, h in split}))}
-        self._pair_table = np.zeros((len(self._pair_mt) + 1, len(self._pair_hw) + 1))
-        if split:
-            mi = [self._pair_mt[m] for m, _ in split]
-            hi = [self._pair_hw[h] for _, h in split]
-            self._pair_table[mi, hi] = np.asarray(list(pairs.values()), np.float64)
+        # (model type × hardware) tables: two integer look-ups per row
+        self._pairs = PairTables.of(
+            metadata.get("pair_effects") or {},
+            metadata.get("pair_rows") or {},
+            metadata.get("pair_levels") or {},
+        )
+        self._pair_mt, self._pair_hw = self._pairs.mt, self._pairs.hw
         self._luts = {c: {v: i for i, v in enumerate(lv)} for c, lv in self._levels.items()}
         tp = metadata.get("type_pair_effects")
         self._type_pairs = TypePairEffects.from_json(tp) if tp else None
@@ -160,13 +158,6 @@ class ThroughputModel:
             self._type_offset = np.asarray([*cal["by_type"].values(), 0.0])
             self._family_offset = np.asarray([*cal["by_family"].values(), 0.0])
             self._bin_lo, self._bin_hi = bin_quantiles(cal)
-        # which (model type × hardware) pairs the training rows had at least `RARE_PAIR_ROWS`
-        # of (a model without row counts: every pair it has an effect for)
-        self._pair_common = np.zeros(self._pair_table.shape, bool)
-        if split:
-            rows = metadata.get("pair_rows") or {}
-            common = [rows.get(k, RARE_PAIR_ROWS) >= RARE_PAIR_ROWS for k in pairs]
-            self._pair_common[mi, hi] = np.asarray(common, bool)
 
     @property
     def version(self) -> str:
@@ -227,6 +218,9 @@ class ThroughputModel:
             else None
         )
         offset = _offset(frame, groups, roofline)
+        pair_levels = None
+        if roofline is not None and "prior" in groups:  # the moves of transfer rows
+            pair_levels = fit_pair_levels(frame, lineage_ids, y - offset, train_idx)
         p = {**DEFAULT_PARAMS, **(params or {}), "num_threads": _threads(len(frame)), "seed": seed}
         fit_idx = _fit_sample(train_idx, seed)  # the boosters' rows (all but for a year)
         p["bagging_fraction"] = _bagging_fraction(p["bagging_fraction"], int(fit_idx.sum()))
@@ -260,6 +254,8 @@ class ThroughputModel:
         if roofline is not None:
             metadata["roofline"] = roofline.to_json()
             metadata["target"] = "log(samples_per_s / num_devices) - roofline"
+        if pair_levels:
+            metadata["pair_levels"] = pair_levels
         if "config" in groups and "specs" in groups:
             metadata["pair_effects"], metadata["pair_rows"] = _pair_effects(
                 fitted, frame, target, fit_idx, p["num_threads"], seed
@@ -435,6 +431,10 @@ class ThroughputModel:
                 )
                 base = physics if self.metadata.get("ratio_base") == PHYSICS_RATIO else 0.0
                 moved[rows] = other_lpd + base + self.ratio_score(Xr)
+            if self._pairs.lineages.any():
+                moved[rows] = other_lpd + self._pairs.level_move(
+                    frame, rows, moved[rows] - other_lpd, physics
+                )
         return blind, moved
 
     def _booster_parts(
@@ -493,7 +493,7 @@ class ThroughputModel:
         if mt_code is None:
             return np.zeros(len(frame))
         hc = column_codes(frame, hw_col, self._pair_hw)
-        return np.asarray(self._pair_table[mt_code, hc])  # -1 → the zero padding row / column
+        return np.asarray(self._pairs.effect[mt_code, hc])  # -1 → the zero padding row / column
 
     def support_excess(self, frame: Frame) -> np.ndarray:
         """Per row, how far (log units) its job lies outside the training support; 0 inside,
@@ -566,7 +566,7 @@ class ThroughputModel:
         rows."""
         mt = column_codes(frame, "model_type", self._pair_mt)
         hc = column_codes(frame, "hardware_type", self._pair_hw)
-        return np.asarray(~self._pair_common[mt, hc])
+        return np.asarray(~self._pairs.common[mt, hc])
 
     def few_measurements(self, frame: Frame) -> np.ndarray:
         """Per row: its hardware type had too few held-out measurements for an offset of its

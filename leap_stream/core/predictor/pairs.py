@@ -1,12 +1,18 @@
 """(model type × hardware) effects: the shrunk mean residual of each pair's training rows,
-added to a prediction, and each pair's row count (the rare-pair interval factor)."""
+added to a prediction, and each pair's row count (the rare-pair interval factor); the model's
+per-pair tables (`PairTables`), these and the levels of `pair_levels`."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
+
+from leap_stream.core.columns import Frame, column_codes, f64
+from leap_stream.core.predictor.pair_levels import blended_move
 
 if TYPE_CHECKING:
     from leap_stream.core.predictor.fit import _Fitted
@@ -55,3 +61,66 @@ def _pair_table(
     eff = g["sum"] / (g["count"] + PAIR_SHRINK)
     effects = {str(k): round(float(v), 6) for k, v in eff.items()}
     return effects, {str(k): int(v) for k, v in g["count"].items()}
+
+
+@dataclass(frozen=True)
+class PairTables:
+    """A model's per-pair tables, dense over one vocabulary of model types and of types (two
+    integer look-ups a row; code -1, an unseen value, reads the zero last row or column):
+    the effects, whether a pair is common (`RARE_PAIR_ROWS` rows or more), and the levels
+    with their lineages (`pair_levels`)."""
+
+    mt: dict[str, int]
+    hw: dict[str, int]
+    effect: np.ndarray
+    common: np.ndarray
+    level: np.ndarray
+    lineages: np.ndarray
+
+    @classmethod
+    def of(
+        cls,
+        effects: Mapping[str, float],
+        rows: Mapping[str, int],
+        levels: Mapping[str, Sequence[float]],
+    ) -> PairTables:
+        """From the metadata's `pair_effects`, `pair_rows` and `pair_levels` (each may be
+        empty: a model without rows counts every pair it has an effect for as common)."""
+        split = [k.split("|", 1) for k in [*effects, *levels]]
+        mt = {m: i for i, m in enumerate(sorted({m for m, _ in split}))}
+        hw = {h: i for i, h in enumerate(sorted({h for _, h in split}))}
+        shape = (len(mt) + 1, len(hw) + 1)
+        effect, level, lineages = np.zeros(shape), np.zeros(shape), np.zeros(shape)
+        common = np.zeros(shape, bool)
+        if effects:
+            at = _codes(effects, mt, hw)
+            effect[at] = np.asarray(list(effects.values()), np.float64)
+            common[at] = [rows.get(k, RARE_PAIR_ROWS) >= RARE_PAIR_ROWS for k in effects]
+        if levels:
+            at = _codes(levels, mt, hw)
+            level[at] = [v[0] for v in levels.values()]
+            lineages[at] = [v[1] for v in levels.values()]
+        return cls(mt, hw, effect, common, level, lineages)
+
+    def level_move(
+        self, frame: Frame, rows: np.ndarray, move: np.ndarray, physics: np.ndarray
+    ) -> np.ndarray:
+        """``move`` (of transfer ``rows``) toward the pair levels' (`pair_levels`); ``physics``:
+        the rows' physics ratio, which carries the effects."""
+        mt = column_codes(frame, "model_type", self.mt)[rows]
+        a = column_codes(frame, "hardware_type", self.hw)[rows]
+        b = column_codes(frame, "o_hardware_type", self.hw)[rows]
+        return blended_move(
+            move,
+            physics - self.effect[mt, a] + self.effect[mt, b],
+            self.level[mt, a] - self.level[mt, b],
+            np.minimum(self.lineages[mt, a], self.lineages[mt, b]),
+            f64(frame, "other_log_dev_ratio")[rows] == 0,
+        )
+
+
+def _codes(
+    table: Mapping[str, Any], mt: Mapping[str, int], hw: Mapping[str, int]
+) -> tuple[list[int], list[int]]:
+    split = [k.split("|", 1) for k in table]
+    return [mt[m] for m, _ in split], [hw[h] for _, h in split]
