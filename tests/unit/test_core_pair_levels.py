@@ -14,8 +14,8 @@ from leap_stream.core.predictor.pair_levels import (
     BLEND_LINEAGES,
     blended_move,
     fit_pair_levels,
-    without_types,
 )
+from leap_stream.core.predictor.pairs import without_types
 
 TYPES = {"h0": "nvidia", "h1": "nvidia", "h2": "amd"}
 

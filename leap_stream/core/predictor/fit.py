@@ -19,7 +19,7 @@ from leap_stream.core.intervals import (
     MIN_TYPE_ROWS,
 )
 from leap_stream.core.predictor.metadata import ModelMetadata
-from leap_stream.core.predictor.pair_levels import without_types
+from leap_stream.core.predictor.pairs import without_types
 from leap_stream.core.predictor.params import (
     BAG_ROWS,
     EARLY_STOP,
@@ -127,10 +127,9 @@ class _LeftOut:
         data = _TrainData.of((X[at[rows]], target[rows]), (X[at[stop]], target[stop]), names, cats)
         booster, _best = _train(p, data, NUM_ROUNDS, EARLY_STOP)
         del data
-        pairs = metadata.get("pair_effects") or {}
         meta: ModelMetadata = {  # no pair or roofline effects of a type no training row had
             **metadata,
-            "pair_effects": {k: v for k, v in pairs.items() if k.split("|", 1)[1] not in types},
+            "pair_effects": without_types(metadata.get("pair_effects") or {}, types),
             "pair_levels": without_types(metadata.get("pair_levels") or {}, types),
         }
         if "roofline" in metadata:

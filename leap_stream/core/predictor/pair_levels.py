@@ -17,7 +17,6 @@ it), w = 0 (decision 0018).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
 from typing import Any
 
 import numpy as np
@@ -61,13 +60,6 @@ def _factorize(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def _shrunk_mean(code: np.ndarray, x: np.ndarray, n: int) -> np.ndarray:
     return np.bincount(code, x, n) / (np.bincount(code, minlength=n) + LEVEL_SHRINK)
-
-
-def without_types(
-    levels: Mapping[str, list[float]], types: Collection[str]
-) -> dict[str, list[float]]:
-    """``levels`` but those of ``types`` (a refit that leaves them out knows none)."""
-    return {k: v for k, v in levels.items() if k.split("|", 1)[1] not in types}
 
 
 def blended_move(

@@ -4,9 +4,9 @@ per-pair tables (`PairTables`), these and the levels of `pair_levels`."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -16,6 +16,8 @@ from leap_stream.core.predictor.pair_levels import blended_move
 
 if TYPE_CHECKING:
     from leap_stream.core.predictor.fit import _Fitted
+
+T = TypeVar("T")
 
 
 def _pair_effects(
@@ -46,6 +48,12 @@ PAIR_SAMPLE = 300_000
 # against 0.79-0.82 on commoner ones (benchmarks/interval_by_pair.py, seed 11)
 RARE_PAIR_ROWS = 10
 PAIR_SHRINK = 3.0  # pseudo-rows at zero effect: a pair seen once moves a third of the way
+
+
+def without_types(table: Mapping[str, T], types: Collection[str]) -> dict[str, T]:
+    """A per-pair table ("model type|type" keys) without the pairs of ``types`` (a refit that
+    leaves them out knows none)."""
+    return {k: v for k, v in table.items() if k.split("|", 1)[1] not in types}
 
 
 def _pair_keys(model_type: np.ndarray, hw: np.ndarray) -> pd.Index:
