@@ -139,7 +139,6 @@ class ThroughputModel:
             metadata.get("pair_rows") or {},
             metadata.get("pair_levels") or {},
         )
-        self._pair_mt, self._pair_hw = self._pairs.mt, self._pairs.hw
         self._luts = {c: {v: i for i, v in enumerate(lv)} for c, lv in self._levels.items()}
         tp = metadata.get("type_pair_effects")
         self._type_pairs = TypePairEffects.from_json(tp) if tp else None
@@ -470,7 +469,7 @@ class ThroughputModel:
         # the one call (none when every row is anchored on its own prior)
         out = self.score(X) if len(X) else np.empty(0)
         nb = n if base is None else len(base)
-        mt_code = column_codes(frame, "model_type", self._pair_mt) if self._pair_mt else None
+        mt_code = column_codes(frame, "model_type", self._pairs.mt) if self._pairs.mt else None
         blind_all = out[:nb] if base is None else np.full(n, np.nan)
         if base is not None:
             blind_all[base] = out[:nb]
@@ -492,7 +491,7 @@ class ThroughputModel:
         """Per row, the (model type × hardware type) effect; 0 for an unseen pair."""
         if mt_code is None:
             return np.zeros(len(frame))
-        hc = column_codes(frame, hw_col, self._pair_hw)
+        hc = column_codes(frame, hw_col, self._pairs.hw)
         return np.asarray(self._pairs.effect[mt_code, hc])  # -1 → the zero padding row / column
 
     def support_excess(self, frame: Frame) -> np.ndarray:
@@ -564,8 +563,8 @@ class ThroughputModel:
     def rare_pairs(self, frame: Frame) -> np.ndarray:
         """Per row: its (model type × hardware) pair had fewer than `RARE_PAIR_ROWS` training
         rows."""
-        mt = column_codes(frame, "model_type", self._pair_mt)
-        hc = column_codes(frame, "hardware_type", self._pair_hw)
+        mt = column_codes(frame, "model_type", self._pairs.mt)
+        hc = column_codes(frame, "hardware_type", self._pairs.hw)
         return np.asarray(~self._pairs.common[mt, hc])
 
     def few_measurements(self, frame: Frame) -> np.ndarray:
