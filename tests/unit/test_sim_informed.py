@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from leap_stream.tools.sim.informed import InformedOracle
+from leap_stream.tools.sim.informed import AttainableOracle, InformedOracle, Priors
 
 SIGMA_F, SIGMA_V, SIGMA_N = 0.25, 0.08, 0.035
 VENDOR = {"h100-sxm": "nvidia", "a100-80g": "nvidia", "mi300x": "amd"}
@@ -20,6 +20,7 @@ def _runs(rows: list[tuple[str, str, float, str]]) -> tuple[pd.DataFrame, pd.Dat
             "attempt": 0,
             "hardware_type": [r[1] for r in rows],
             "lineage_id": [r[0] for r in rows],
+            "model_type": "llama",
             "samples_per_s": [10.0 * r[2] for r in rows],
             "ended_at": pd.to_datetime([r[3] for r in rows], utc=True),
         }
@@ -46,7 +47,7 @@ def _brute_force(residuals: list[tuple[str, float]], target_vendor: str) -> floa
 def test_the_posterior_is_gaussian_conditioning_on_the_lineages_own_runs() -> None:
     runs = [("l1", "h100-sxm", 1.3, "2026-01-01"), ("l1", "a100-80g", 1.25, "2026-01-02"),
             ("l1", "mi300x", 0.9, "2026-01-03")]  # fmt: skip
-    oracle = InformedOracle(SIGMA_F, SIGMA_V, SIGMA_N)
+    oracle = InformedOracle(Priors(SIGMA_F, SIGMA_V, SIGMA_N))
     oracle.add(*_runs(runs), VENDOR)
     subs = pd.DataFrame({"lineage_id": ["l1", "l1"], "submitted_at": ["2026-01-05"] * 2})
     subs["submitted_at"] = pd.to_datetime(subs["submitted_at"], utc=True)
@@ -58,7 +59,7 @@ def test_the_posterior_is_gaussian_conditioning_on_the_lineages_own_runs() -> No
 
 
 def test_only_runs_that_ended_before_the_submission_count() -> None:
-    oracle = InformedOracle(SIGMA_F, SIGMA_V, SIGMA_N)
+    oracle = InformedOracle(Priors(SIGMA_F, SIGMA_V, SIGMA_N))
     oracle.add(*_runs([("l1", "h100-sxm", 2.0, "2026-01-10")]), VENDOR)
     subs = pd.DataFrame(
         {
@@ -71,3 +72,69 @@ def test_only_runs_that_ended_before_the_submission_count() -> None:
     assert pred[0] == 5.0  # its run had not ended: the known rate alone
     assert 5.0 * 1.8 < pred[1] < 5.0 * 2.0  # shrunk a little toward the prior
     assert pred[2] == 7.0  # another lineage learns nothing from it
+
+
+def _pair_runs(rows: list[tuple[str, str, str, float]]) -> pd.DataFrame:
+    """`measured_runs`-shaped runs (lineage, model type, type, residual), all long ended."""
+    return pd.DataFrame(
+        {
+            "lineage_id": [r[0] for r in rows],
+            "vendor": [VENDOR[r[2]] for r in rows],
+            "pair": [f"{r[1]}|{r[2]}" for r in rows],
+            "residual": [r[3] for r in rows],
+            "ended": pd.to_datetime(["2026-01-01"] * len(rows), utc=True).to_numpy(
+                "datetime64[ns]"
+            ),
+        }
+    )
+
+
+def test_the_pair_factors_are_the_joint_gaussian_posterior_mean() -> None:
+    rows = [("l1", "llama", "h100-sxm", 0.30), ("l1", "llama", "mi300x", 0.05),
+            ("l2", "llama", "h100-sxm", 0.12), ("l2", "llama", "a100-80g", -0.02),
+            ("l3", "llama", "a100-80g", 0.20), ("l3", "llama", "a100-80g", 0.22),
+            ("l4", "bert", "mi300x", -0.15)]  # fmt: skip
+    runs = _pair_runs(rows)
+    oracle = AttainableOracle(Priors(SIGMA_F, SIGMA_V, SIGMA_N), pair_sigma=0.10)
+    got = oracle.pair_factors(runs)
+    # brute force: every factor a column (pairs, lineages, (lineage, vendor)), one Gaussian
+    pairs = sorted(set(runs["pair"]))
+    lineages = sorted(set(runs["lineage_id"]))
+    blocks = sorted(set(zip(runs["lineage_id"], runs["vendor"], strict=True)))
+    cols = len(pairs) + len(lineages) + len(blocks)
+    design = np.zeros((len(rows), cols))
+    for i, (lin, v, pair) in enumerate(zip(runs["lineage_id"], runs["vendor"], runs["pair"],
+                                           strict=True)):  # fmt: skip
+        design[i, pairs.index(pair)] = 1.0
+        design[i, len(pairs) + lineages.index(lin)] = 1.0
+        design[i, len(pairs) + len(lineages) + blocks.index((lin, v))] = 1.0
+    prior = np.diag([0.10**2] * len(pairs) + [SIGMA_F**2] * len(lineages)
+                    + [SIGMA_V**2] * len(blocks))  # fmt: skip
+    r = runs["residual"].to_numpy()
+    cov_r = design @ prior @ design.T + SIGMA_N**2 * np.eye(len(r))
+    mean = prior @ design.T @ np.linalg.solve(cov_r, r)
+    for i, pair in enumerate(pairs):
+        assert got[pair] == pytest.approx(mean[i], abs=1e-4)
+
+
+def test_a_pair_nobody_measured_predicts_from_the_physics_and_the_lineage() -> None:
+    comp, truth = _runs(
+        [("l1", "h100-sxm", 1.3, "2026-01-01"), ("l2", "a100-80g", 0.8, "2026-01-01")]
+    )
+    truth = truth.rename(columns={"known_samples_per_s": "physics_samples_per_s"})
+    oracle = AttainableOracle(Priors(SIGMA_F, SIGMA_V, SIGMA_N), pair_sigma=0.10)
+    oracle.add(comp, truth, VENDOR)
+    subs = pd.DataFrame(
+        {
+            "lineage_id": ["l1", "l3"],
+            "model_type": ["llama", "llama"],
+            "submitted_at": pd.to_datetime(["2026-01-05"] * 2, utc=True),
+        }
+    )
+    pred = oracle.predict(
+        subs, np.array([0, 1]), np.array(["amd", "amd"]), np.array(["mi300x", "mi300x"]),
+        np.array([4.0, 4.0]),
+    )  # fmt: skip
+    # (llama, mi300x) never ran: no factor; l1's own factor (part of its +0.26) moves it up
+    assert 4.0 < pred[0] < 4.0 * 1.3
+    assert pred[1] == 4.0  # a new lineage on an unmeasured pair: the physics alone

@@ -52,14 +52,19 @@ def test_tiny_backtest_reports_every_predictor() -> None:
     low, high = m["savings_share_of_oracle_95"]
     assert low <= m["savings_share_of_oracle"] <= high and low < high
     assert "savings_replicates" not in summary["per_night"][0]
-    # the informed oracle: the ceiling of what a fleet's data allows, between model and oracle
-    informed = summary["informed"]
+    # the informed oracle: the ceiling of what enough of a fleet's data allows, between model
+    # and oracle; the attainable one, with the (model type × type) factors only as the runs so
+    # far tell them, below it
+    informed, attainable = summary["informed"], summary["attainable"]
     assert summary["oracle"]["accuracy"] > informed["accuracy"] > summary["model"]["accuracy"]
+    assert informed["accuracy"] > attainable["accuracy"]
     ceiling = summary["ceiling"]
     assert ceiling["accuracy"] == {
         "model": m["accuracy"],
         "informed": informed["accuracy"],
+        "attainable": attainable["accuracy"],
         "share": round(m["accuracy"] / informed["accuracy"], 4),
+        "share_attainable": round(m["accuracy"] / attainable["accuracy"], 4),
     }
     assert {"top1", "savings", "transfer", "transfer_same_vendor"} <= set(ceiling)
 
@@ -170,10 +175,11 @@ def test_backtest_breaks_accuracy_down_by_anchor() -> None:
         < by["all"]["transfer"]["rows"] + by["all"]["model"]["rows"]
     )
     informed = summary["by_anchor_informed"]["all"]
+    attainable = summary["by_anchor_attainable"]["all"]
+    assert informed["transfer"]["rows"] == attainable["transfer"]["rows"]
     assert informed["transfer"]["rows"] == by["all"]["transfer"]["rows"]
-    assert (
-        informed["transfer_same_vendor"]["accuracy"] > by["all"]["transfer_same_vendor"]["accuracy"]
-    )
+    same = "transfer_same_vendor"
+    assert informed[same]["accuracy"] > attainable[same]["accuracy"] > by["all"][same]["accuracy"]
     # pooled counts agree with the mean of the per-night accuracy (one night)
     n = summary["per_night"][0]["by_anchor"]["all"]
     rows = sum(v[0] for k, v in n.items() if k in ("self", "transfer", "model"))

@@ -30,7 +30,9 @@ from leap_stream.core.probe import ProbeSettings
 from leap_stream.store.offline import DATASET_COLUMNS
 from leap_stream.tools.backtest.params import (
     ABLATION_KEYS,
+    ATTAINABLE,
     DEFAULT_RATE,
+    INFORMED,
     TRAIN_ROWS,
     TRAIN_WINDOW_DAYS,
 )
@@ -74,7 +76,7 @@ def run_backtest(
     from leap_stream.catalog import load_catalog
     from leap_stream.tools.sim.config import SimConfig
     from leap_stream.tools.sim.fleet import FleetSimulator
-    from leap_stream.tools.sim.informed import InformedOracle
+    from leap_stream.tools.sim.informed import AttainableOracle, InformedOracle, Priors
 
     catalog = load_catalog()
     specs = catalog.spec_matrix()
@@ -84,9 +86,11 @@ def run_backtest(
     if new_hardware is not None:
         config = dataclasses.replace(config, hardware_from=(new_hardware,))
     sim = FleetSimulator(config, catalog)
-    informed = InformedOracle(
+    priors = Priors(
         sim.config.lineage_sigma, sim.config.lineage_vendor_sigma, sim.config.noise_sigma
     )
+    informed = InformedOracle(priors)
+    attainable = AttainableOracle(priors, sim.config.model_hw_sigma)
     vendor_of = {t: catalog[t].vendor for t in catalog.types}
     rep = pit.Replayer()
     train_parts: list[tuple[pd.DataFrame, pd.DataFrame, np.ndarray]] = []  # frame, rows, ended
@@ -116,6 +120,7 @@ def run_backtest(
             at = [position[k] for k in zip(probes["job_id"], probes["attempt"], strict=True)]
             ds = pd.concat([ds, probes.assign(_snap=at)], ignore_index=True)
         informed.add(day.completions, day.truth, vendor_of)
+        attainable.add(day.completions, day.truth, vendor_of)
         snap = rep.snapshot(day.submissions)
         verdicts.update(v for v in snap.verdicts.tolist() if v != "none")
         measured = pit.measured(ds)
@@ -198,12 +203,13 @@ def run_backtest(
             day.submissions, day.truth, day.completions, snap, specs, models["full"], lookup
         )
         watch = None if new_hardware is None else new_hardware[0]
-        informed_pred = informed.predict(
-            day.submissions,
-            base["job"].to_numpy(np.int64),
-            base["vendor"].to_numpy(object),
-            tr.known,
-        )
+        job, vendor = base["job"].to_numpy(np.int64), base["vendor"].to_numpy(object)
+        ceilings = {
+            INFORMED: informed.predict(day.submissions, job, vendor, tr.known),
+            ATTAINABLE: attainable.predict(
+                day.submissions, job, vendor, base["hardware_type"].to_numpy(object), tr.physics
+            ),
+        }
         result, scored = _night_eval(
             day.submissions,
             base,
@@ -212,7 +218,7 @@ def run_backtest(
             lookup,
             watch,
             resamples,
-            informed_pred,
+            ceilings,
         )
         replicates.append(result.pop("savings_replicates"))
         if policy_fn is not None:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 PREDICTORS = ("model", "lookup", "oracle")
-# the informed oracle (tools/sim/informed.py): the ceiling every model figure is read against
+# the informed and the attainable oracle (tools/sim/informed.py): the ceilings every model
+# figure is read against — what enough of a fleet's data determines, and what its runs so far do
 INFORMED = "informed"
+ATTAINABLE = "attainable"
+CEILINGS = (INFORMED, ATTAINABLE)
 KIND_KEYS = ("self", "transfer", "model")
 # transfer rows by whether the lineage's prior is on the candidate's vendor
 TRANSFER_KEYS = ("transfer_same_vendor", "transfer_cross_vendor")
-# the figures reported as model / informed oracle (`ceiling`)
+# the figures reported as model / each ceiling (`ceiling`)
 CEILING_KEYS = ("accuracy", "accuracy_ran", "top1", "savings")
 # Nightly training set: every point-in-time row so far, as the trainer reads the whole dataset,
 # subsampled (~25k measured rows a day at the simulator's full rate, 30000/day). A window of the

@@ -14,7 +14,7 @@ from leap_stream.core.lookup import LookupTable
 from leap_stream.core.predictor import ThroughputModel
 from leap_stream.core.ranker import SRC_LOOKUP, SRC_NONE, Ranker
 from leap_stream.core.ranking import best_per_job, throughput_per_cost, within_noise_of_best
-from leap_stream.tools.backtest.params import INFORMED, SAVINGS_REPLICATES, TRANSFER_KEYS
+from leap_stream.tools.backtest.params import CEILINGS, SAVINGS_REPLICATES, TRANSFER_KEYS
 from leap_stream.tools.backtest.truth import NightTruth, _candidates, _SpecCatalog
 from leap_stream.train import pit
 from leap_stream.train.trainer import metrics
@@ -220,14 +220,14 @@ def _night_eval(
     lookup: LookupTable | None,
     watch: str | None = None,
     resamples: LineageResamples | None = None,
-    informed: np.ndarray | None = None,
+    ceilings: Mapping[str, np.ndarray] | None = None,
 ) -> tuple[dict[str, Any], pd.DataFrame]:
     """Metrics of one night's scored rows for model, lookup and oracle, and the rows with a
     truth (for plots); with `watch`, how the model treats that (new) hardware type; with
     `resamples`, the model's and the oracle's savings on resampled lineages
     (`savings_replicates`, arrays: the caller takes them out before the night is reported);
-    with `informed` (the informed oracle's prediction per row), its metrics and its accuracy
-    by the model's anchor kinds."""
+    with `ceilings` (per oracle of `CEILINGS`, its prediction per row), their metrics and
+    their accuracy by the model's anchor kinds (`by_anchor_<name>`)."""
     only_lookup = _lookup_only(base, subs, lookup)
     preds = {
         "model": base["pred"].to_numpy(np.float64),
@@ -244,13 +244,13 @@ def _night_eval(
     lo, hi = base["low"].to_numpy(np.float64), base["high"].to_numpy(np.float64)
     chosen: dict[str, np.ndarray] = {}  # per job, the cost of each predictor's first choice
     scored_jobs: dict[str, np.ndarray] = {}
-    if informed is not None:
-        preds[INFORMED] = informed
-        sources[INFORMED] = sources["oracle"]
+    for name, pred in (ceilings or {}).items():
+        preds[name] = pred
+        sources[name] = sources["oracle"]
     for name in preds:
         p = preds[name]
         usable = (sources[name] != SRC_NONE) & np.isfinite(p) & (p > 0)
-        if name not in ("oracle", INFORMED):
+        if name not in ("oracle", *CEILINGS):
             usable &= fits
         is_model = name == "model"
         top = _top_choice(tr, p, usable)
@@ -284,14 +284,14 @@ def _night_eval(
             inside,
             width,
         )
-        if informed is not None:
+        for name, pred in (ceilings or {}).items():
             none = np.zeros(len(base), bool)
-            out["by_anchor_informed"] = _anchor_counts(
+            out[f"by_anchor_{name}"] = _anchor_counts(
                 base,
                 subs,
                 model,
-                informed,
-                tr.in_truth & np.isfinite(informed),
+                pred,
+                tr.in_truth & np.isfinite(pred),
                 tr.meas,
                 tr.in_truth,
                 tr.is_ran,

@@ -1,5 +1,5 @@
 """The run's summary: nights pooled, the savings share's interval, every headline figure as
-model / informed oracle."""
+model / each ceiling (the informed and the attainable oracle)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import numpy as np
 from leap_stream.tools.backtest.params import (
     ABLATION_KEYS,
     CEILING_KEYS,
+    CEILINGS,
     INFORMED,
     KIND_KEYS,
     PREDICTORS,
@@ -48,7 +49,8 @@ def _summarise(
         "coverage",
         "coverage_device_hours",
     )
-    names = [*PREDICTORS, *([INFORMED] if per_night and INFORMED in per_night[0] else [])]
+    ceilings = [c for c in CEILINGS if per_night and c in per_night[0]]
+    names = [*PREDICTORS, *ceilings]
     for name in names:
         out[name] = {k: round(float(np.nanmean([n[name][k] for n in per_night])), 4) for k in keys}
     for k, src in (
@@ -59,22 +61,23 @@ def _summarise(
     ):
         out["model"][k] = round(float(np.nanmean([n["model"][src] for n in per_night])), 4)
     out["model"].update(_savings_share(out, replicates))
-    if INFORMED in out and out["oracle"]["savings"] > 0:
-        share = out[INFORMED]["savings"] / out["oracle"]["savings"]
-        out[INFORMED]["savings_share_of_oracle"] = round(share, 4)
+    for c in ceilings:
+        if out["oracle"]["savings"] > 0:
+            share = out[c]["savings"] / out["oracle"]["savings"]
+            out[c]["savings_share_of_oracle"] = round(share, 4)
     ablation: dict[str, Any] = {}
     for v in variants[1:]:
         ablation[v[1:]] = {
             k: round(float(np.nanmean([n[v][k] for n in per_night])) - out["model"][k], 4)
             for k in ABLATION_KEYS
         }
-    for key in ("by_anchor", "by_anchor_informed"):
+    for key in ("by_anchor", *(f"by_anchor_{c}" for c in ceilings)):
         if pooled := _pooled_anchors(per_night, key):
             out[key] = pooled
     if per_night and "as_run" in per_night[0]:
         _as_run_summary(per_night, out)
     if INFORMED in out:
-        out["ceiling"] = _ceiling(out)
+        out["ceiling"] = _ceiling(out, ceilings)
     if ablation:
         out["ablation_delta"] = ablation  # variant minus full model, mean over nights
     return out
@@ -154,15 +157,20 @@ def _pooled_anchors(per_night: list[dict[str, Any]], key: str) -> dict[str, Any]
     }
 
 
-def _ceiling(out: dict[str, Any]) -> dict[str, dict[str, float | None]]:
-    """Each headline figure as model / informed oracle (`share`: the model's share of it)."""
-    figures = {k: (out["model"][k], out[INFORMED][k]) for k in CEILING_KEYS}
-    model_rows = out.get("by_anchor", {}).get("all", {})
-    informed_rows = out.get("by_anchor_informed", {}).get("all", {})
+def _ceiling(out: dict[str, Any], ceilings: list[str]) -> dict[str, dict[str, float | None]]:
+    """Each headline figure as model and each ceiling's (`share`: the model's share of the
+    informed oracle's; `share_<ceiling>` of each other's)."""
+    rows = {c: out.get(f"by_anchor_{c}", {}).get("all", {}) for c in ["model", *ceilings]}
+    rows["model"] = out.get("by_anchor", {}).get("all", {})
+    figures = {k: {c: out[c][k] for c in ["model", *ceilings]} for k in CEILING_KEYS}
     for k in ("transfer", *TRANSFER_KEYS):
-        if k in model_rows and k in informed_rows:
-            figures[k] = (model_rows[k]["accuracy"], informed_rows[k]["accuracy"])
-    return {
-        k: {"model": m, "informed": i, "share": round(m / i, 4) if m is not None and i else None}
-        for k, (m, i) in figures.items()
-    }
+        if all(k in r for r in rows.values()):
+            figures[k] = {c: r[k]["accuracy"] for c, r in rows.items()}
+    result: dict[str, dict[str, float | None]] = {}
+    for k, f in figures.items():
+        m = f["model"]
+        result[k] = dict(f)
+        for c in ceilings:
+            name = "share" if c == INFORMED else f"share_{c}"
+            result[k][name] = round(m / f[c], 4) if m is not None and f[c] else None
+    return result

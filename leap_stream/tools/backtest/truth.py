@@ -34,6 +34,7 @@ class NightTruth:
     meas: np.ndarray
     true: np.ndarray
     known: np.ndarray  # what a fleet's data determines (the informed oracle's base)
+    physics: np.ndarray  # physics, software stack and drift (the attainable oracle's base)
     in_truth: np.ndarray
     is_ran: np.ndarray
     nd: np.ndarray
@@ -61,7 +62,11 @@ class NightTruth:
             }
         )
         cols = ["job_id", "attempt", "hardware_type", "true_samples_per_s"]
-        extra = [c for c in ("measured_samples_per_s", "known_samples_per_s") if c in truth]
+        extra = [
+            c
+            for c in ("measured_samples_per_s", "known_samples_per_s", "physics_samples_per_s")
+            if c in truth
+        ]
         t = key.merge(
             truth[[*cols, *extra]],
             on=["job_id", "attempt", "hardware_type"],
@@ -99,6 +104,7 @@ class NightTruth:
             meas=meas,
             true=t["true_samples_per_s"].to_numpy(np.float64),
             known=t.get("known_samples_per_s", pd.Series(np.nan, t.index)).to_numpy(np.float64),
+            physics=t.get("physics_samples_per_s", pd.Series(np.nan, t.index)).to_numpy(np.float64),
             in_truth=in_truth,
             is_ran=is_ran,
             nd=nd,

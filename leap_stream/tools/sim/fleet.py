@@ -389,16 +389,19 @@ class FleetSimulator(LineageDraws):
         drift = self.drift_matrix(d)[fam_idx[sub_i], vend]
         lin_sub = lin[sub_i]
 
-        def rates(rows: np.ndarray, c: dict[str, np.ndarray[Any, Any]]) -> tuple[F64, F64]:
-            """(true, known) rates of the truth rows ``rows`` run with the columns ``c``."""
+        def rates(rows: np.ndarray, c: dict[str, np.ndarray[Any, Any]]) -> tuple[F64, F64, F64]:
+            """(true, known, physics) rates of the truth rows ``rows`` run with the columns
+            ``c``: physics is the physics, software stack and drift in force; known adds the
+            (model type × hardware) factor."""
             job = self._job_arrays(mi[sub_i[rows]], c)
             h, ls = hw_i[rows], lin_sub[rows]
+            physics = base_throughput(job, self.hw, h) * drift[rows]
             # what a fleet's data determines, given enough of it (tools/sim/informed.py)
-            known = base_throughput(job, self.hw, h) * self._model_hw[mi[sub_i[rows]], h]
-            known = known * drift[rows]
+            known = physics * self._model_hw[mi[sub_i[rows]], h]
             true = known * L["lin_f"][ls] * L["lin_v"][ls, vend[rows]]
             cap = L["cap_dev"][ls] * c["num_devices"]
-            return true / (1.0 + (true / cap) ** 4) ** 0.25, known  # soft input-pipeline cap
+            true = true / (1.0 + (true / cap) ** 4) ** 0.25  # soft input-pipeline cap
+            return true, known, physics
 
         def sliced(rows: np.ndarray, slice_dp: np.ndarray) -> F64:
             """True rates of the truth rows ``rows`` run as slices of ``slice_dp`` data-parallel
@@ -410,7 +413,7 @@ class FleetSimulator(LineageDraws):
             c["dp"] = np.minimum(np.asarray(slice_dp, np.int64), c["dp"])
             return rates(rows, c)[0]
 
-        true, known = rates(np.arange(len(sub_i)), cols)
+        true, known, physics = rates(np.arange(len(sub_i)), cols)
         noise = np.exp(rng.normal(0.0, self.config.noise_sigma, len(true)))
         measured = true * noise
         truth = pd.DataFrame(
@@ -421,6 +424,7 @@ class FleetSimulator(LineageDraws):
                 "true_samples_per_s": true,
                 "measured_samples_per_s": measured,
                 "known_samples_per_s": known,
+                "physics_samples_per_s": physics,
             }
         )
         # position of (submission, hardware) in the truth rows

@@ -1,4 +1,6 @@
-"""The informed oracle: the best prediction a perfect learner could make from a fleet's data.
+"""The informed and the attainable oracle: the best predictions a perfect learner could make
+from a fleet's data, given enough of it (informed) and given the runs it has so far
+(attainable).
 
 A fleet's data, given enough of it, determines the physics and software stack, every (model
 type × hardware) factor and the drift in force: the truth's `known_samples_per_s`. Of a
@@ -8,7 +10,13 @@ priors, from the residuals log(measured ÷ known) of its runs that ended before 
 submission. A vendor's factor the lineage was never measured on, the input-pipeline cap (it
 reads as part of the lineage factor) and the measurement noise stay unknown.
 
-The backtest reports it beside the model as the ceiling of every figure. It reads the
+The attainable oracle knows the physics, software stack and drift (the truth's
+`physics_samples_per_s`), but not the (model type × hardware) factors: it has only their
+posterior mean given the fleet's runs so far, fitted jointly with every lineage's factors. A
+pair nobody measured stays at its prior mean; a pair measured only by lineages that never ran
+elsewhere is confounded with their own factors and shrunk accordingly.
+
+The backtest reports both beside the model as the ceilings of every figure. They read the
 simulator's hidden state; the model never does.
 """
 
@@ -18,76 +26,113 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+from scipy import sparse
+from scipy.sparse.linalg import cg
 
 _KEY = ["job_id", "attempt", "hardware_type"]
+# The attainable oracle's joint fit: conjugate-gradient iterations at most, and the relative
+# residual of its normal equations at which it stops.
+FIT_ITERATIONS = 2000
+FIT_TOLERANCE = 1e-10
 
 
-@dataclass
-class InformedOracle:
-    """Residuals of every measured run so far (`add`), and predictions from them (`predict`).
-
-    Model of a residual r of lineage l on vendor k: r = u_l + v_lk + e, u ~ N(0, σ_f²),
-    v ~ N(0, σ_v²), e ~ N(0, σ_n²), all independent (`SimConfig`'s lineage_sigma,
-    lineage_vendor_sigma, noise_sigma)."""
+@dataclass(frozen=True)
+class Priors:
+    """The simulator's priors of a residual r of lineage l on vendor k: r = u_l + v_lk + e,
+    u ~ N(0, σ_f²), v ~ N(0, σ_v²), e ~ N(0, σ_n²), all independent (`SimConfig`'s
+    lineage_sigma, lineage_vendor_sigma, noise_sigma)."""
 
     lineage_sigma: float
     vendor_sigma: float
     noise_sigma: float
+
+
+def measured_runs(
+    completions: pd.DataFrame, truth: pd.DataFrame, vendor: dict[str, str], base: str
+) -> pd.DataFrame:
+    """The measured runs (a completion with a throughput) with log(measured ÷ the truth's
+    ``base`` column) as `residual`, their vendor, model type and type, and when they ended."""
+    c = completions[np.isfinite(completions["samples_per_s"].to_numpy(np.float64))]
+    c = c[c["samples_per_s"].to_numpy(np.float64) > 0]
+    t = c[[*_KEY, "lineage_id", "model_type", "samples_per_s", "ended_at"]].merge(
+        truth[[*_KEY, base]], on=_KEY, how="inner"
+    )
+    return pd.DataFrame(
+        {
+            "lineage_id": t["lineage_id"].to_numpy(object),
+            "vendor": t["hardware_type"].map(vendor).to_numpy(object),
+            "pair": (t["model_type"].astype(str) + "|" + t["hardware_type"].astype(str)).to_numpy(
+                object
+            ),
+            "residual": np.log(
+                t["samples_per_s"].to_numpy(np.float64) / t[base].to_numpy(np.float64)
+            ),
+            "ended": pd.to_datetime(t["ended_at"], utc=True).to_numpy("datetime64[ns]"),
+        }
+    )
+
+
+def lineage_posterior(runs: pd.DataFrame, subs: pd.DataFrame, priors: Priors) -> pd.DataFrame:
+    """Per (submission position `sub`, vendor) measured before it: the posterior mean of
+    u + v_k (`shift`) from the `residual` of its lineage's runs; and per submission with any
+    run, u's (`vendor` None)."""
+    if not len(runs) or not len(subs):
+        return pd.DataFrame({"sub": [], "vendor": [], "shift": []})
+    s = pd.DataFrame(
+        {
+            "sub": np.arange(len(subs)),
+            "lineage_id": subs["lineage_id"].to_numpy(object),
+            "at": pd.to_datetime(subs["submitted_at"], utc=True).to_numpy("datetime64[ns]"),
+        }
+    )
+    j = s.merge(runs[["lineage_id", "vendor", "residual", "ended"]], on="lineage_id")
+    j = j[j["ended"] < j["at"]]
+    g = j.groupby(["sub", "vendor"], sort=False)["residual"].agg(["mean", "count"])
+    var_k = priors.vendor_sigma**2 + priors.noise_sigma**2 / g["count"].to_numpy(np.float64)
+    g = g.assign(prec=1.0 / var_k, weighted=g["mean"].to_numpy() / var_k)
+    by_sub = g.groupby(level="sub")[["prec", "weighted"]].sum()
+    u = by_sub["weighted"] / (1.0 / priors.lineage_sigma**2 + by_sub["prec"])
+    u_k = u.reindex(g.index.get_level_values("sub")).to_numpy()
+    # E[v_k | r] = w_k (m_k − E[u | r]), w_k = σ_v² / (σ_v² + σ_n² / n_k)
+    shift = u_k + priors.vendor_sigma**2 / var_k * (g["mean"].to_numpy() - u_k)
+    per_vendor = pd.DataFrame(
+        {
+            "sub": g.index.get_level_values("sub"),
+            "vendor": g.index.get_level_values("vendor"),
+            "shift": shift,
+        }
+    )
+    lineage = pd.DataFrame({"sub": u.index.to_numpy(), "vendor": None, "shift": u.to_numpy()})
+    return pd.concat([per_vendor, lineage], ignore_index=True)
+
+
+def shifted(
+    post: pd.DataFrame, job: np.ndarray, vendor: np.ndarray, base: np.ndarray
+) -> np.ndarray:
+    """Per (submission `job` × candidate on `vendor`) row, ``base`` × e^(the posterior shift
+    of the lineage's factors on that vendor, from `lineage_posterior`); the lineage's u alone
+    on a vendor it never ran on, ``base`` alone for a lineage never measured."""
+    rows = pd.DataFrame({"sub": np.asarray(job, np.int64), "vendor": vendor})
+    has_vendor = post["vendor"].notna().to_numpy()
+    per_vendor = post[has_vendor].astype({"sub": np.int64})
+    lineage = post[~has_vendor].astype({"sub": np.int64}).set_index("sub")["shift"]
+    on_vendor = rows.merge(per_vendor, on=["sub", "vendor"], how="left")["shift"]
+    u = lineage.reindex(rows["sub"]).to_numpy(np.float64)
+    shift = np.where(on_vendor.notna(), on_vendor.to_numpy(np.float64), np.nan_to_num(u))
+    return np.asarray(base, np.float64) * np.exp(shift)
+
+
+@dataclass
+class InformedOracle:
+    """Residuals against the known rate of every measured run so far (`add`), and predictions
+    from them (`predict`)."""
+
+    priors: Priors
     _runs: list[pd.DataFrame] = field(default_factory=list)
 
     def add(self, completions: pd.DataFrame, truth: pd.DataFrame, vendor: dict[str, str]) -> None:
-        """The day's measured runs (a completion with a throughput) and their residuals."""
-        c = completions[np.isfinite(completions["samples_per_s"].to_numpy(np.float64))]
-        c = c[c["samples_per_s"].to_numpy(np.float64) > 0]
-        t = c[[*_KEY, "lineage_id", "samples_per_s", "ended_at"]].merge(
-            truth[[*_KEY, "known_samples_per_s"]], on=_KEY, how="inner"
-        )
-        self._runs.append(
-            pd.DataFrame(
-                {
-                    "lineage_id": t["lineage_id"].to_numpy(object),
-                    "vendor": t["hardware_type"].map(vendor).to_numpy(object),
-                    "residual": np.log(
-                        t["samples_per_s"].to_numpy(np.float64)
-                        / t["known_samples_per_s"].to_numpy(np.float64)
-                    ),
-                    "ended": pd.to_datetime(t["ended_at"], utc=True).to_numpy("datetime64[ns]"),
-                }
-            )
-        )
-
-    def posterior(self, subs: pd.DataFrame) -> pd.DataFrame:
-        """Per (submission position `sub`, vendor) measured before it: the posterior mean of
-        u + v_k (`shift`); and per submission with any run, u's (`vendor` None)."""
-        if not self._runs or not len(subs):
-            return pd.DataFrame({"sub": [], "vendor": [], "shift": []})
-        runs = pd.concat(self._runs, ignore_index=True)
-        s = pd.DataFrame(
-            {
-                "sub": np.arange(len(subs)),
-                "lineage_id": subs["lineage_id"].to_numpy(object),
-                "at": pd.to_datetime(subs["submitted_at"], utc=True).to_numpy("datetime64[ns]"),
-            }
-        )
-        j = s.merge(runs, on="lineage_id")
-        j = j[j["ended"] < j["at"]]
-        g = j.groupby(["sub", "vendor"], sort=False)["residual"].agg(["mean", "count"])
-        var_k = self.vendor_sigma**2 + self.noise_sigma**2 / g["count"].to_numpy(np.float64)
-        g = g.assign(prec=1.0 / var_k, weighted=g["mean"].to_numpy() / var_k)
-        by_sub = g.groupby(level="sub")[["prec", "weighted"]].sum()
-        u = by_sub["weighted"] / (1.0 / self.lineage_sigma**2 + by_sub["prec"])
-        u_k = u.reindex(g.index.get_level_values("sub")).to_numpy()
-        # E[v_k | r] = w_k (m_k − E[u | r]), w_k = σ_v² / (σ_v² + σ_n² / n_k)
-        shift = u_k + self.vendor_sigma**2 / var_k * (g["mean"].to_numpy() - u_k)
-        per_vendor = pd.DataFrame(
-            {
-                "sub": g.index.get_level_values("sub"),
-                "vendor": g.index.get_level_values("vendor"),
-                "shift": shift,
-            }
-        )
-        lineage = pd.DataFrame({"sub": u.index.to_numpy(), "vendor": None, "shift": u.to_numpy()})
-        return pd.concat([per_vendor, lineage], ignore_index=True)
+        """The day's measured runs and their residuals against the known rate."""
+        self._runs.append(measured_runs(completions, truth, vendor, "known_samples_per_s"))
 
     def predict(
         self, subs: pd.DataFrame, job: np.ndarray, vendor: np.ndarray, known: np.ndarray
@@ -95,12 +140,68 @@ class InformedOracle:
         """Per (submission `job` × candidate on `vendor`) row with the truth's `known` rate,
         the informed prediction (samples/s): known × e^(posterior mean of the lineage's
         factors on that vendor); known alone for a lineage never measured."""
-        post = self.posterior(subs)
-        rows = pd.DataFrame({"sub": np.asarray(job, np.int64), "vendor": vendor})
-        has_vendor = post["vendor"].notna().to_numpy()
-        per_vendor = post[has_vendor].astype({"sub": np.int64})
-        lineage = post[~has_vendor].astype({"sub": np.int64}).set_index("sub")["shift"]
-        on_vendor = rows.merge(per_vendor, on=["sub", "vendor"], how="left")["shift"]
-        u = lineage.reindex(rows["sub"]).to_numpy(np.float64)
-        shift = np.where(on_vendor.notna(), on_vendor.to_numpy(np.float64), np.nan_to_num(u))
-        return np.asarray(known, np.float64) * np.exp(shift)
+        runs = pd.concat(self._runs, ignore_index=True) if self._runs else pd.DataFrame()
+        return shifted(lineage_posterior(runs, subs, self.priors), job, vendor, known)
+
+
+@dataclass
+class AttainableOracle:
+    """Runs against the physics rate (`add`); each night the (model type × hardware) factors'
+    posterior mean from the runs that ended before it, jointly with every lineage's factors,
+    and predictions from both (`predict`). Prior of a pair's factor: N(0, `pair_sigma`²)."""
+
+    priors: Priors
+    pair_sigma: float
+    _runs: list[pd.DataFrame] = field(default_factory=list)
+
+    def add(self, completions: pd.DataFrame, truth: pd.DataFrame, vendor: dict[str, str]) -> None:
+        """The day's measured runs and their log ratio to the physics rate."""
+        self._runs.append(measured_runs(completions, truth, vendor, "physics_samples_per_s"))
+
+    def predict(
+        self,
+        subs: pd.DataFrame,
+        job: np.ndarray,
+        vendor: np.ndarray,
+        hardware: np.ndarray,
+        physics: np.ndarray,
+    ) -> np.ndarray:
+        """Per (submission `job` × candidate `hardware` on `vendor`) row with the truth's
+        `physics` rate: physics × e^(the pair's factor + the lineage's posterior shift), the
+        pair factors fitted on the runs that ended before the first submission."""
+        runs = pd.concat(self._runs, ignore_index=True) if self._runs else pd.DataFrame()
+        if not len(runs) or not len(subs):
+            return np.asarray(physics, np.float64).copy()
+        first = pd.to_datetime(subs["submitted_at"], utc=True).min().to_datetime64()
+        factors = self.pair_factors(runs[runs["ended"].to_numpy() < first])
+        own = runs.assign(residual=runs["residual"] - runs["pair"].map(factors).fillna(0.0))
+        model_type = subs["model_type"].to_numpy(object)[np.asarray(job, np.int64)]
+        pair = pd.Series(model_type.astype(str)) + "|" + pd.Series(hardware).astype(str)
+        level = np.exp(pair.map(factors).fillna(0.0).to_numpy(np.float64))
+        base = np.asarray(physics, np.float64) * level
+        return shifted(lineage_posterior(own, subs, self.priors), job, vendor, base)
+
+    def pair_factors(self, runs: pd.DataFrame) -> pd.Series:
+        """Posterior mean of every measured pair's factor given ``runs``: the Gaussian
+        posterior over every pair factor, lineage factor u and (lineage, vendor) factor v at
+        once, by conjugate gradients on its normal equations."""
+        pair, pairs = pd.factorize(runs["pair"])
+        lin, lineages = pd.factorize(runs["lineage_id"])
+        lv, blocks = pd.factorize(runs["lineage_id"].astype(str) + "|" + runs["vendor"])
+        n, p = len(runs), self.priors
+        offsets = np.cumsum([0, len(pairs), len(lineages)])
+        rows = np.repeat(np.arange(n), 3)
+        cols = np.column_stack([pair + offsets[0], lin + offsets[1], lv + offsets[2]]).ravel()
+        X = sparse.csr_matrix((np.ones(3 * n), (rows, cols)))
+        prior_var = np.concatenate(
+            [
+                np.full(len(pairs), self.pair_sigma**2),
+                np.full(len(lineages), p.lineage_sigma**2),
+                np.full(len(blocks), p.vendor_sigma**2),
+            ]
+        )
+        A = (X.T @ X) / p.noise_sigma**2 + sparse.diags(1.0 / prior_var)
+        b = X.T @ runs["residual"].to_numpy(np.float64) / p.noise_sigma**2
+        jacobi = sparse.diags(1.0 / A.diagonal())
+        x, _info = cg(A, b, M=jacobi, rtol=FIT_TOLERANCE, maxiter=FIT_ITERATIONS)
+        return pd.Series(x[: len(pairs)], index=pairs)
