@@ -5,10 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from leap_stream.core.ranking import best_per_job
 from leap_stream.tools.backtest import LineageResamples, Night, run_backtest, savings_replicates
+from leap_stream.tools.backtest.loop import whole_job_runs
 
 
 def test_best_per_job_ignores_non_finite_and_keeps_ties_first() -> None:
@@ -305,3 +307,19 @@ def test_the_regret_of_the_worst_jobs_sums_the_largest_share() -> None:
     assert regret_of_the_worst(regret, share=0.5) == 5.0 + 100.0 + 1.0 + 0.5 * 97
     assert regret_of_the_worst(np.asarray([3.0])) == 3.0  # at least one job
     assert regret_of_the_worst(np.asarray([])) == 0.0
+
+
+def test_the_ceilings_learn_from_probes_that_ran_the_whole_job_only() -> None:
+    subs = pd.DataFrame({"job_id": ["a", "b"], "attempt": [0, 0], "num_devices": [8, 64]})
+    probes = pd.DataFrame(
+        {
+            "job_id": ["a", "b", "c"],
+            "attempt": [0, 0, 0],
+            "hardware_type": ["h100-sxm", "mi300x", "h100-sxm"],
+            "num_devices": [8, 8, 8],  # b ran a slice of its 64; c is no submission of the day
+            "samples_per_s": [1.0, 2.0, 3.0],
+        }
+    )
+    kept = whole_job_runs(probes, subs)
+    assert kept["job_id"].tolist() == ["a"]
+    assert list(kept.columns) == list(probes.columns)

@@ -113,14 +113,17 @@ def run_backtest(
         training rows like any completion (features: their job's, at its submission)."""
         rep.add_completions(day.completions)
         ds = day.dataset.assign(_snap=np.arange(len(day.dataset)))
+        runs = day.completions  # what the ceilings learn from: every measurement of the day
         if probes is not None:
-            rep.add_completions(probes[[c for c in probes if c in day.completions]])
+            probe_runs = probes[[c for c in probes if c in day.completions]]
+            rep.add_completions(probe_runs)
             keys = zip(ds["job_id"], ds["attempt"], strict=True)
             position = {key: i for i, key in enumerate(keys)}
             at = [position[k] for k in zip(probes["job_id"], probes["attempt"], strict=True)]
             ds = pd.concat([ds, probes.assign(_snap=at)], ignore_index=True)
-        informed.add(day.completions, day.truth, vendor_of)
-        attainable.add(day.completions, day.truth, vendor_of)
+            runs = pd.concat([runs, whole_job_runs(probe_runs, day.submissions)])
+        informed.add(runs, day.truth, vendor_of)
+        attainable.add(runs, day.truth, vendor_of)
         snap = rep.snapshot(day.submissions)
         verdicts.update(v for v in snap.verdicts.tolist() if v != "none")
         measured = pit.measured(ds)
@@ -277,3 +280,11 @@ def run_backtest(
         per_night=per_night,
     )
     return summary, scored_all
+
+
+def whole_job_runs(probe_runs: pd.DataFrame, subs: pd.DataFrame) -> pd.DataFrame:
+    """The probes that ran their whole job (its device count): the truth's rates are the
+    job's, so only those measure what the ceilings model."""
+    jobs = subs[["job_id", "attempt", "num_devices"]].rename(columns={"num_devices": "_job"})
+    m = probe_runs.merge(jobs, on=["job_id", "attempt"], how="inner")
+    return m[m["num_devices"].to_numpy() == m["_job"].to_numpy()].drop(columns="_job")
