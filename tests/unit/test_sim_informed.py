@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from leap_stream.tools.sim.informed import AttainableOracle, InformedOracle, Priors
+from leap_stream.tools.sim.informed import AttainableOracle, FleetRuns, InformedOracle, Priors
 
 SIGMA_F, SIGMA_V, SIGMA_N = 0.25, 0.08, 0.035
 VENDOR = {"h100-sxm": "nvidia", "a100-80g": "nvidia", "mi300x": "amd"}
@@ -25,7 +25,9 @@ def _runs(rows: list[tuple[str, str, float, str]]) -> tuple[pd.DataFrame, pd.Dat
             "ended_at": pd.to_datetime([r[3] for r in rows], utc=True),
         }
     )
-    truth = comp[["job_id", "attempt", "hardware_type"]].assign(known_samples_per_s=10.0)
+    truth = comp[["job_id", "attempt", "hardware_type"]].assign(
+        known_samples_per_s=10.0, physics_samples_per_s=10.0
+    )
     return comp, truth
 
 
@@ -47,8 +49,9 @@ def _brute_force(residuals: list[tuple[str, float]], target_vendor: str) -> floa
 def test_the_posterior_is_gaussian_conditioning_on_the_lineages_own_runs() -> None:
     runs = [("l1", "h100-sxm", 1.3, "2026-01-01"), ("l1", "a100-80g", 1.25, "2026-01-02"),
             ("l1", "mi300x", 0.9, "2026-01-03")]  # fmt: skip
-    oracle = InformedOracle(Priors(SIGMA_F, SIGMA_V, SIGMA_N))
-    oracle.add(*_runs(runs), VENDOR)
+    fleet = FleetRuns()
+    fleet.add(*_runs(runs), VENDOR)
+    oracle = InformedOracle(Priors(SIGMA_F, SIGMA_V, SIGMA_N), fleet)
     subs = pd.DataFrame({"lineage_id": ["l1", "l1"], "submitted_at": ["2026-01-05"] * 2})
     subs["submitted_at"] = pd.to_datetime(subs["submitted_at"], utc=True)
     pred = oracle.predict(subs, np.array([0, 1]), np.array(["nvidia", "google"]), np.ones(2))
@@ -59,8 +62,9 @@ def test_the_posterior_is_gaussian_conditioning_on_the_lineages_own_runs() -> No
 
 
 def test_only_runs_that_ended_before_the_submission_count() -> None:
-    oracle = InformedOracle(Priors(SIGMA_F, SIGMA_V, SIGMA_N))
-    oracle.add(*_runs([("l1", "h100-sxm", 2.0, "2026-01-10")]), VENDOR)
+    fleet = FleetRuns()
+    fleet.add(*_runs([("l1", "h100-sxm", 2.0, "2026-01-10")]), VENDOR)
+    oracle = InformedOracle(Priors(SIGMA_F, SIGMA_V, SIGMA_N), fleet)
     subs = pd.DataFrame(
         {
             "lineage_id": ["l1", "l1", "l2"],
@@ -81,7 +85,7 @@ def _pair_runs(rows: list[tuple[str, str, str, float]]) -> pd.DataFrame:
             "lineage_id": [r[0] for r in rows],
             "vendor": [VENDOR[r[2]] for r in rows],
             "pair": [f"{r[1]}|{r[2]}" for r in rows],
-            "residual": [r[3] for r in rows],
+            "log_physics": [r[3] for r in rows],
             "ended": pd.to_datetime(["2026-01-01"] * len(rows), utc=True).to_numpy(
                 "datetime64[ns]"
             ),
@@ -95,7 +99,7 @@ def test_the_pair_factors_are_the_joint_gaussian_posterior_mean() -> None:
             ("l3", "llama", "a100-80g", 0.20), ("l3", "llama", "a100-80g", 0.22),
             ("l4", "bert", "mi300x", -0.15)]  # fmt: skip
     runs = _pair_runs(rows)
-    oracle = AttainableOracle(Priors(SIGMA_F, SIGMA_V, SIGMA_N), pair_sigma=0.10)
+    oracle = AttainableOracle(Priors(SIGMA_F, SIGMA_V, SIGMA_N), 0.10, FleetRuns())
     got = oracle.pair_factors(runs)
     # brute force: every factor a column (pairs, lineages, (lineage, vendor)), one Gaussian
     pairs = sorted(set(runs["pair"]))
@@ -110,7 +114,7 @@ def test_the_pair_factors_are_the_joint_gaussian_posterior_mean() -> None:
         design[i, len(pairs) + len(lineages) + blocks.index((lin, v))] = 1.0
     prior = np.diag([0.10**2] * len(pairs) + [SIGMA_F**2] * len(lineages)
                     + [SIGMA_V**2] * len(blocks))  # fmt: skip
-    r = runs["residual"].to_numpy()
+    r = runs["log_physics"].to_numpy()
     cov_r = design @ prior @ design.T + SIGMA_N**2 * np.eye(len(r))
     mean = prior @ design.T @ np.linalg.solve(cov_r, r)
     for i, pair in enumerate(pairs):
@@ -121,9 +125,9 @@ def test_a_pair_nobody_measured_predicts_from_the_physics_and_the_lineage() -> N
     comp, truth = _runs(
         [("l1", "h100-sxm", 1.3, "2026-01-01"), ("l2", "a100-80g", 0.8, "2026-01-01")]
     )
-    truth = truth.rename(columns={"known_samples_per_s": "physics_samples_per_s"})
-    oracle = AttainableOracle(Priors(SIGMA_F, SIGMA_V, SIGMA_N), pair_sigma=0.10)
-    oracle.add(comp, truth, VENDOR)
+    fleet = FleetRuns()
+    fleet.add(comp, truth, VENDOR)
+    oracle = AttainableOracle(Priors(SIGMA_F, SIGMA_V, SIGMA_N), 0.10, fleet)
     subs = pd.DataFrame(
         {
             "lineage_id": ["l1", "l3"],

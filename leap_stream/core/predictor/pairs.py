@@ -56,7 +56,8 @@ def without_types(table: Mapping[str, T], types: Collection[str]) -> dict[str, T
     return {k: v for k, v in table.items() if k.split("|", 1)[1] not in types}
 
 
-def _pair_keys(model_type: np.ndarray, hw: np.ndarray) -> pd.Index:
+def pair_keys(model_type: Any, hw: Any) -> pd.Index:
+    """Per row, its pair's key: "model type|hardware type"."""
     return pd.Index(pd.Series(model_type).astype(str) + "|" + pd.Series(hw).astype(str))
 
 
@@ -64,7 +65,7 @@ def _pair_table(
     model_type: np.ndarray, hw: np.ndarray, resid: np.ndarray
 ) -> tuple[dict[str, float], dict[str, int]]:
     """Per pair, its shrunk mean residual and its number of rows."""
-    keys = _pair_keys(model_type, hw)
+    keys = pair_keys(model_type, hw)
     g = pd.Series(resid).groupby(keys.to_numpy()).agg(["sum", "count"])
     eff = g["sum"] / (g["count"] + PAIR_SHRINK)
     effects = {str(k): round(float(v), 6) for k, v in eff.items()}

@@ -76,7 +76,7 @@ def run_backtest(
     from leap_stream.catalog import load_catalog
     from leap_stream.tools.sim.config import SimConfig
     from leap_stream.tools.sim.fleet import FleetSimulator
-    from leap_stream.tools.sim.informed import AttainableOracle, InformedOracle, Priors
+    from leap_stream.tools.sim.informed import AttainableOracle, FleetRuns, InformedOracle, Priors
 
     catalog = load_catalog()
     specs = catalog.spec_matrix()
@@ -89,8 +89,9 @@ def run_backtest(
     priors = Priors(
         sim.config.lineage_sigma, sim.config.lineage_vendor_sigma, sim.config.noise_sigma
     )
-    informed = InformedOracle(priors)
-    attainable = AttainableOracle(priors, sim.config.model_hw_sigma)
+    fleet_runs = FleetRuns()
+    informed = InformedOracle(priors, fleet_runs)
+    attainable = AttainableOracle(priors, sim.config.model_hw_sigma, fleet_runs)
     vendor_of = {t: catalog[t].vendor for t in catalog.types}
     rep = pit.Replayer()
     train_parts: list[tuple[pd.DataFrame, pd.DataFrame, np.ndarray]] = []  # frame, rows, ended
@@ -122,8 +123,7 @@ def run_backtest(
             at = [position[k] for k in zip(probes["job_id"], probes["attempt"], strict=True)]
             ds = pd.concat([ds, probes.assign(_snap=at)], ignore_index=True)
             runs = pd.concat([runs, whole_job_runs(probe_runs, day.submissions)])
-        informed.add(runs, day.truth, vendor_of)
-        attainable.add(runs, day.truth, vendor_of)
+        fleet_runs.add(runs, day.truth, vendor_of)
         snap = rep.snapshot(day.submissions)
         verdicts.update(v for v in snap.verdicts.tolist() if v != "none")
         measured = pit.measured(ds)

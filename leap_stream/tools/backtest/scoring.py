@@ -284,8 +284,8 @@ def _night_eval(
             inside,
             width,
         )
+        none = np.zeros(len(base), bool)  # a ceiling gives no interval
         for name, pred in (ceilings or {}).items():
-            none = np.zeros(len(base), bool)
             out[f"by_anchor_{name}"] = _anchor_counts(
                 base,
                 subs,

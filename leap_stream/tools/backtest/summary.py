@@ -160,8 +160,8 @@ def _pooled_anchors(per_night: list[dict[str, Any]], key: str) -> dict[str, Any]
 def _ceiling(out: dict[str, Any], ceilings: list[str]) -> dict[str, dict[str, float | None]]:
     """Each headline figure as model and each ceiling's (`share`: the model's share of the
     informed oracle's; `share_<ceiling>` of each other's)."""
-    rows = {c: out.get(f"by_anchor_{c}", {}).get("all", {}) for c in ["model", *ceilings]}
-    rows["model"] = out.get("by_anchor", {}).get("all", {})
+    keys = {"model": "by_anchor", **{c: f"by_anchor_{c}" for c in ceilings}}
+    rows = {c: out.get(key, {}).get("all", {}) for c, key in keys.items()}
     figures = {k: {c: out[c][k] for c in ["model", *ceilings]} for k in CEILING_KEYS}
     for k in ("transfer", *TRANSFER_KEYS):
         if all(k in r for r in rows.values()):

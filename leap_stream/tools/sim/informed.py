@@ -29,6 +29,8 @@ import pandas as pd
 from scipy import sparse
 from scipy.sparse.linalg import cg
 
+from leap_stream.core.predictor.pairs import pair_keys
+
 _KEY = ["job_id", "attempt", "hardware_type"]
 # The attainable oracle's joint fit: conjugate-gradient iterations at most, and the relative
 # residual of its normal equations at which it stops.
@@ -48,34 +50,54 @@ class Priors:
 
 
 def measured_runs(
-    completions: pd.DataFrame, truth: pd.DataFrame, vendor: dict[str, str], base: str
+    completions: pd.DataFrame, truth: pd.DataFrame, vendor: dict[str, str]
 ) -> pd.DataFrame:
-    """The measured runs (a completion with a throughput) with log(measured ÷ the truth's
-    ``base`` column) as `residual`, their vendor, model type and type, and when they ended."""
+    """The measured runs (a completion with a throughput): their lineage, vendor, pair
+    ("model type|type"), log(measured ÷ the truth's known rate) `log_known` and ÷ its physics
+    rate `log_physics`, and when they ended."""
     c = completions[np.isfinite(completions["samples_per_s"].to_numpy(np.float64))]
     c = c[c["samples_per_s"].to_numpy(np.float64) > 0]
     t = c[[*_KEY, "lineage_id", "model_type", "samples_per_s", "ended_at"]].merge(
-        truth[[*_KEY, base]], on=_KEY, how="inner"
+        truth[[*_KEY, "known_samples_per_s", "physics_samples_per_s"]], on=_KEY, how="inner"
     )
+    log_measured = np.log(t["samples_per_s"].to_numpy(np.float64))
     return pd.DataFrame(
         {
             "lineage_id": t["lineage_id"].to_numpy(object),
             "vendor": t["hardware_type"].map(vendor).to_numpy(object),
-            "pair": (t["model_type"].astype(str) + "|" + t["hardware_type"].astype(str)).to_numpy(
-                object
-            ),
-            "residual": np.log(
-                t["samples_per_s"].to_numpy(np.float64) / t[base].to_numpy(np.float64)
-            ),
+            "pair": pair_keys(t["model_type"], t["hardware_type"]).to_numpy(object),
+            "log_known": log_measured - np.log(t["known_samples_per_s"].to_numpy(np.float64)),
+            "log_physics": log_measured - np.log(t["physics_samples_per_s"].to_numpy(np.float64)),
             "ended": pd.to_datetime(t["ended_at"], utc=True).to_numpy("datetime64[ns]"),
         }
     )
 
 
-def lineage_posterior(runs: pd.DataFrame, subs: pd.DataFrame, priors: Priors) -> pd.DataFrame:
+@dataclass
+class FleetRuns:
+    """Every measured run so far (`add` a day's), one frame both oracles read (`frame`)."""
+
+    _days: list[pd.DataFrame] = field(default_factory=list)
+    _all: pd.DataFrame | None = None
+
+    def add(self, completions: pd.DataFrame, truth: pd.DataFrame, vendor: dict[str, str]) -> None:
+        """The day's measured runs (`measured_runs`)."""
+        self._days.append(measured_runs(completions, truth, vendor))
+        self._all = None
+
+    def frame(self) -> pd.DataFrame:
+        """Every run added so far, concatenated once per `add`."""
+        if self._all is None:
+            self._all = pd.concat(self._days, ignore_index=True) if self._days else pd.DataFrame()
+        return self._all
+
+
+def lineage_posterior(
+    runs: pd.DataFrame, residual: np.ndarray, subs: pd.DataFrame, priors: Priors
+) -> pd.DataFrame:
     """Per (submission position `sub`, vendor) measured before it: the posterior mean of
-    u + v_k (`shift`) from the `residual` of its lineage's runs; and per submission with any
-    run, u's (`vendor` None)."""
+    u + v_k (`shift`) from the ``residual`` of its lineage's runs (one per row of ``runs``);
+    and per submission with any run, u's (`vendor` None)."""
     if not len(runs) or not len(subs):
         return pd.DataFrame({"sub": [], "vendor": [], "shift": []})
     s = pd.DataFrame(
@@ -85,7 +107,7 @@ def lineage_posterior(runs: pd.DataFrame, subs: pd.DataFrame, priors: Priors) ->
             "at": pd.to_datetime(subs["submitted_at"], utc=True).to_numpy("datetime64[ns]"),
         }
     )
-    j = s.merge(runs[["lineage_id", "vendor", "residual", "ended"]], on="lineage_id")
+    j = s.merge(runs[["lineage_id", "vendor", "ended"]].assign(residual=residual), on="lineage_id")
     j = j[j["ended"] < j["at"]]
     g = j.groupby(["sub", "vendor"], sort=False)["residual"].agg(["mean", "count"])
     var_k = priors.vendor_sigma**2 + priors.noise_sigma**2 / g["count"].to_numpy(np.float64)
@@ -122,17 +144,12 @@ def shifted(
     return np.asarray(base, np.float64) * np.exp(shift)
 
 
-@dataclass
+@dataclass(frozen=True)
 class InformedOracle:
-    """Residuals against the known rate of every measured run so far (`add`), and predictions
-    from them (`predict`)."""
+    """Predictions from the residuals of the fleet's `runs` against the known rate."""
 
     priors: Priors
-    _runs: list[pd.DataFrame] = field(default_factory=list)
-
-    def add(self, completions: pd.DataFrame, truth: pd.DataFrame, vendor: dict[str, str]) -> None:
-        """The day's measured runs and their residuals against the known rate."""
-        self._runs.append(measured_runs(completions, truth, vendor, "known_samples_per_s"))
+    runs: FleetRuns
 
     def predict(
         self, subs: pd.DataFrame, job: np.ndarray, vendor: np.ndarray, known: np.ndarray
@@ -140,23 +157,20 @@ class InformedOracle:
         """Per (submission `job` × candidate on `vendor`) row with the truth's `known` rate,
         the informed prediction (samples/s): known × e^(posterior mean of the lineage's
         factors on that vendor); known alone for a lineage never measured."""
-        runs = pd.concat(self._runs, ignore_index=True) if self._runs else pd.DataFrame()
-        return shifted(lineage_posterior(runs, subs, self.priors), job, vendor, known)
+        runs = self.runs.frame()
+        residual = runs["log_known"].to_numpy(np.float64) if len(runs) else np.empty(0)
+        return shifted(lineage_posterior(runs, residual, subs, self.priors), job, vendor, known)
 
 
-@dataclass
+@dataclass(frozen=True)
 class AttainableOracle:
-    """Runs against the physics rate (`add`); each night the (model type × hardware) factors'
-    posterior mean from the runs that ended before it, jointly with every lineage's factors,
+    """Each night the (model type × hardware) factors' posterior mean from the fleet's `runs`
+    that ended before it (against the physics rate), jointly with every lineage's factors,
     and predictions from both (`predict`). Prior of a pair's factor: N(0, `pair_sigma`²)."""
 
     priors: Priors
     pair_sigma: float
-    _runs: list[pd.DataFrame] = field(default_factory=list)
-
-    def add(self, completions: pd.DataFrame, truth: pd.DataFrame, vendor: dict[str, str]) -> None:
-        """The day's measured runs and their log ratio to the physics rate."""
-        self._runs.append(measured_runs(completions, truth, vendor, "physics_samples_per_s"))
+    runs: FleetRuns
 
     def predict(
         self,
@@ -169,22 +183,23 @@ class AttainableOracle:
         """Per (submission `job` × candidate `hardware` on `vendor`) row with the truth's
         `physics` rate: physics × e^(the pair's factor + the lineage's posterior shift), the
         pair factors fitted on the runs that ended before the first submission."""
-        runs = pd.concat(self._runs, ignore_index=True) if self._runs else pd.DataFrame()
+        runs = self.runs.frame()
         if not len(runs) or not len(subs):
             return np.asarray(physics, np.float64).copy()
         first = pd.to_datetime(subs["submitted_at"], utc=True).min().to_datetime64()
         factors = self.pair_factors(runs[runs["ended"].to_numpy() < first])
-        own = runs.assign(residual=runs["residual"] - runs["pair"].map(factors).fillna(0.0))
+        residual = runs["log_physics"] - runs["pair"].map(factors).fillna(0.0)
         model_type = subs["model_type"].to_numpy(object)[np.asarray(job, np.int64)]
-        pair = pd.Series(model_type.astype(str)) + "|" + pd.Series(hardware).astype(str)
-        level = np.exp(pair.map(factors).fillna(0.0).to_numpy(np.float64))
+        at = factors.reindex(pair_keys(model_type, hardware)).fillna(0.0)
+        level = np.exp(at.to_numpy(np.float64))
         base = np.asarray(physics, np.float64) * level
-        return shifted(lineage_posterior(own, subs, self.priors), job, vendor, base)
+        post = lineage_posterior(runs, residual.to_numpy(np.float64), subs, self.priors)
+        return shifted(post, job, vendor, base)
 
     def pair_factors(self, runs: pd.DataFrame) -> pd.Series:
-        """Posterior mean of every measured pair's factor given ``runs``: the Gaussian
-        posterior over every pair factor, lineage factor u and (lineage, vendor) factor v at
-        once, by conjugate gradients on its normal equations."""
+        """Posterior mean of every measured pair's factor given ``runs`` (their
+        `log_physics`): the Gaussian posterior over every pair factor, lineage factor u and
+        (lineage, vendor) factor v at once, by conjugate gradients on its normal equations."""
         pair, pairs = pd.factorize(runs["pair"])
         lin, lineages = pd.factorize(runs["lineage_id"])
         lv, blocks = pd.factorize(runs["lineage_id"].astype(str) + "|" + runs["vendor"])
@@ -201,7 +216,7 @@ class AttainableOracle:
             ]
         )
         A = (X.T @ X) / p.noise_sigma**2 + sparse.diags(1.0 / prior_var)
-        b = X.T @ runs["residual"].to_numpy(np.float64) / p.noise_sigma**2
+        b = X.T @ runs["log_physics"].to_numpy(np.float64) / p.noise_sigma**2
         jacobi = sparse.diags(1.0 / A.diagonal())
         x, _info = cg(A, b, M=jacobi, rtol=FIT_TOLERANCE, maxiter=FIT_ITERATIONS)
         return pd.Series(x[: len(pairs)], index=pairs)
