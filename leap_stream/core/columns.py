@@ -136,6 +136,8 @@ def codes_of(values: np.ndarray, lut: Mapping[Any, int]) -> np.ndarray:
     """Integer code per value through a dict (-1 when absent): on the small arrays of a serving
     batch a Python look-up beats building a pandas Index; large arrays go through pandas."""
     n = len(values)
+    if not lut:
+        return np.full(n, -1, np.int64)
     if n > 20_000:
         index = pd.Index(list(lut), dtype=object)
         pos = index.get_indexer(pd.Index(values, dtype=object, copy=False))

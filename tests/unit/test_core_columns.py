@@ -51,6 +51,8 @@ def test_codes_of_matches_pandas_get_indexer(n: int) -> None:
     want = pd.Index(levels, dtype=object).get_indexer(pd.Index(values, dtype=object))
     got = codes_of(values, lut)
     assert got.dtype == np.int64 and np.array_equal(got, want)
+    none = codes_of(values, {})  # an empty table: every value absent, on both paths
+    assert none.dtype == np.int64 and (none == -1).all() and len(none) == n
 
 
 @pytest.mark.parametrize("n", [5, 50_000])
