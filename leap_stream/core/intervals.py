@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from leap_stream.core import features as F
-from leap_stream.core.columns import Frame, f64, map_values
+from leap_stream.core.columns import Frame, codes_of, f64, map_values
 
 INTERVAL_LEVEL = 0.8
 QLO, QHI = (1 - INTERVAL_LEVEL) / 2, 1 - (1 - INTERVAL_LEVEL) / 2
@@ -80,6 +80,11 @@ SCALE_TERMS = (
     "devices_changed",
     "few_type",
 )
+# The terms whose coefficient a model family shifts by its own amount (shrunk like the offsets):
+# how much wider a family's residuals are off its own prior, per unit of move, across vendors.
+# One coefficient for every family left recommenders' moves under-covered and encoders' over.
+FAMILY_TERMS = ("transfer", "model", "move", "cross_vendor")
+FAMILY_TERM_COLUMNS = [SCALE_TERMS.index(t) for t in FAMILY_TERMS]
 # Pseudo-rows at no effect that shrink a type's or a family's own offset of the scale (ridge).
 TYPE_SHRINK = 50.0
 # Added to |residual| before its log: a residual of a few tenths of a per cent carries no scale.
@@ -95,6 +100,7 @@ class Calibration(TypedDict):
     coef: dict[str, float]  # "const" and each of `SCALE_TERMS`
     by_type: dict[str, float]  # log-σ offset of a type with `MIN_TYPE_ROWS` held-out rows
     by_family: dict[str, float]  # log-σ offset of a model family
+    by_family_term: dict[str, dict[str, float]]  # family → its shift of `FAMILY_TERMS`' coefs
     quantiles: dict[str, list[float]]  # "kind|known" / "kind|few" → [lo, hi] of residual/σ
 
 
@@ -152,6 +158,7 @@ def fit_calibration(
     types = sorted({str(x) for x in np.unique(t) if x in known})
     families = sorted(str(x) for x in np.unique(f))
     onehot = [t == x for x in types] + [f == x for x in families]
+    onehot += [(f == x) * X[:, j] for x in families for j in FAMILY_TERM_COLUMNS]
     A = np.column_stack([np.ones(len(r)), X, *onehot]) if len(r) else np.zeros((0, 1))
     y = np.log(np.abs(r) + SCALE_FLOOR)
     penalty = np.r_[np.zeros(1 + X.shape[1]), np.full(len(onehot), TYPE_SHRINK)]
@@ -160,23 +167,40 @@ def fit_calibration(
     coef = {"const": round(float(beta[0]), 4)}
     coef.update({n: round(float(w), 4) for n, w in zip(SCALE_TERMS, beta[1:n_terms], strict=True)})
     shifts = beta[n_terms:]
+    by_family = shifts[len(types) : len(types) + len(families)]
+    by_term = shifts[len(types) + len(families) :].reshape(len(families), len(FAMILY_TERMS))
     cal: Calibration = {
         "coef": coef,
         "by_type": {x: round(float(w), 4) for x, w in zip(types, shifts, strict=False)},
-        "by_family": {
-            x: round(float(w), 4) for x, w in zip(families, shifts[len(types) :], strict=True)
+        "by_family": {x: round(float(w), 4) for x, w in zip(families, by_family, strict=True)},
+        "by_family_term": {
+            x: {n: round(float(w), 4) for n, w in zip(FAMILY_TERMS, ws, strict=True)}
+            for x, ws in zip(families, by_term, strict=True)
         },
         "quantiles": {},
     }
-    z = r / sigma(cal, X, offsets(cal, t, f))
+    z = r / sigma(cal, X, offsets(cal, t, f, X))
     cal["quantiles"] = kind_quantiles({BINS[k]: z[b == k] for k in np.unique(b)})
     return cal
 
 
-def offsets(cal: Calibration, hw: np.ndarray, family: np.ndarray) -> np.ndarray:
-    """Per row, its type's and its family's log-σ offsets (0 for one without its own)."""
-    by_type = map_values(np.asarray(hw, object), cal["by_type"], 0.0)
-    return by_type + map_values(np.asarray(family, object), cal["by_family"], 0.0)
+def offsets(cal: Calibration, hw: np.ndarray, family: np.ndarray, terms: np.ndarray) -> np.ndarray:
+    """Per row, its type's and its family's log-σ offsets (0 for one without its own) and its
+    family's shifts of the `FAMILY_TERMS` coefficients times its ``terms``."""
+    fam = np.asarray(family, object)
+    out = map_values(np.asarray(hw, object), cal["by_type"], 0.0)
+    out = out + map_values(fam, cal["by_family"], 0.0)
+    shifts = family_term_shifts(cal)
+    codes = codes_of(fam, {x: i for i, x in enumerate(cal["by_family"])})
+    return out + np.sum(terms[:, FAMILY_TERM_COLUMNS] * shifts[codes], axis=1)
+
+
+def family_term_shifts(cal: Calibration) -> np.ndarray:
+    """(families in `by_family`'s order + one row of zeros for any other) × `FAMILY_TERMS`: each
+    family's shift of those terms' coefficients (none in a calibration fitted before them)."""
+    by_term = cal.get("by_family_term") or {}
+    rows = [[by_term.get(x, {}).get(n, 0.0) for n in FAMILY_TERMS] for x in cal["by_family"]]
+    return np.asarray([*rows, [0.0] * len(FAMILY_TERMS)], np.float64)
 
 
 def sigma(cal: Calibration, terms: np.ndarray, offset: np.ndarray) -> np.ndarray:

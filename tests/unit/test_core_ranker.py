@@ -194,7 +194,7 @@ def test_a_ranking_names_the_probes_a_long_job_pays_for(
     # each probe runs a slice of its job (`runs`, one per type): a whole number of its
     # replicas, its cost that slice's, and the model's prediction there
     sliced = 0
-    for s, r in zip(long, on, strict=True):
+    for s, r, before in zip(long, on, plain, strict=True):
         if "probe" not in r:
             continue
         p, t = r["probe"], s["training"]
@@ -208,7 +208,7 @@ def test_a_ranking_names_the_probes_a_long_job_pays_for(
         sliced += any(run["data_parallel"] < t["data_parallel"] for run in p["runs"])
         # the type the lineage ran on is probed only as the whole job: its own run says more
         # than a slice, and a slice's rate would join a window of the job's own size
-        ran = r["candidates"][0]["hardware_type"]
+        ran = before["candidates"][0]["hardware_type"]  # `hist`: where the lineage ran
         for h, run in zip(p["hardware_types"], p["runs"], strict=True):
             assert h != ran or run["data_parallel"] == t["data_parallel"]
         paid = sum(
