@@ -2,9 +2,9 @@
 calibration (docs/decisions/0011). A scale σ(x) is fitted to the held-out residuals' size from
 what makes a residual larger (the anchor kind, how far a transfer moves its prior, a vendor
 crossing, a rare (model type × type) pair, an own prior from another device count, a type with
-few rows, each type's and each family's offset); the interval is the prediction plus σ(x)
-times the conformal quantiles of residual/σ in the row's bin (anchor kind × whether the type
-had held-out rows of its own). Pure functions over held-out residuals;
+few rows, each type's and each family's offset, each family's shift of the move terms:
+docs/decisions/0019); the interval is the prediction plus σ(x) times the conformal quantiles of
+residual/σ in the row's bin (anchor kind × whether the type had held-out rows of its own). Pure functions over held-out residuals;
 `ThroughputModel` calibrates with them at fit (its metadata's `calibration`) and applies them
 when it predicts. The widening of a job outside the training support is a rule of its own
 (`ThroughputModel.support_excess`), outside the calibration.
@@ -82,7 +82,7 @@ SCALE_TERMS = (
 )
 # The terms whose coefficient a model family shifts by its own amount (shrunk like the offsets):
 # how much wider a family's residuals are off its own prior, per unit of move, across vendors.
-# One coefficient for every family left recommenders' moves under-covered and encoders' over.
+# One coefficient for every family left recommenders' moves under-covered (docs/decisions/0019).
 FAMILY_TERMS = ("transfer", "model", "move", "cross_vendor")
 FAMILY_TERM_COLUMNS = [SCALE_TERMS.index(t) for t in FAMILY_TERMS]
 # Pseudo-rows at no effect that shrink a type's or a family's own offset of the scale (ridge).
