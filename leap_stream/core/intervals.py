@@ -12,13 +12,14 @@ when it predicts. The widening of a job outside the training support is a rule o
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TypedDict
 
 import numpy as np
 import pandas as pd
 
 from leap_stream.core import features as F
-from leap_stream.core.columns import Frame, codes_of, f64, map_values
+from leap_stream.core.columns import Frame, codes_of, f64
 
 INTERVAL_LEVEL = 0.8
 QLO, QHI = (1 - INTERVAL_LEVEL) / 2, 1 - (1 - INTERVAL_LEVEL) / 2
@@ -184,23 +185,41 @@ def fit_calibration(
     return cal
 
 
+@dataclass(frozen=True)
+class ScaleOffsets:
+    """A calibration's log-σ offsets as arrays by code: each type's, each family's and each
+    family's shifts of the `FAMILY_TERMS` coefficients; the last entry of each (code -1) is
+    for a type or family without its own (0; no shifts in a calibration fitted before them)."""
+
+    type_code: dict[str, int]
+    family_code: dict[str, int]
+    by_type: np.ndarray
+    by_family: np.ndarray
+    by_family_term: np.ndarray  # (families + 1) × `FAMILY_TERMS`
+
+    @classmethod
+    def of(cls, cal: Calibration) -> ScaleOffsets:
+        by_term = cal.get("by_family_term") or {}
+        shifts = [[by_term.get(x, {}).get(n, 0.0) for n in FAMILY_TERMS] for x in cal["by_family"]]
+        return cls(
+            type_code={t: i for i, t in enumerate(cal["by_type"])},
+            family_code={f: i for i, f in enumerate(cal["by_family"])},
+            by_type=np.asarray([*cal["by_type"].values(), 0.0]),
+            by_family=np.asarray([*cal["by_family"].values(), 0.0]),
+            by_family_term=np.asarray([*shifts, [0.0] * len(FAMILY_TERMS)], np.float64),
+        )
+
+    def at(self, type_code: np.ndarray, family_code: np.ndarray, terms: np.ndarray) -> np.ndarray:
+        """Per row (its type's and family's codes, its scale ``terms``), its log-σ offset."""
+        shifts = np.sum(terms[:, FAMILY_TERM_COLUMNS] * self.by_family_term[family_code], axis=1)
+        return self.by_type[type_code] + self.by_family[family_code] + shifts
+
+
 def offsets(cal: Calibration, hw: np.ndarray, family: np.ndarray, terms: np.ndarray) -> np.ndarray:
-    """Per row, its type's and its family's log-σ offsets (0 for one without its own) and its
-    family's shifts of the `FAMILY_TERMS` coefficients times its ``terms``."""
-    fam = np.asarray(family, object)
-    out = map_values(np.asarray(hw, object), cal["by_type"], 0.0)
-    out = out + map_values(fam, cal["by_family"], 0.0)
-    shifts = family_term_shifts(cal)
-    codes = codes_of(fam, {x: i for i, x in enumerate(cal["by_family"])})
-    return out + np.sum(terms[:, FAMILY_TERM_COLUMNS] * shifts[codes], axis=1)
-
-
-def family_term_shifts(cal: Calibration) -> np.ndarray:
-    """(families in `by_family`'s order + one row of zeros for any other) × `FAMILY_TERMS`: each
-    family's shift of those terms' coefficients (none in a calibration fitted before them)."""
-    by_term = cal.get("by_family_term") or {}
-    rows = [[by_term.get(x, {}).get(n, 0.0) for n in FAMILY_TERMS] for x in cal["by_family"]]
-    return np.asarray([*rows, [0.0] * len(FAMILY_TERMS)], np.float64)
+    """`ScaleOffsets.at` of rows given by their type and family names."""
+    o = ScaleOffsets.of(cal)
+    type_code = codes_of(np.asarray(hw, object), o.type_code)
+    return o.at(type_code, codes_of(np.asarray(family, object), o.family_code), terms)
 
 
 def sigma(cal: Calibration, terms: np.ndarray, offset: np.ndarray) -> np.ndarray:

@@ -48,15 +48,14 @@ from leap_stream.core.columns import (
     value_ids,
 )
 from leap_stream.core.intervals import (
-    FAMILY_TERM_COLUMNS,
     MIN_BUCKET_ROWS,
     MIN_TYPE_ROWS,
     Calibration,
+    ScaleOffsets,
     bin_quantiles,
     calibration_bin,
     crosses_vendor,
     devices_changed,
-    family_term_shifts,
     fit_calibration,
     kind_quantiles,
     scale_terms,
@@ -153,12 +152,8 @@ class ThroughputModel:
         self._calibration: Calibration | None = cal
         self._type_code: dict[str, int] = {}
         if cal is not None:
-            # type and family -> position in their offsets, whose last entry (code -1) is 0
-            self._type_code = {t: i for i, t in enumerate(cal["by_type"])}
-            self._family_code = {f: i for i, f in enumerate(cal["by_family"])}
-            self._type_offset = np.asarray([*cal["by_type"].values(), 0.0])
-            self._family_offset = np.asarray([*cal["by_family"].values(), 0.0])
-            self._family_term_shifts = family_term_shifts(cal)
+            self._offsets = ScaleOffsets.of(cal)
+            self._type_code = self._offsets.type_code
             self._bin_lo, self._bin_hi = bin_quantiles(cal)
 
     @property
@@ -537,12 +532,9 @@ class ThroughputModel:
         assert self._calibration is not None
         type_code = column_codes(frame, "hardware_type", self._type_code)
         few = type_code < 0
-        family_code = column_codes(frame, "family", self._family_code)
+        family_code = column_codes(frame, "family", self._offsets.family_code)
         terms = self._terms(frame, kind, moved, few)
-        offset = self._type_offset[type_code] + self._family_offset[family_code]
-        shifts = self._family_term_shifts[family_code]
-        offset = offset + np.sum(terms[:, FAMILY_TERM_COLUMNS] * shifts, axis=1)
-        s = sigma(self._calibration, terms, offset)
+        s = sigma(self._calibration, terms, self._offsets.at(type_code, family_code, terms))
         b = calibration_bin(kind, few)
         return self._bin_lo[b] * s, self._bin_hi[b] * s
 
