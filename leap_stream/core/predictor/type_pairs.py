@@ -1,12 +1,15 @@
 """`TypePairEffects`: what moving a job from one hardware type to another does beyond the
 physics ratio: slopes in the peak-FLOP/s and bandwidth ratios (how far this fleet's jobs sit
 from the physics' balance of the two) and a device-count exponent (per-device rates fall as
-one job spreads over more devices), then shrunk medians down a hierarchy: vendor pair → type
-pair → family × type pair.
+one job spreads over more devices), then shrunk medians down a hierarchy: vendor pair → the
+two types' efficiencies → type pair → family × type pair.
 
 Each level is the median residual of the pairs it groups, times n / (n + k) (`LEVELS`: k
 pseudo-pairs at zero), fitted on what the levels above left; a level seen often moves far from
-physics, one never seen stays on its parent. It is the ratio model's form where its pairs hold
+physics, one never seen stays on its parent. The efficiencies are one number per type, a
+pair's residual their difference: what a type does beyond its datasheet is learned from all
+its pairs, so a pair never measured, or a type's pairs with a type never seen, get it too
+(decision 0020). It is the ratio model's form where its pairs hold
 too few model types for trees to generalise to a new one (a benchmark table, a fleet's first
 weeks): a prior then moves by the physics ratio plus these effects (decision 0012). The same
 medians make `evaluate`'s `table_estimator`. Pure: arrays in, arrays out; JSON in the model's
@@ -41,6 +44,12 @@ LEVELS: tuple[tuple[str, float], ...] = (
 # wins); inf: the slopes alone. Pairs that move differently for every lineage end near
 # physics, pairs that move alike near their measured medians (docs/decisions/0013).
 SHRINK_SCALES = (1.0, 0.25, 4.0, 16.0, float("inf"))
+# per type, an efficiency e with a pair's residual ≈ e(candidate) − e(prior), fitted after the
+# vendor pair and before the type pair: a pair never measured gets it through the types'
+# other pairs, a type never measured (0) moves from a known type by what that type is known
+# to do; pseudo-pairs at zero per type, and the damped backfitting passes
+EFFICIENCY_SHRINK = 4.0
+EFFICIENCY_PASSES = 20
 INNER_FOLDS = 8  # lineages round robin; with fewer, one lineage a fold
 INNER_MIN_GROUPS = 3  # fewer lineages: the scale stays 1
 INNER_MIN_GAIN = 0.02  # of the first scale's mean APE: a smaller gain keeps the first scale
@@ -66,6 +75,61 @@ def shrunk_medians(
     uniq, start, n = np.unique(k, return_index=True, return_counts=True)
     median = 0.5 * (v[start + (n - 1) // 2] + v[start + n // 2])
     return uniq, median * n / (n + shrink)
+
+
+def _efficiencies(
+    resid: np.ndarray, cand: np.ndarray, prior: np.ndarray, n: int, shrink: float
+) -> np.ndarray:
+    """Per type code (n of them, the last the padding: 0), e with `resid` ≈ e(cand) −
+    e(prior) over the finite pairs, by damped backfitting: a type's e is the median, over the
+    pairs it is on either side of (each ordered type pair its median residual, weighted by its
+    count), of what the pair and the other side's e say it is, times k / (k + `shrink`)."""
+    e = np.zeros(n)
+    keys, medians = shrunk_medians(cand * n + prior, resid, 0.0)
+    if not len(keys):
+        return e
+    counts = np.bincount(cand[np.isfinite(resid)] * n + prior[np.isfinite(resid)])[keys]
+    c, p = keys // n, keys % n
+    side = np.concatenate([c, p])
+    weight = np.concatenate([counts, counts]).astype(np.float64)
+    total = np.bincount(side, weight, n)
+    for _ in range(EFFICIENCY_PASSES):
+        values = np.concatenate([medians + e[p], e[c] - medians])
+        new = _weighted_medians(side, values, weight, n) * total / (total + shrink)
+        new[-1] = 0.0
+        e = 0.5 * (e + new)
+    return e
+
+
+def _weighted_medians(
+    keys: np.ndarray, values: np.ndarray, weight: np.ndarray, n: int
+) -> np.ndarray:
+    """Per key in range(n), the weighted median of its values (the mean of the two middle
+    ones at an even split: weights are counts, so the split is exact); 0 for a key without
+    any."""
+    order = _by_key_then_value(keys, values)
+    k, v, w = keys[order], values[order], weight[order]
+    cum = np.cumsum(w)
+    start = np.concatenate([[0.0], cum[:-1]])  # cumulative weight before each entry
+    first = np.searchsorted(k, np.arange(n))
+    before = start[np.minimum(first, len(k) - 1)]  # weight of the keys before this one
+    half = before + 0.5 * np.bincount(keys, weight, n)
+    lo = np.searchsorted(cum, half[k], side="left")  # per entry, its key's middle entries
+    hi = np.minimum(np.searchsorted(cum, half[k], side="right"), len(v) - 1)
+    out = np.zeros(n)
+    out[k] = 0.5 * (v[lo] + v[hi])
+    return out
+
+
+@dataclass(frozen=True)
+class _Indices:
+    """Each pair's indices into the levels' tables (-1 codes → the padding)."""
+
+    vendor_pair: np.ndarray  # flat, into (V + 1, V + 1)
+    cand: np.ndarray  # into type_efficiency
+    prior: np.ndarray
+    type_pair: np.ndarray  # flat, into (T + 1, T + 1)
+    family_type_pair: np.ndarray  # flat, into (F + 1, T + 1, T + 1)
 
 
 def _slopes(residual: np.ndarray, c: PairCodes) -> tuple[float, float, float]:
@@ -141,6 +205,7 @@ class TypePairEffects:
     vendor_pair: np.ndarray  # (V + 1, V + 1): candidate vendor, prior vendor
     type_pair: np.ndarray  # (T + 1, T + 1)
     family_type_pair: np.ndarray  # (F + 1, T + 1, T + 1)
+    type_efficiency: np.ndarray  # (T + 1,)
     device_exponent: float = 0.0
     flops_slope: float = 0.0
     bandwidth_slope: float = 0.0
@@ -159,6 +224,7 @@ class TypePairEffects:
             np.zeros((v, v)),
             np.zeros((t, t)),
             np.zeros((f, t, t)),
+            np.zeros(t),
         )
 
     def codes(self, frame: Frame, rows: np.ndarray | None = None) -> PairCodes:
@@ -189,14 +255,14 @@ class TypePairEffects:
             ratio("log_mem_bw"),
         )
 
-    def _indices(self, c: PairCodes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Flat indices of each pair into the three tables (-1 → the padding)."""
+    def _indices(self, c: PairCodes) -> _Indices:
+        """Each pair's indices into the tables (-1 → the padding)."""
         t, v, f = len(self.types) + 1, len(self.vendors) + 1, len(self.families) + 1
         cand, prior = np.where(c.cand < 0, t - 1, c.cand), np.where(c.prior < 0, t - 1, c.prior)
         cv = np.where(c.cand_vendor < 0, v - 1, c.cand_vendor)
         pv = np.where(c.prior_vendor < 0, v - 1, c.prior_vendor)
         fam = np.where(c.family < 0, f - 1, c.family)
-        return cv * v + pv, cand * t + prior, (fam * t + cand) * t + prior
+        return _Indices(cv * v + pv, cand, prior, cand * t + prior, (fam * t + cand) * t + prior)
 
     def fit(
         self, residual: np.ndarray, c: PairCodes, groups: np.ndarray | None = None
@@ -209,7 +275,7 @@ class TypePairEffects:
         resid = resid - exponent * c.log_dev_ratio - flops * c.d_flops - bandwidth * c.d_bw
         indices = self._indices(c)
         scale = 1.0 if groups is None else self._inner_scale(resid, indices, groups)
-        vendor_pair, type_pair, family_type_pair = self._tables(resid, indices, scale)
+        vendor_pair, efficiency, type_pair, family_type_pair = self._tables(resid, indices, scale)
         return TypePairEffects(
             self.types,
             self.vendors,
@@ -217,32 +283,43 @@ class TypePairEffects:
             vendor_pair,
             type_pair,
             family_type_pair,
+            efficiency,
             exponent,
             flops,
             bandwidth,
             scale,
         )
 
-    def _tables(
-        self, resid: np.ndarray, indices: tuple[np.ndarray, ...], scale: float
-    ) -> list[np.ndarray]:
-        """The three levels of `resid` (NaN: not a training pair), each on what the levels
-        above left, with `scale` × their pseudo-pairs (inf: all zero)."""
-        tables = []
-        for (name, shrink), idx in zip(LEVELS, indices, strict=True):
-            table = np.zeros(getattr(self, name).shape)
-            if np.isfinite(scale):
-                keys, effects = shrunk_medians(idx, resid, shrink * scale)
-                table.ravel()[keys] = effects
-            for axis in range(table.ndim):  # the padding: a level never seen is its parent's
-                np.moveaxis(table, axis, 0)[-1] = 0.0
-            tables.append(table)
-            resid = resid - table.ravel()[idx]
+    def _tables(self, resid: np.ndarray, indices: _Indices, scale: float) -> list[np.ndarray]:
+        """The levels of `resid` (NaN: not a training pair), each on what the levels above
+        left, with `scale` × their pseudo-pairs (inf: all zero): the vendor pair, the types'
+        efficiencies, the type pair, the family × type pair."""
+        tables = [self._level(resid, indices.vendor_pair, LEVELS[0][1] * scale, 0)]
+        resid = resid - tables[0].ravel()[indices.vendor_pair]
+        efficiency = np.zeros(len(self.types) + 1)
+        if np.isfinite(scale):
+            efficiency = _efficiencies(
+                resid, indices.cand, indices.prior, len(efficiency), EFFICIENCY_SHRINK * scale
+            )
+        tables.append(efficiency)
+        resid = resid - efficiency[indices.cand] + efficiency[indices.prior]
+        for i, idx in ((1, indices.type_pair), (2, indices.family_type_pair)):
+            tables.append(self._level(resid, idx, LEVELS[i][1] * scale, i))
+            resid = resid - tables[-1].ravel()[idx]
         return tables
 
-    def _inner_scale(
-        self, resid: np.ndarray, indices: tuple[np.ndarray, ...], groups: np.ndarray
-    ) -> float:
+    def _level(self, resid: np.ndarray, idx: np.ndarray, shrink: float, i: int) -> np.ndarray:
+        """Level `LEVELS[i]` of `resid`: per flat index its shrunk median (all zero with an
+        infinite `shrink`), the padding 0 (a level never seen is its parent's)."""
+        table = np.zeros(getattr(self, LEVELS[i][0]).shape)
+        if np.isfinite(shrink):
+            keys, effects = shrunk_medians(idx, resid, shrink)
+            table.ravel()[keys] = effects
+        for axis in range(table.ndim):
+            np.moveaxis(table, axis, 0)[-1] = 0.0
+        return table
+
+    def _inner_scale(self, resid: np.ndarray, indices: _Indices, groups: np.ndarray) -> float:
         """The `SHRINK_SCALES` entry that best predicts each fold of the lineages (`groups`)
         from the others' pairs (mean APE per fold), taken only where its gain over the first
         entry exceeds one standard error of the per-fold gains (a choice the folds do not agree
@@ -260,8 +337,7 @@ class TypePairEffects:
             test = fold == f
             train = np.where(test, np.nan, resid)
             for i, scale in enumerate(SHRINK_SCALES):
-                tables = self._tables(train, indices, scale)
-                pred = sum(t.ravel()[idx[test]] for t, idx in zip(tables, indices, strict=True))
+                pred = self._with_tables(self._tables(train, indices, scale), indices, test)
                 err[f, i] = np.abs(np.expm1(pred - resid[test])).mean()
         gain = err[:, :1] - err  # per fold, how much each scale beats the first
         mean, se = gain.mean(axis=0), gain.std(axis=0, ddof=1) / np.sqrt(folds)
@@ -271,14 +347,26 @@ class TypePairEffects:
 
     def predict(self, c: PairCodes) -> np.ndarray:
         """Per pair, its device-count term and the sum of its three levels."""
-        iv, it, ift = self._indices(c)
+        tables = [self.vendor_pair, self.type_efficiency, self.type_pair, self.family_type_pair]
         return np.asarray(
             self.device_exponent * c.log_dev_ratio
             + self.flops_slope * c.d_flops
             + self.bandwidth_slope * c.d_bw
-            + self.vendor_pair.ravel()[iv]
-            + self.type_pair.ravel()[it]
-            + self.family_type_pair.ravel()[ift]
+            + self._with_tables(tables, self._indices(c))
+        )
+
+    @staticmethod
+    def _with_tables(
+        tables: list[np.ndarray], ix: _Indices, rows: np.ndarray | slice = slice(None)
+    ) -> np.ndarray:
+        """Per pair of `rows`, the sum of its levels in `tables` (`_tables`' order)."""
+        vendor_pair, efficiency, type_pair, family_type_pair = tables
+        return np.asarray(
+            vendor_pair.ravel()[ix.vendor_pair[rows]]
+            + efficiency[ix.cand[rows]]
+            - efficiency[ix.prior[rows]]
+            + type_pair.ravel()[ix.type_pair[rows]]
+            + family_type_pair.ravel()[ix.family_type_pair[rows]]
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -287,6 +375,7 @@ class TypePairEffects:
             "vendors": list(self.vendors),
             "families": list(self.families),
             **{name: getattr(self, name).round(6).tolist() for name, _k in LEVELS},
+            "type_efficiency": self.type_efficiency.round(6).tolist(),
             "device_exponent": self.device_exponent,
             "flops_slope": self.flops_slope,
             "bandwidth_slope": self.bandwidth_slope,
@@ -305,6 +394,7 @@ class TypePairEffects:
             vendor_pair,
             type_pair,
             family_type_pair,
+            np.asarray(doc.get("type_efficiency") or np.zeros(len(type_pair)), np.float64),
             float(doc.get("device_exponent", 0.0)),
             float(doc.get("flops_slope", 0.0)),
             float(doc.get("bandwidth_slope", 0.0)),
