@@ -86,3 +86,48 @@ class _DayIds:
     lin_id: Any
     attempt: np.ndarray[Any, Any]
     eid_list: list[str]
+
+
+def _has_prior(
+    lin: I64,
+    submitted: F64,
+    has_thr: npt.NDArray[np.bool_],
+    ended: F64,
+    min_meas_end: F64,
+) -> npt.NDArray[np.bool_]:
+    """Whether a measured completion of the lineage ended before each submission.
+
+    Earliest measured end so far (`min_meas_end` per lineage, from earlier days, then an
+    exclusive running min inside each lineage's time-ordered submissions of today); updates
+    `min_meas_end` in place with today's measured ends."""
+    n = len(lin)
+    meas_end = np.where(has_thr, ended, np.inf)
+    by_lin = np.lexsort((np.arange(n), lin))
+    lin_sorted = lin[by_lin]
+    first = np.r_[True, lin_sorted[1:] != lin_sorted[:-1]] if n else np.zeros(0, bool)
+    shifted = np.r_[np.inf, meas_end[by_lin][:-1]] if n else np.zeros(0)
+    shifted[first] = min_meas_end[lin_sorted[first]]
+    grp = np.cumsum(first) - 1
+    run = pd.Series(shifted).groupby(grp).cummin().to_numpy()
+    has_prior = np.zeros(n, dtype=bool)
+    has_prior[by_lin] = run < submitted[by_lin]
+    np.minimum.at(min_meas_end, lin, meas_end)
+    return has_prior
+
+
+def _dataset_rows(subs: pd.DataFrame, comp: pd.DataFrame) -> pd.DataFrame:
+    """The day's dataset rows: each submission's columns beside its completion's, honest
+    telemetry (no quarantine) and no probes."""
+    from leap_stream.store.offline import DATASET_COLUMNS
+
+    sub_cols = [c for c in subs.columns if c not in ("submission_event_id", "has_prior")]
+    merged = pd.concat(
+        [
+            subs[sub_cols].drop(columns=["num_devices"]),
+            comp.drop(columns=["job_id", "attempt", "lineage_id", "model_type"]),
+        ],
+        axis=1,
+    )
+    merged["quarantine"] = None  # the simulator's telemetry is honest
+    merged["probe"] = None  # every row is an attempt's own run
+    return merged[list(DATASET_COLUMNS)]

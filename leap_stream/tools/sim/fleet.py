@@ -45,7 +45,9 @@ from leap_stream.tools.sim.config import (
 )
 from leap_stream.tools.sim.draw import (
     _choice_rows,
+    _dataset_rows,
     _DayIds,
+    _has_prior,
     _Lineages,
     _strings,
     _take,
@@ -290,9 +292,11 @@ class FleetSimulator(LineageDraws):
         self.short_runs = ShortRuns(pos, self.hw.types, probe_rng, sliced)
         chosen, invalid = self._choose(policy, subs, s, cand)
         comp, has_thr, ended = self._completions_frame(s, ids, true, measured, pos, chosen)
-        subs["has_prior"] = self._has_prior(s, has_thr, ended)
+        subs["has_prior"] = _has_prior(
+            s["lin"], s["submitted"], has_thr, ended, self._lin["min_meas_end"]
+        )
         subs.attrs["vendors"] = self._vendors_present
-        dataset = self._join(subs, comp)
+        dataset = _dataset_rows(subs, comp)
         new_events = [e for e in self.drift_events if e.day == d]
         return DayResult(day, subs, comp, dataset, truth, new_events, invalid)
 
@@ -524,33 +528,6 @@ class FleetSimulator(LineageDraws):
         )
         return comp, has_thr, ended
 
-    def _has_prior(
-        self,
-        s: dict[str, np.ndarray[Any, Any]],
-        has_thr: np.ndarray[Any, Any],
-        ended: np.ndarray[Any, Any],
-    ) -> np.ndarray[Any, Any]:
-        """Whether a measured completion of the lineage ended before each submission.
-
-        Earliest measured end so far (state from earlier days, then an exclusive running min
-        inside each lineage's time-ordered submissions of today); updates that state."""
-        L = self._lin
-        lin = s["lin"]
-        n = len(lin)
-        prior_end = L["min_meas_end"]
-        meas_end = np.where(has_thr, ended, np.inf)
-        by_lin = np.lexsort((np.arange(n), lin))
-        lin_sorted = lin[by_lin]
-        first = np.r_[True, lin_sorted[1:] != lin_sorted[:-1]] if n else np.zeros(0, bool)
-        shifted = np.r_[np.inf, meas_end[by_lin][:-1]] if n else np.zeros(0)
-        shifted[first] = prior_end[lin_sorted[first]]
-        grp = np.cumsum(first) - 1
-        run = pd.Series(shifted).groupby(grp).cummin().to_numpy()
-        has_prior = np.zeros(n, dtype=bool)
-        has_prior[by_lin] = run < s["submitted"][by_lin]
-        np.minimum.at(prior_end, lin, meas_end)
-        return has_prior
-
     def _candidate_strings(self, cand: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
         cache: dict[bytes, str] = {}
         out = np.empty(len(cand), dtype=object)
@@ -563,22 +540,6 @@ class FleetSimulator(LineageDraws):
                 cache[key] = val
             out[i] = val
         return out
-
-    @staticmethod
-    def _join(subs: pd.DataFrame, comp: pd.DataFrame) -> pd.DataFrame:
-        from leap_stream.store.offline import DATASET_COLUMNS
-
-        sub_cols = [c for c in subs.columns if c not in ("submission_event_id", "has_prior")]
-        merged = pd.concat(
-            [
-                subs[sub_cols].drop(columns=["num_devices"]),
-                comp.drop(columns=["job_id", "attempt", "lineage_id", "model_type"]),
-            ],
-            axis=1,
-        )
-        merged["quarantine"] = None  # the simulator's telemetry is honest
-        merged["probe"] = None  # every row is an attempt's own run
-        return merged[list(DATASET_COLUMNS)]
 
 
 def simulate(
