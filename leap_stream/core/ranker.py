@@ -47,6 +47,7 @@ from leap_stream.core.ranking import (
     within_noise_of_best,
 )
 from leap_stream.core.slices import probe_rates, probe_slices, size_probes
+from leap_stream.core.specs import SpecArrays
 
 log = logging.getLogger(__name__)
 
@@ -120,13 +121,13 @@ class Ranker:
         # the largest expected extra cost share of an exploration (core/explore.py); 0: none
         self.explore_budget = explore_budget
         self.probe = probe  # what a probe may cost and measures (core/probe.py); None: none
-        self._spec_arrays = F.SpecArrays.of(self.specs)
+        self._spec_arrays = SpecArrays.of(self.specs)
         self.model = model
         self.lookup = lookup
         self._known = self._spec_arrays.code  # type ids of the catalog (a dict: `in` is a lookup)
 
     @property
-    def spec_arrays(self) -> F.SpecArrays:
+    def spec_arrays(self) -> SpecArrays:
         """Its catalog's specs as arrays (the physics of the history's guard uses them too)."""
         return self._spec_arrays
 

@@ -17,10 +17,10 @@ from leap_stream.stream.acks import OrderedAcks
 from leap_stream.stream.batch import (
     COMPLETION_SCHEMA,
     Backoff,
-    CompletionBatchResult,
     Record,
     dead_letter,
 )
+from leap_stream.stream.completion_batch import CompletionBatchResult
 from leap_stream.stream.deps import WorkerDeps, count_applied, count_dead, exit_unfinished, send_all
 from leap_stream.stream.output import OutputProducer
 from leap_stream.stream.retry import Retry, Unfinished

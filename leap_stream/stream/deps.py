@@ -14,12 +14,9 @@ import orjson
 
 from leap_stream.contracts import DeadLetter, HardwareRanking
 from leap_stream.settings import Settings
-from leap_stream.stream.batch import (
-    CompletionBatchResult,
-    CompletionProcessor,
-    SubmissionProcessor,
-)
+from leap_stream.stream.batch import SubmissionProcessor
 from leap_stream.stream.clock import BrokerClock
+from leap_stream.stream.completion_batch import CompletionBatchResult, CompletionProcessor
 from leap_stream.stream.kafka import KafkaClients
 from leap_stream.stream.metrics import Metrics
 from leap_stream.stream.output import OutputProducer

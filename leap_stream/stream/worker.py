@@ -133,7 +133,7 @@ def ranking_core(cfg: Settings) -> RankingCore:
 
 def build_deps(cfg: Settings, kafka: KafkaClients) -> WorkerDeps:
     from leap_stream.store.offline import DatasetSink
-    from leap_stream.stream.batch import CompletionProcessor
+    from leap_stream.stream.completion_batch import CompletionProcessor
     from leap_stream.stream.lag import LagReader, worker_groups
     from leap_stream.stream.output import OutputProducer
 

@@ -17,7 +17,7 @@ import pandas as pd
 
 from leap_stream.contracts.timestamps import epoch_seconds
 from leap_stream.core.aggregates import AggregateLog, AggregatesAsOf
-from leap_stream.core.features import SpecArrays, log_rate_ceiling
+from leap_stream.core.features import log_rate_ceiling
 from leap_stream.core.history import (
     MEASURED_STATUSES,
     QUARANTINE_RULES,
@@ -26,6 +26,7 @@ from leap_stream.core.history import (
     TypeAggregates,
     job_key,
 )
+from leap_stream.core.specs import SpecArrays
 
 
 @dataclass

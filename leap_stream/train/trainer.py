@@ -29,6 +29,7 @@ from leap_stream.core.columns import Columns
 from leap_stream.core.history import DEFAULT_RULES, QUARANTINE_RULES, HistoryBook, HistoryRules
 from leap_stream.core.lookup import LookupTable
 from leap_stream.core.predictor import NUM_ROUNDS, BoosterCompiler, ThroughputModel
+from leap_stream.core.specs import SpecArrays
 from leap_stream.settings import Settings
 from leap_stream.store.artefact import read_model, write_model
 from leap_stream.train import pit
@@ -123,7 +124,7 @@ def training_rows(
         completions = dataset.loc[(ended < known_before).to_numpy()]
     rows = _not_quarantined_online(pit.measured(completions))
     del completions, dataset
-    specs = F.SpecArrays.of(catalog_specs())
+    specs = SpecArrays.of(catalog_specs())
     columns = _FeatureColumns(len(rows))
     verdicts = np.empty(0, object)
     book = HistoryBook(rules)

@@ -20,8 +20,9 @@ from leap_stream.core.lookup import LookupTable
 from leap_stream.core.ranker import Ranker
 from leap_stream.store.connection import connect
 from leap_stream.store.online import OnlineStore, OnlineStoreUnavailable
-from leap_stream.stream.batch import CompletionProcessor, Record, SubmissionProcessor
+from leap_stream.stream.batch import Record, SubmissionProcessor
 from leap_stream.stream.client import RankingsClient
+from leap_stream.stream.completion_batch import CompletionProcessor
 from leap_stream.stream.kafka import KafkaClients
 from leap_stream.stream.lag import LagReader, total_lag
 from leap_stream.stream.output import DeliveryError, OutputProducer

@@ -13,6 +13,7 @@ import pytest
 from leap_stream.catalog import load_catalog
 from leap_stream.core import features as F
 from leap_stream.core.history import QUARANTINE_RULES, HistoryBook
+from leap_stream.core.specs import SpecArrays
 from leap_stream.store.artefact import read_lookup, read_model
 from leap_stream.store.registry import LOOKUP, Registry
 from leap_stream.tools import synthetic_rows as S
@@ -133,7 +134,7 @@ def test_training_rows_in_pieces_equal_one_whole_replay() -> None:
     d = _dataset(3000, seed=8)
     pieces = trainer.training_rows(d, chunk_rows=97)
     rows = pit.measured(d)
-    snap = pit.replay(rows, rows, HistoryBook(), finish=True, specs=F.SpecArrays.of(CATALOG))
+    snap = pit.replay(rows, rows, HistoryBook(), finish=True, specs=SpecArrays.of(CATALOG))
     kept = ~np.isin(snap.verdicts, QUARANTINE_RULES)
     whole = (
         F.build(
