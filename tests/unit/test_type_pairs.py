@@ -182,3 +182,33 @@ def test_weighted_medians_split_evenly_at_the_middle_and_follow_the_weight() -> 
         3,
     )
     assert got.tolist() == [2.0, 10.0, 0.0]
+
+
+def test_slopes_one_big_lineage_alone_wants_stay_at_zero_for_the_others() -> None:
+    """One lineage with 1,500 pairs moves 0.3 × log(FLOP/s ratio) beyond physics; 20 lineages of
+    30 pairs each move by physics alone. Pooled, the slope follows the big lineage; predicting
+    each fold of lineages from the others, the slopes held at 0 win, and the fit keeps them
+    there."""
+    rng = np.random.default_rng(3)
+    n_big, n_small, k = 1500, 20, 30
+    d = rng.uniform(-1.0, 1.0, n_big + n_small * k)
+    resid = np.where(np.arange(len(d)) < n_big, 0.3 * d, 0.0) + rng.normal(0.0, 0.01, len(d))
+    groups = np.array(["big"] * n_big + [f"l{i // k}" for i in range(n_small * k)], object)
+    codes = _codes([(1, 0, 0)] * len(d), flops=list(d))
+    assert _empty().fit(resid, codes).flops_slope == pytest.approx(0.3)
+    assert _empty().fit(resid, codes, groups).flops_slope == 0.0
+
+
+def test_the_inner_choice_reads_a_share_of_whole_lineages_past_its_row_cap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Past `INNER_ROWS` pairs the choice reads a seeded share of the lineages: 40 lineages
+    that all move 0.3 × log(FLOP/s ratio) still keep the slope."""
+    from leap_stream.core.predictor import type_pairs
+
+    monkeypatch.setattr(type_pairs, "INNER_ROWS", 300)
+    rng = np.random.default_rng(4)
+    d = rng.uniform(-1.0, 1.0, 40 * 30)
+    groups = np.array([f"l{i // 30}" for i in range(len(d))], object)
+    effects = _empty().fit(0.3 * d, _codes([(1, 0, 0)] * len(d), flops=list(d)), groups)
+    assert effects.flops_slope == pytest.approx(0.3)

@@ -18,7 +18,7 @@ metadata.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -50,8 +50,12 @@ SHRINK_SCALES = (1.0, 0.25, 4.0, 16.0, float("inf"))
 # to do; pseudo-pairs at zero per type, and the damped backfitting passes
 EFFICIENCY_SHRINK = 4.0
 EFFICIENCY_PASSES = 20
+# the slopes free, or held at 0 (the exponent alone): a few workloads can pick slopes that
+# overstate a move for the next one; chosen with the scale (`TypePairEffects._inner_choice`)
+SLOPE_CHOICES = (True, False)
 INNER_FOLDS = 8  # lineages round robin; with fewer, one lineage a fold
 INNER_MIN_GROUPS = 3  # fewer lineages: the scale stays 1
+INNER_ROWS = 200_000  # pairs the inner choice reads at most (whole lineages, seeded)
 INNER_MIN_GAIN = 0.02  # of the first scale's mean APE: a smaller gain keeps the first scale
 
 
@@ -131,15 +135,20 @@ class _Indices:
     type_pair: np.ndarray  # flat, into (T + 1, T + 1)
     family_type_pair: np.ndarray  # flat, into (F + 1, T + 1, T + 1)
 
+    def take(self, rows: np.ndarray) -> _Indices:
+        return _Indices(*(getattr(self, f.name)[rows] for f in fields(self)))
 
-def _slopes(residual: np.ndarray, c: PairCodes) -> tuple[float, float, float]:
+
+def _slopes(residual: np.ndarray, c: PairCodes, free: bool = True) -> tuple[float, float, float]:
     """(device exponent, FLOP/s slope, bandwidth slope) of the grid with the least absolute
-    residual on an evenly spaced sample of the finite pairs; zeros without any."""
+    residual on an evenly spaced sample of the finite pairs (`free` False: the slopes stay 0,
+    the exponent alone is fitted); zeros without any."""
     ok = np.flatnonzero(np.isfinite(residual))
     if not len(ok):
         return 0.0, 0.0, 0.0
     ok = ok[np.linspace(0, len(ok) - 1, min(len(ok), SLOPE_ROWS)).astype(np.int64)]
-    grid = np.stack([g.ravel() for g in np.meshgrid(EXPONENTS, SLOPES, SLOPES, indexing="ij")])
+    slopes = SLOPES if free else np.zeros(1)
+    grid = np.stack([g.ravel() for g in np.meshgrid(EXPONENTS, slopes, slopes, indexing="ij")])
     x = np.stack([c.log_dev_ratio[ok], c.d_flops[ok], c.d_bw[ok]], axis=1)
     misfit = np.abs(residual[ok, None] - x @ grid).sum(axis=0)
     best = grid[:, int(np.argmin(misfit))]
@@ -267,14 +276,17 @@ class TypePairEffects:
     def fit(
         self, residual: np.ndarray, c: PairCodes, groups: np.ndarray | None = None
     ) -> TypePairEffects:
-        """The levels fitted on `residual` (the measured log ratio less the physics ratio) of
-        pairs `c`, each on what the levels above left, shrunk by the scale of `SHRINK_SCALES`
-        that best predicts each lineage (`groups`, one label per pair) from the others."""
+        """The slopes, then the levels fitted on `residual` (the measured log ratio less the
+        physics ratio) of pairs `c`, each on what the levels above left: with the slopes free
+        or the exponent alone, and shrunk by the scale of `SHRINK_SCALES`, whichever best
+        predicts each lineage (`groups`, one label per pair) from the others."""
         resid = np.asarray(residual, np.float64)
-        exponent, flops, bandwidth = _slopes(resid, c)
-        resid = resid - exponent * c.log_dev_ratio - flops * c.d_flops - bandwidth * c.d_bw
         indices = self._indices(c)
-        scale = 1.0 if groups is None else self._inner_scale(resid, indices, groups)
+        free, scale = (
+            (True, 1.0) if groups is None else self._inner_choice(resid, c, indices, groups)
+        )
+        exponent, flops, bandwidth = _slopes(resid, c, free)
+        resid = resid - exponent * c.log_dev_ratio - flops * c.d_flops - bandwidth * c.d_bw
         vendor_pair, efficiency, type_pair, family_type_pair = self._tables(resid, indices, scale)
         return TypePairEffects(
             self.types,
@@ -319,31 +331,49 @@ class TypePairEffects:
             np.moveaxis(table, axis, 0)[-1] = 0.0
         return table
 
-    def _inner_scale(self, resid: np.ndarray, indices: _Indices, groups: np.ndarray) -> float:
-        """The `SHRINK_SCALES` entry that best predicts each fold of the lineages (`groups`)
-        from the others' pairs (mean APE per fold), taken only where its gain over the first
-        entry exceeds one standard error of the per-fold gains (a choice the folds do not agree
-        on is noise) and `INNER_MIN_GAIN` of the first's error; 1 with fewer than
-        `INNER_MIN_GROUPS` lineages."""
+    def _inner_choice(
+        self, resid: np.ndarray, c: PairCodes, indices: _Indices, groups: np.ndarray
+    ) -> tuple[bool, float]:
+        """(slopes free, `SHRINK_SCALES` entry): of the slopes free or the exponent alone
+        (`SLOPE_CHOICES`) and each scale, the pair that best predicts each fold of the lineages
+        (`groups`) from the others' pairs (mean APE per fold), taken only where its gain over
+        the first (free slopes, scale 1) exceeds one standard error of the per-fold gains (a
+        choice the folds do not agree on is noise) and `INNER_MIN_GAIN` of the first's error;
+        the first with fewer than `INNER_MIN_GROUPS` lineages."""
+        choices = [(free, scale) for free in SLOPE_CHOICES for scale in SHRINK_SCALES]
         ok = np.isfinite(resid)
         codes, names = pd.factorize(np.asarray(groups, object)[ok])
         if len(names) < INNER_MIN_GROUPS:
-            return 1.0
+            return choices[0]
+        if ok.sum() > INNER_ROWS:  # a seeded share of the lineages, each lineage whole
+            keep = np.zeros(len(names), bool)
+            share = max(INNER_MIN_GROUPS, len(names) * INNER_ROWS // int(ok.sum()))
+            keep[np.random.default_rng(0).permutation(len(names))[:share]] = True
+            rows = np.flatnonzero(ok)[keep[codes]]
+            codes, names = pd.factorize(codes[keep[codes]])
+            resid, c, indices = resid[rows], c.take(rows), indices.take(rows)
+            ok = np.ones(len(rows), bool)
         fold = np.full(len(resid), -1, np.int64)
         fold[ok] = codes % INNER_FOLDS
         folds = min(len(names), INNER_FOLDS)
-        err = np.zeros((folds, len(SHRINK_SCALES)))  # mean APE of each fold at each scale
+        err = np.zeros((folds, len(choices)))  # mean APE of each fold under each choice
         for f in range(folds):
             test = fold == f
             train = np.where(test, np.nan, resid)
-            for i, scale in enumerate(SHRINK_SCALES):
-                pred = self._with_tables(self._tables(train, indices, scale), indices, test)
-                err[f, i] = np.abs(np.expm1(pred - resid[test])).mean()
-        gain = err[:, :1] - err  # per fold, how much each scale beats the first
+            for free in SLOPE_CHOICES:
+                e, fl, bw = _slopes(train, c, free)
+                term = e * c.log_dev_ratio + fl * c.d_flops + bw * c.d_bw
+                for scale in SHRINK_SCALES:
+                    levels = self._tables(train - term, indices, scale)
+                    pred = term[test] + self._with_tables(levels, indices, test)
+                    err[f, choices.index((free, scale))] = np.abs(
+                        np.expm1(pred - resid[test])
+                    ).mean()
+        gain = err[:, :1] - err  # per fold, how much each choice beats the first
         mean, se = gain.mean(axis=0), gain.std(axis=0, ddof=1) / np.sqrt(folds)
         best = int(np.argmax(mean))
         enough = max(se[best], INNER_MIN_GAIN * float(err[:, 0].mean()))
-        return float(SHRINK_SCALES[best]) if mean[best] > enough else SHRINK_SCALES[0]
+        return choices[best] if mean[best] > enough else choices[0]
 
     def predict(self, c: PairCodes) -> np.ndarray:
         """Per pair, its device-count term and the sum of its three levels."""
