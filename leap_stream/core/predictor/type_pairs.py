@@ -139,20 +139,34 @@ class _Indices:
         return _Indices(*(getattr(self, f.name)[rows] for f in fields(self)))
 
 
-def _slopes(residual: np.ndarray, c: PairCodes, free: bool = True) -> tuple[float, float, float]:
-    """(device exponent, FLOP/s slope, bandwidth slope) of the grid with the least absolute
-    residual on an evenly spaced sample of the finite pairs (`free` False: the slopes stay 0,
-    the exponent alone is fitted); zeros without any."""
-    ok = np.flatnonzero(np.isfinite(residual))
-    if not len(ok):
-        return 0.0, 0.0, 0.0
-    ok = ok[np.linspace(0, len(ok) - 1, min(len(ok), SLOPE_ROWS)).astype(np.int64)]
-    slopes = SLOPES if free else np.zeros(1)
-    grid = np.stack([g.ravel() for g in np.meshgrid(EXPONENTS, slopes, slopes, indexing="ij")])
-    x = np.stack([c.log_dev_ratio[ok], c.d_flops[ok], c.d_bw[ok]], axis=1)
-    misfit = np.abs(residual[ok, None] - x @ grid).sum(axis=0)
-    best = grid[:, int(np.argmin(misfit))]
-    return float(best[0]), float(best[1]), float(best[2])
+@dataclass(frozen=True)
+class _SlopeGrid:
+    """The absolute residual of every (device exponent, FLOP/s slope, bandwidth slope) of the
+    grid on an evenly spaced sample of the finite pairs (`free` False: the slopes stay 0, the
+    exponent alone is fitted), so that the best weights on any subset of the pairs (an inner
+    fold's training pairs) cost a sum, not a refit."""
+
+    rows: np.ndarray  # the sampled pair indices
+    grid: np.ndarray  # (3, combinations)
+    misfit: np.ndarray  # (sample, combinations)
+
+    @classmethod
+    def of(cls, residual: np.ndarray, c: PairCodes, free: bool = True) -> _SlopeGrid:
+        ok = np.flatnonzero(np.isfinite(residual))
+        ok = ok[np.linspace(0, len(ok) - 1, min(len(ok), SLOPE_ROWS)).astype(np.int64)]
+        slopes = SLOPES if free else np.zeros(1)
+        grid = np.stack([g.ravel() for g in np.meshgrid(EXPONENTS, slopes, slopes, indexing="ij")])
+        x = np.stack([c.log_dev_ratio[ok], c.d_flops[ok], c.d_bw[ok]], axis=1)
+        return cls(ok, grid, np.abs(residual[ok, None] - x @ grid))
+
+    def best(self, use: np.ndarray | None = None) -> tuple[float, float, float]:
+        """The weights with the least absolute residual on the sampled pairs where `use` (a
+        mask over all pairs) holds; the first of equals; zeros without any such pair."""
+        pick = np.ones(len(self.rows), bool) if use is None else use[self.rows]
+        if not pick.any():
+            return 0.0, 0.0, 0.0
+        best = self.grid[:, int(np.argmin(pick.astype(np.float64) @ self.misfit))]
+        return float(best[0]), float(best[1]), float(best[2])
 
 
 @dataclass(frozen=True)
@@ -285,7 +299,7 @@ class TypePairEffects:
         free, scale = (
             (True, 1.0) if groups is None else self._inner_choice(resid, c, indices, groups)
         )
-        exponent, flops, bandwidth = _slopes(resid, c, free)
+        exponent, flops, bandwidth = _SlopeGrid.of(resid, c, free).best()
         resid = resid - exponent * c.log_dev_ratio - flops * c.d_flops - bandwidth * c.d_bw
         vendor_pair, efficiency, type_pair, family_type_pair = self._tables(resid, indices, scale)
         return TypePairEffects(
@@ -328,7 +342,7 @@ class TypePairEffects:
             keys, effects = shrunk_medians(idx, resid, shrink)
             table.ravel()[keys] = effects
         for axis in range(table.ndim):
-            np.moveaxis(table, axis, 0)[-1] = 0.0
+            table[(slice(None),) * axis + (-1,)] = 0.0
         return table
 
     def _inner_choice(
@@ -357,11 +371,12 @@ class TypePairEffects:
         fold[ok] = codes % INNER_FOLDS
         folds = min(len(names), INNER_FOLDS)
         err = np.zeros((folds, len(choices)))  # mean APE of each fold under each choice
+        grids = {free: _SlopeGrid.of(resid, c, free) for free in SLOPE_CHOICES}
         for f in range(folds):
             test = fold == f
             train = np.where(test, np.nan, resid)
             for free in SLOPE_CHOICES:
-                e, fl, bw = _slopes(train, c, free)
+                e, fl, bw = grids[free].best(~test)
                 term = e * c.log_dev_ratio + fl * c.d_flops + bw * c.d_bw
                 for scale in SHRINK_SCALES:
                     levels = self._tables(train - term, indices, scale)
