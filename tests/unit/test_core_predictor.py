@@ -10,7 +10,7 @@ import pytest
 
 from leap_stream.core import features as F
 from leap_stream.core.predictor import KINDS, ThroughputModel, anchor_kind, holdout_mask
-from leap_stream.core.predictor import model as model_module
+from leap_stream.core.predictor import ratio as ratio_module
 from leap_stream.core.predictor.type_pairs import TypePairEffects
 from leap_stream.store.artefact import read_model, write_model
 from leap_stream.tools import synthetic_rows as S
@@ -21,7 +21,7 @@ from leap_stream.train import pit
 def trees_on_few_model_types(monkeypatch: pytest.MonkeyPatch) -> None:
     """The fixture's six model types stand for a fleet's hundreds: the ratio model's trees
     form (the effects form on few model types has its own test)."""
-    monkeypatch.setattr(model_module, "RATIO_MIN_MODEL_TYPES", 2)
+    monkeypatch.setattr(ratio_module, "RATIO_MIN_MODEL_TYPES", 2)
 
 
 @pytest.fixture(scope="module")
@@ -336,7 +336,7 @@ def test_on_few_model_types_the_type_pair_effects_move_priors(
     difference held out in time, and it survives a save and load."""
     from leap_stream.core.predictor import KIND_TRANSFER, anchor_kind
 
-    monkeypatch.setattr(model_module, "RATIO_MIN_MODEL_TYPES", 7)  # the fixture has 6
+    monkeypatch.setattr(ratio_module, "RATIO_MIN_MODEL_TYPES", 7)  # the fixture has 6
     m, fr = data
     tr = _split(m)
     y = m["samples_per_s"].to_numpy()
@@ -363,6 +363,22 @@ def test_on_few_model_types_the_type_pair_effects_move_priors(
     assert err["effects"] < err["difference"], err
     again = read_model(write_model(tmp_path / "m", model))
     np.testing.assert_allclose(again.predict(test)[0], model.predict(test)[0])
+
+
+def test_without_the_jobs_work_the_type_pair_effects_move_priors(
+    data: tuple[pd.DataFrame, pd.DataFrame],
+) -> None:
+    """Model types enough for trees (the fixture's six, here), but the pairs do not carry the
+    job's work per sample (a benchmark table without its configuration): the effects form;
+    with it, the trees."""
+    m, fr = data
+    tr = _split(m)
+    y = m["samples_per_s"].to_numpy()
+    with_work = ThroughputModel.fit(fr[tr], y[tr], m["lineage_id"][tr], num_rounds=30)
+    assert with_work.ratio is not None and "type_pair_effects" not in with_work.metadata
+    blank = fr[tr].assign(log_flops_per_sample=np.nan)
+    without = ThroughputModel.fit(blank, y[tr], m["lineage_id"][tr], num_rounds=30)
+    assert without.ratio is None and "type_pair_effects" in without.metadata
 
 
 def test_every_lightgbm_predict_holds_the_process_lock(

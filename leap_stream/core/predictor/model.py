@@ -11,8 +11,9 @@ every measured run. A prediction then anchors on the lineage's history, the publ
   and B/A is the inverse of A/B) and fed the main booster's own difference
   f(job, candidate) − f(job, B) next to the two types' specs; the per-lineage factor (input
   pipeline, code quality) cancels in a ratio, which a model of absolute throughput cannot see.
-  Where the pairs hold fewer than `RATIO_MIN_MODEL_TYPES` model types, g is the type-pair
-  effects instead (`type_pairs`: shrunk medians over the physics ratio, decision 0012);
+  Where the pairs hold fewer than `RATIO_MIN_MODEL_TYPES` model types, or too few of them
+  carry the job's work per sample (`RATIO_MIN_CONFIGURED`), g is the type-pair effects
+  instead (`type_pairs`: shrunk medians over the physics ratio, decision 0012);
 * no history: f(job, candidate) (`model`).
 
 The main booster is fitted twice: the second time on targets with each lineage's own shrunk
@@ -84,8 +85,6 @@ from leap_stream.core.predictor.params import (
     NUM_ROUNDS,
     PHYSICS_RATIO,
     RATIO_EARLY_STOP,
-    RATIO_MIN_MODEL_TYPES,
-    RATIO_MIN_ROWS,
     RATIO_PAIRS,
     RATIO_PARAMS,
     RATIO_ROUNDS,
@@ -103,6 +102,7 @@ from leap_stream.core.predictor.ratio import (
     _level_name,
     _ratio_matrix,
     _reversed_pairs,
+    _trees_can_learn,
     ratio_features,
 )
 from leap_stream.core.predictor.type_pairs import TypePairEffects
@@ -283,8 +283,8 @@ class ThroughputModel:
     ) -> ThroughputModel:
         """This model with a ratio model fitted on the pairs in `frame` (rows whose lineage
         had run on another type before), one of two (docs/decisions/0012): trees over the
-        physics ratio, where `RATIO_MIN_ROWS` pairs or more of `RATIO_MIN_MODEL_TYPES` model
-        types or more teach them; else the type-pair effects. Itself without a pair."""
+        physics ratio, where the pairs can teach them (`_trees_can_learn`); else the
+        type-pair effects. Itself without a pair."""
         pair = np.isfinite(frame["other_log_pd"].to_numpy(np.float64))
         if not (pair & train_idx).any():
             return self
@@ -298,8 +298,7 @@ class ThroughputModel:
         tr = np.tile(train_idx[rows], 2)
         meta: ModelMetadata = {**self.metadata, "ratio_base": PHYSICS_RATIO}
         compiled = self.score if self.scorer_kind != LIGHTGBM_KIND else None
-        model_types = len(pd.unique(pf["model_type"].to_numpy(object)[train_idx[rows]]))
-        if (pair & train_idx).sum() < RATIO_MIN_ROWS or model_types < RATIO_MIN_MODEL_TYPES:
+        if not _trees_can_learn(pf, train_idx[rows], int((pair & train_idx).sum())):
             levels = self._type_pair_levels()
             codes = levels.codes(pf)
             codes = codes.stacked(codes.reversed())

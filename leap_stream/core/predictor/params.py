@@ -76,6 +76,10 @@ RATIO_MIN_ROWS = 500
 # model type they never saw better than the type-pair effects; with fewer (a benchmark table,
 # a fleet's first weeks) the effects move priors alone (docs/decisions/0012)
 RATIO_MIN_MODEL_TYPES = 30
+# and this share of the pairs with the job's work per sample known (its parameters): without
+# it the trees see a new model type only through its hardware (a benchmark table without its
+# configuration, whatever its workloads)
+RATIO_MIN_CONFIGURED = 0.5
 # Pairs the ratio model fits at most, each in both directions (`_at_most`): every pair of a
 # backtest's night (tens of thousands), a sample of a year's ~3M, whose matrix was the peak
 # of a year's training (docs/benchmarks.md)

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from leap_stream.core import features as F
 from leap_stream.core.columns import (
@@ -15,7 +16,14 @@ from leap_stream.core.columns import (
     codes_of,
     f64,
 )
-from leap_stream.core.predictor.params import BOOSTER_RATIO, PRIOR_RESIDUAL, RATIO_DIFFS
+from leap_stream.core.predictor.params import (
+    BOOSTER_RATIO,
+    PRIOR_RESIDUAL,
+    RATIO_DIFFS,
+    RATIO_MIN_CONFIGURED,
+    RATIO_MIN_MODEL_TYPES,
+    RATIO_MIN_ROWS,
+)
 
 
 def ratio_features(booster_features: Sequence[str]) -> list[str]:
@@ -113,3 +121,18 @@ def _ratio_matrix(
         else:
             X[:, i] = f64(frame, c)[idx]
     return X
+
+
+def _trees_can_learn(pairs: pd.DataFrame, train: np.ndarray, n_train: int) -> bool:
+    """Whether the ratio model's trees can learn how a move depends on the job, for a model
+    type they never saw: `RATIO_MIN_ROWS` training pairs or more, of `RATIO_MIN_MODEL_TYPES`
+    model types or more, at least `RATIO_MIN_CONFIGURED` of them with the job's work per
+    sample known (without it a new model type's inputs are its hardware alone, which the
+    type-pair effects learn better; decision 0012)."""
+    model_types = len(pd.unique(pairs["model_type"].to_numpy(object)[train]))
+    work = np.isfinite(pairs["log_flops_per_sample"].to_numpy(np.float64)[train])
+    return (
+        n_train >= RATIO_MIN_ROWS
+        and model_types >= RATIO_MIN_MODEL_TYPES
+        and bool(work.mean() >= RATIO_MIN_CONFIGURED)
+    )
