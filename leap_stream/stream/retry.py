@@ -1,7 +1,7 @@
 """The one retry loop of the worker: an infrastructure step (Redis, the broker, the dataset) is
 retried with capped exponential backoff until it succeeds, and given up only when the worker is
 asked to stop meanwhile. Giving up raises `Unfinished`: what the step was for stays uncommitted
-and is redone after a restart (docs/worker.md, "Durability").
+and is redone after a restart (the delivery guarantees in docs/worker.md).
 """
 
 from __future__ import annotations

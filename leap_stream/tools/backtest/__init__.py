@@ -1,5 +1,5 @@
 """`leap-stream backtest`: nightly retrains against the fleet simulator's ground truth
-(docs/model.md, "Backtest").
+(its reference: docs/model.md).
 
 `loop` runs the nights (`run_backtest`), `truth` holds a night's ground truth, `scoring` scores a
 night, `summary` pools the nights, `scenarios` has the new-hardware and drift scenarios,

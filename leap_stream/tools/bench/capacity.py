@@ -1,6 +1,6 @@
 """Capacity at a latency objective: the highest offered rate at which the p99 latency stays
 under a limit in `need` of `runs` runs, found by bisection, with the service under test on
-cores of its own (docs/benchmarks.md, "Capacity").
+cores of its own (docs/benchmarks.md says how to read the figure).
 
 `bisect_rate`, `runs_pass` and `split_cores` are pure; `pinned` sets processes' CPU
 affinity for a while.
