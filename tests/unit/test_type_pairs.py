@@ -212,3 +212,16 @@ def test_the_inner_choice_reads_a_share_of_whole_lineages_past_its_row_cap(
     groups = np.array([f"l{i // 30}" for i in range(len(d))], object)
     effects = _empty().fit(0.3 * d, _codes([(1, 0, 0)] * len(d), flops=list(d)), groups)
     assert effects.flops_slope == pytest.approx(0.3)
+
+
+def test_effects_saved_before_the_efficiencies_load_with_none() -> None:
+    """Metadata without `type_efficiency` (a model fitted before it) loads with zeros: its
+    predictions are its levels' alone."""
+    codes = _codes([(1, 0, 0), (0, 1, 0), (2, 1, 1)] * 30)
+    fitted = _empty().fit(np.tile([0.3, -0.3, 0.1], 30), codes)
+    doc = fitted.to_json()
+    del doc["type_efficiency"]
+    old = TypePairEffects.from_json(doc)
+    assert not old.type_efficiency.any() and old.type_efficiency.shape == (len(TYPES) + 1,)
+    again = TypePairEffects.from_json(fitted.to_json())
+    assert np.abs(again.predict(codes) - fitted.predict(codes)).max() < 1e-5
