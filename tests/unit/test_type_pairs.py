@@ -225,3 +225,43 @@ def test_effects_saved_before_the_efficiencies_load_with_none() -> None:
     assert not old.type_efficiency.any() and old.type_efficiency.shape == (len(TYPES) + 1,)
     again = TypePairEffects.from_json(fitted.to_json())
     assert np.abs(again.predict(codes) - fitted.predict(codes)).max() < 1e-5
+
+
+def _family_pairs(effect_of: dict[int, float], family_of: dict[int, int], per: int = 40):
+    """Pairs a → b of model types `effect_of` (each its own move beyond physics), `per` of
+    each in 8 lineages, with their families; (residual, codes, lineages, model types)."""
+    rng = np.random.default_rng(5)
+    mts = np.repeat(list(effect_of), per)
+    resid = np.array([effect_of[m] for m in mts]) + rng.normal(0.0, 0.02, len(mts))
+    codes = _codes([(1, 0, family_of[int(m)]) for m in mts])
+    lineages = np.array([f"m{m}-l{i % 8}" for i, m in enumerate(mts)], object)
+    return resid, codes, lineages, mts.astype(str).astype(object)
+
+
+def test_the_family_level_is_fitted_where_held_out_model_types_gain_from_it() -> None:
+    """Three model types of each family move a → b alike (+0.4 and −0.4): a model type held
+    out is predicted by its family's others, so a new model type gets the family level."""
+    effects = {0: 0.4, 1: 0.4, 2: 0.4, 3: -0.4, 4: -0.4, 5: -0.4}
+    resid, codes, lineages, mts = _family_pairs(effects, {m: int(m >= 3) for m in effects})
+    fitted = _empty().fit(resid, codes, lineages, mts)
+    assert fitted.family_for_new
+    new = np.ones(2, bool)
+    got = fitted.predict(_codes([(1, 0, 0), (1, 0, 1)]), new)
+    assert got[0] == pytest.approx(0.4, abs=0.05) and got[1] == pytest.approx(-0.4, abs=0.05)
+
+
+def test_a_new_model_type_goes_without_the_family_level_where_its_family_disagrees() -> None:
+    """Within each family the model types move a → b their own way (+0.5, −0.3, +0.1 …): the
+    family's others say nothing of a model type held out, so a new model type goes without
+    the level, a known one keeps it; without model types to judge it, every one keeps it."""
+    effects = {0: 0.5, 1: -0.3, 2: 0.1, 3: -0.5, 4: 0.3, 5: -0.1}
+    resid, codes, lineages, mts = _family_pairs(effects, {m: int(m >= 3) for m in effects})
+    judged = _empty().fit(resid, codes, lineages, mts)
+    assert not judged.family_for_new and judged.family_type_pair.any()
+    pair = _codes([(1, 0, 0)])
+    level = judged.family_type_pair[0, 1, 0]
+    known, new = judged.predict(pair, np.zeros(1, bool)), judged.predict(pair, np.ones(1, bool))
+    assert known[0] - new[0] == pytest.approx(level)
+    assert _empty().fit(resid, codes, lineages).family_for_new
+    again = TypePairEffects.from_json(judged.to_json())
+    assert not again.family_for_new

@@ -303,7 +303,8 @@ class ThroughputModel:
             codes = levels.codes(pf)
             codes = codes.stacked(codes.reversed())
             groups = np.tile(np.asarray(lineage_ids, object)[rows], 2)
-            effects = levels.fit(np.where(tr, target, np.nan), codes, groups)
+            kinds = np.tile(pf["model_type"].to_numpy(object), 2)
+            effects = levels.fit(np.where(tr, target, np.nan), codes, groups, kinds)
             meta["type_pair_effects"] = effects.to_json()
             return type(self)(self.booster, meta, compiled, self.scorer_kind)
         names = ratio_features(self.feature_names)
@@ -413,7 +414,8 @@ class ThroughputModel:
             moved[rows] = other_lpd + blind[rows] - prior_f
             if self._type_pairs is not None:  # the ratio model's effects form
                 codes = self._type_pairs.codes(frame, rows)
-                moved[rows] = other_lpd + physics + self._type_pairs.predict(codes)
+                new = column_codes(frame, "model_type", self._luts.get("model_type", {}))[rows] < 0
+                moved[rows] = other_lpd + physics + self._type_pairs.predict(codes, new)
             elif self.ratio is not None:  # its trees form
                 derived = _derived(blind[rows], prior_f, other_lpd)
                 Xr = _ratio_matrix(

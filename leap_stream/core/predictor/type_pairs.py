@@ -218,6 +218,26 @@ class PairCodes:
 
 
 @dataclass(frozen=True)
+class _Choice:
+    """What the inner passes choose: the slopes free or 0, the levels' shrinkage scale, and
+    whether a model type the fit never saw gets its family × type pair level."""
+
+    free: bool
+    scale: float
+    family_for_new: bool
+
+    @staticmethod
+    def scales() -> list[_Choice]:
+        """The lineage pass's choices, the first the default: `SLOPE_CHOICES` × `SHRINK_SCALES`."""
+        return [_Choice(free, scale, True) for free in SLOPE_CHOICES for scale in SHRINK_SCALES]
+
+    def for_new_model_types(self) -> list[_Choice]:
+        """The model-type pass's choices: this one with a new model type left without its
+        family level (the default), then with it."""
+        return [_Choice(self.free, self.scale, False), _Choice(self.free, self.scale, True)]
+
+
+@dataclass(frozen=True)
 class TypePairEffects:
     """Dense tables of the three levels over `types`, `vendors` and `families`; the last
     index of every axis is the padding a level never seen looks up (0)."""
@@ -233,6 +253,9 @@ class TypePairEffects:
     flops_slope: float = 0.0
     bandwidth_slope: float = 0.0
     shrink_scale: float = 1.0  # the inner choice of SHRINK_SCALES the levels were fitted with
+    # whether a model type the fit never saw gets the family × type pair level (the model-type
+    # pass's choice; metadata without it: yes)
+    family_for_new: bool = True
 
     @classmethod
     def levels_of(
@@ -288,20 +311,31 @@ class TypePairEffects:
         return _Indices(cv * v + pv, cand, prior, cand * t + prior, (fam * t + cand) * t + prior)
 
     def fit(
-        self, residual: np.ndarray, c: PairCodes, groups: np.ndarray | None = None
+        self,
+        residual: np.ndarray,
+        c: PairCodes,
+        groups: np.ndarray | None = None,
+        model_types: np.ndarray | None = None,
     ) -> TypePairEffects:
         """The slopes, then the levels fitted on `residual` (the measured log ratio less the
         physics ratio) of pairs `c`, each on what the levels above left: with the slopes free
         or the exponent alone, and shrunk by the scale of `SHRINK_SCALES`, whichever best
-        predicts each lineage (`groups`, one label per pair) from the others."""
+        predicts each lineage (`groups`, one label per pair) from the others; the family ×
+        type pair level only where it predicts each model type (`model_types`) from the others
+        clearly better (it pools model types, so only they can judge it; kept when no model
+        types are given)."""
         resid = np.asarray(residual, np.float64)
         indices = self._indices(c)
-        free, scale = (
-            (True, 1.0) if groups is None else self._inner_choice(resid, c, indices, groups)
-        )
-        exponent, flops, bandwidth = _SlopeGrid.of(resid, c, free).best()
+        choice = _Choice(True, 1.0, True)
+        if groups is not None:
+            choice = self._best(resid, c, indices, groups, _Choice.scales())
+        if model_types is not None:
+            choice = self._best(resid, c, indices, model_types, choice.for_new_model_types())
+        exponent, flops, bandwidth = _SlopeGrid.of(resid, c, choice.free).best()
         resid = resid - exponent * c.log_dev_ratio - flops * c.d_flops - bandwidth * c.d_bw
-        vendor_pair, efficiency, type_pair, family_type_pair = self._tables(resid, indices, scale)
+        vendor_pair, efficiency, type_pair, family_type_pair = self._tables(
+            resid, indices, choice.scale
+        )
         return TypePairEffects(
             self.types,
             self.vendors,
@@ -313,7 +347,8 @@ class TypePairEffects:
             exponent,
             flops,
             bandwidth,
-            scale,
+            choice.scale,
+            choice.family_for_new,
         )
 
     def _tables(self, resid: np.ndarray, indices: _Indices, scale: float) -> list[np.ndarray]:
@@ -345,21 +380,25 @@ class TypePairEffects:
             table[(slice(None),) * axis + (-1,)] = 0.0
         return table
 
-    def _inner_choice(
-        self, resid: np.ndarray, c: PairCodes, indices: _Indices, groups: np.ndarray
-    ) -> tuple[bool, float]:
-        """(slopes free, `SHRINK_SCALES` entry): of the slopes free or the exponent alone
-        (`SLOPE_CHOICES`) and each scale, the pair that best predicts each fold of the lineages
-        (`groups`) from the others' pairs (mean APE per fold), taken only where its gain over
-        the first (free slopes, scale 1) exceeds one standard error of the per-fold gains (a
-        choice the folds do not agree on is noise) and `INNER_MIN_GAIN` of the first's error;
-        the first with fewer than `INNER_MIN_GROUPS` lineages."""
-        choices = [(free, scale) for free in SLOPE_CHOICES for scale in SHRINK_SCALES]
+    def _best(
+        self,
+        resid: np.ndarray,
+        c: PairCodes,
+        indices: _Indices,
+        labels: np.ndarray,
+        choices: list[_Choice],
+    ) -> _Choice:
+        """Of `choices`, the one that best predicts each fold of the `labels` (lineages, model
+        types) from the others' pairs (mean APE per fold), taken only where its gain over the
+        first exceeds one standard error of the per-fold gains (a choice the folds do not
+        agree on is noise) and `INNER_MIN_GAIN` of the first's error; the first with fewer
+        than `INNER_MIN_GROUPS` labels. Past `INNER_ROWS` pairs, a seeded share of the labels,
+        each whole."""
         ok = np.isfinite(resid)
-        codes, names = pd.factorize(np.asarray(groups, object)[ok])
+        codes, names = pd.factorize(np.asarray(labels, object)[ok])
         if len(names) < INNER_MIN_GROUPS:
             return choices[0]
-        if ok.sum() > INNER_ROWS:  # a seeded share of the lineages, each lineage whole
+        if ok.sum() > INNER_ROWS:
             keep = np.zeros(len(names), bool)
             share = max(INNER_MIN_GROUPS, len(names) * INNER_ROWS // int(ok.sum()))
             keep[np.random.default_rng(0).permutation(len(names))[:share]] = True
@@ -371,34 +410,43 @@ class TypePairEffects:
         fold[ok] = codes % INNER_FOLDS
         folds = min(len(names), INNER_FOLDS)
         err = np.zeros((folds, len(choices)))  # mean APE of each fold under each choice
-        grids = {free: _SlopeGrid.of(resid, c, free) for free in SLOPE_CHOICES}
+        grids = {free: _SlopeGrid.of(resid, c, free) for free in {ch.free for ch in choices}}
         for f in range(folds):
             test = fold == f
             train = np.where(test, np.nan, resid)
-            for free in SLOPE_CHOICES:
+            for free in grids:
                 e, fl, bw = grids[free].best(~test)
                 term = e * c.log_dev_ratio + fl * c.d_flops + bw * c.d_bw
-                for scale in SHRINK_SCALES:
-                    levels = self._tables(train - term, indices, scale)
+                for i, ch in enumerate(choices):
+                    if ch.free != free:
+                        continue
+                    levels = self._tables(train - term, indices, ch.scale)
+                    if not ch.family_for_new:  # the model-type pass: the held out are new
+                        levels[3] = np.zeros_like(levels[3])
                     pred = term[test] + self._with_tables(levels, indices, test)
-                    err[f, choices.index((free, scale))] = np.abs(
-                        np.expm1(pred - resid[test])
-                    ).mean()
+                    err[f, i] = np.abs(np.expm1(pred - resid[test])).mean()
         gain = err[:, :1] - err  # per fold, how much each choice beats the first
         mean, se = gain.mean(axis=0), gain.std(axis=0, ddof=1) / np.sqrt(folds)
         best = int(np.argmax(mean))
         enough = max(se[best], INNER_MIN_GAIN * float(err[:, 0].mean()))
         return choices[best] if mean[best] > enough else choices[0]
 
-    def predict(self, c: PairCodes) -> np.ndarray:
-        """Per pair, its device-count term and the sum of its three levels."""
+    def predict(self, c: PairCodes, new_model_type: np.ndarray | None = None) -> np.ndarray:
+        """Per pair, its device-count term and the sum of its levels; a pair of a model type
+        the fit never saw (`new_model_type`) without the family level unless
+        `family_for_new`."""
+        ix = self._indices(c)
         tables = [self.vendor_pair, self.type_efficiency, self.type_pair, self.family_type_pair]
-        return np.asarray(
+        out = (
             self.device_exponent * c.log_dev_ratio
             + self.flops_slope * c.d_flops
             + self.bandwidth_slope * c.d_bw
-            + self._with_tables(tables, self._indices(c))
+            + self._with_tables(tables, ix)
         )
+        if new_model_type is not None and not self.family_for_new:
+            family = self.family_type_pair.ravel()[ix.family_type_pair]
+            out = out - np.where(new_model_type, family, 0.0)
+        return np.asarray(out)
 
     @staticmethod
     def _with_tables(
@@ -425,6 +473,7 @@ class TypePairEffects:
             "flops_slope": self.flops_slope,
             "bandwidth_slope": self.bandwidth_slope,
             "shrink_scale": self.shrink_scale if np.isfinite(self.shrink_scale) else None,
+            "family_for_new": self.family_for_new,
         }
 
     @classmethod
@@ -444,4 +493,5 @@ class TypePairEffects:
             float(doc.get("flops_slope", 0.0)),
             float(doc.get("bandwidth_slope", 0.0)),
             float("inf") if (scale := doc.get("shrink_scale", 1.0)) is None else float(scale),
+            bool(doc.get("family_for_new", True)),
         )
