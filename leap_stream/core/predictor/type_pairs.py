@@ -9,9 +9,12 @@ pseudo-pairs at zero), fitted on what the levels above left; a level seen often 
 physics, one never seen stays on its parent. The efficiencies are one number per type, a
 pair's residual their difference: what a type does beyond its datasheet is learned from all
 its pairs, so a pair never measured, or a type's pairs with a type never seen, get it too
-(decision 0020). It is the ratio model's form where its pairs hold
-too few model types for trees to generalise to a new one (a benchmark table, a fleet's first
-weeks): a prior then moves by the physics ratio plus these effects (decision 0012). The same
+(decision 0020). Inner passes choose, per fit, how hard the levels shrink and whether the
+slopes are free, by folds of lineages (decisions 0013, 0021), and whether a model type the fit
+never saw gets its family's level, by folds of model types (decision 0023). It is the ratio
+model's form where trees cannot generalise to a new model type (few model types, or pairs
+without the job's work: a benchmark table, a fleet's first weeks): a prior then moves by the
+physics ratio plus these effects (decisions 0012, 0022). The same
 medians make `evaluate`'s `table_estimator`. Pure: arrays in, arrays out; JSON in the model's
 metadata.
 """
@@ -40,7 +43,7 @@ LEVELS: tuple[tuple[str, float], ...] = (
     ("family_type_pair", 2.0),
 )
 # multipliers of every level's pseudo-pairs, one chosen per fit by predicting each fold of the
-# training lineages from the others (`TypePairEffects._inner_scale`; 1 unless another clearly
+# training lineages from the others (`TypePairEffects._best`; 1 unless another clearly
 # wins); inf: the slopes alone. Pairs that move differently for every lineage end near
 # physics, pairs that move alike near their measured medians (docs/decisions/0013).
 SHRINK_SCALES = (1.0, 0.25, 4.0, 16.0, float("inf"))
@@ -51,12 +54,12 @@ SHRINK_SCALES = (1.0, 0.25, 4.0, 16.0, float("inf"))
 EFFICIENCY_SHRINK = 4.0
 EFFICIENCY_PASSES = 20
 # the slopes free, or held at 0 (the exponent alone): a few workloads can pick slopes that
-# overstate a move for the next one; chosen with the scale (`TypePairEffects._inner_choice`)
+# overstate a move for the next one; chosen with the scale (`TypePairEffects._best`)
 SLOPE_CHOICES = (True, False)
-INNER_FOLDS = 8  # lineages round robin; with fewer, one lineage a fold
-INNER_MIN_GROUPS = 3  # fewer lineages: the scale stays 1
-INNER_ROWS = 200_000  # pairs the inner choice reads at most (whole lineages, seeded)
-INNER_MIN_GAIN = 0.02  # of the first scale's mean APE: a smaller gain keeps the first scale
+INNER_FOLDS = 8  # folds of the labels (lineages, model types), round robin; fewer: one each
+INNER_MIN_GROUPS = 3  # fewer labels: the first choice
+INNER_ROWS = 200_000  # pairs an inner pass reads at most (whole labels, seeded)
+INNER_MIN_GAIN = 0.02  # of the first choice's mean APE: a smaller gain keeps the first
 
 
 def _by_key_then_value(k: np.ndarray, v: np.ndarray) -> np.ndarray:
