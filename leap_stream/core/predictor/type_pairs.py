@@ -92,10 +92,11 @@ def _efficiencies(
     pairs it is on either side of (each ordered type pair its median residual, weighted by its
     count), of what the pair and the other side's e say it is, times k / (k + `shrink`)."""
     e = np.zeros(n)
-    keys, medians = shrunk_medians(cand * n + prior, resid, 0.0)
+    pair = cand * n + prior
+    keys, medians = shrunk_medians(pair, resid, 0.0)
     if not len(keys):
         return e
-    counts = np.bincount(cand[np.isfinite(resid)] * n + prior[np.isfinite(resid)])[keys]
+    counts = np.bincount(pair[np.isfinite(resid)])[keys]
     c, p = keys // n, keys % n
     side = np.concatenate([c, p])
     weight = np.concatenate([counts, counts]).astype(np.float64)
@@ -115,12 +116,10 @@ def _weighted_medians(
     ones at an even split: weights are counts, so the split is exact); 0 for a key without
     any."""
     order = _by_key_then_value(keys, values)
-    k, v, w = keys[order], values[order], weight[order]
-    cum = np.cumsum(w)
-    start = np.concatenate([[0.0], cum[:-1]])  # cumulative weight before each entry
-    first = np.searchsorted(k, np.arange(n))
-    before = start[np.minimum(first, len(k) - 1)]  # weight of the keys before this one
-    half = before + 0.5 * np.bincount(keys, weight, n)
+    k, v = keys[order], values[order]
+    cum = np.cumsum(weight[order])
+    total = np.bincount(keys, weight, n)
+    half = np.cumsum(total) - 0.5 * total  # the cumulative weight at each key's middle
     lo = np.searchsorted(cum, half[k], side="left")  # per entry, its key's middle entries
     hi = np.minimum(np.searchsorted(cum, half[k], side="right"), len(v) - 1)
     out = np.zeros(n)
