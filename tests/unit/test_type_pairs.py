@@ -265,3 +265,15 @@ def test_a_new_model_type_goes_without_the_family_level_where_its_family_disagre
     assert _empty().fit(resid, codes, lineages).family_for_new
     again = TypePairEffects.from_json(judged.to_json())
     assert not again.family_for_new
+
+
+def test_a_new_model_type_is_one_the_effects_were_not_fitted_on() -> None:
+    """The effects keep the model types of their pairs (through JSON too): a row of another
+    model type is new, whatever else the model saw."""
+    effects = {0: 0.5, 1: -0.3, 2: 0.1, 3: -0.5, 4: 0.3, 5: -0.1}
+    resid, codes, lineages, mts = _family_pairs(effects, {m: int(m >= 3) for m in effects})
+    fitted = _empty().fit(resid, codes, lineages, mts)
+    assert fitted.model_types == tuple(str(m) for m in range(6))
+    frame = pd.DataFrame({"model_type": ["0", "5", "9", "resnet"]})
+    for e in (fitted, TypePairEffects.from_json(fitted.to_json())):
+        assert e.new_model_types(frame, np.arange(4)).tolist() == [False, False, True, True]

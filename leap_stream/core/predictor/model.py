@@ -414,7 +414,7 @@ class ThroughputModel:
             moved[rows] = other_lpd + blind[rows] - prior_f
             if self._type_pairs is not None:  # the ratio model's effects form
                 codes = self._type_pairs.codes(frame, rows)
-                new = column_codes(frame, "model_type", self._luts.get("model_type", {}))[rows] < 0
+                new = self._type_pairs.new_model_types(frame, rows)
                 moved[rows] = other_lpd + physics + self._type_pairs.predict(codes, new)
             elif self.ratio is not None:  # its trees form
                 derived = _derived(blind[rows], prior_f, other_lpd)

@@ -21,7 +21,7 @@ metadata.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -256,8 +256,14 @@ class TypePairEffects:
     bandwidth_slope: float = 0.0
     shrink_scale: float = 1.0  # the inner choice of SHRINK_SCALES the levels were fitted with
     # whether a model type the fit never saw gets the family × type pair level (the model-type
-    # pass's choice; metadata without it: yes)
+    # pass's choice; metadata without it: yes), and the model types it saw
     family_for_new: bool = True
+    model_types: tuple[str, ...] = ()
+    _model_type_code: dict[str, int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        code = {m: i for i, m in enumerate(self.model_types)}
+        object.__setattr__(self, "_model_type_code", code)
 
     @classmethod
     def levels_of(
@@ -331,8 +337,10 @@ class TypePairEffects:
         choice = _Choice(True, 1.0, True)
         if groups is not None:
             choice = self._best(resid, c, indices, groups, _Choice.scales())
+        seen: tuple[str, ...] = ()
         if model_types is not None:
             choice = self._best(resid, c, indices, model_types, choice.for_new_model_types())
+            seen = tuple(sorted({str(m) for m in np.asarray(model_types)[np.isfinite(resid)]}))
         exponent, flops, bandwidth = _SlopeGrid.of(resid, c, choice.free).best()
         resid = resid - exponent * c.log_dev_ratio - flops * c.d_flops - bandwidth * c.d_bw
         vendor_pair, efficiency, type_pair, family_type_pair = self._tables(
@@ -351,6 +359,7 @@ class TypePairEffects:
             bandwidth,
             choice.scale,
             choice.family_for_new,
+            seen,
         )
 
     def _tables(self, resid: np.ndarray, indices: _Indices, scale: float) -> list[np.ndarray]:
@@ -433,10 +442,15 @@ class TypePairEffects:
         enough = max(se[best], INNER_MIN_GAIN * float(err[:, 0].mean()))
         return choices[best] if mean[best] > enough else choices[0]
 
+    def new_model_types(self, frame: Frame, rows: np.ndarray) -> np.ndarray:
+        """Per row of `rows`, whether its model type is none of those the effects were fitted
+        on."""
+        return np.asarray(column_codes(frame, "model_type", self._model_type_code)[rows] < 0)
+
     def predict(self, c: PairCodes, new_model_type: np.ndarray | None = None) -> np.ndarray:
         """Per pair, its device-count term and the sum of its levels; a pair of a model type
-        the fit never saw (`new_model_type`) without the family level unless
-        `family_for_new`."""
+        the fit never saw (`new_model_type`, `new_model_types`) without the family level
+        unless `family_for_new`."""
         ix = self._indices(c)
         tables = [self.vendor_pair, self.type_efficiency, self.type_pair, self.family_type_pair]
         out = (
@@ -476,6 +490,7 @@ class TypePairEffects:
             "bandwidth_slope": self.bandwidth_slope,
             "shrink_scale": self.shrink_scale if np.isfinite(self.shrink_scale) else None,
             "family_for_new": self.family_for_new,
+            "model_types": list(self.model_types),
         }
 
     @classmethod
@@ -496,4 +511,5 @@ class TypePairEffects:
             float(doc.get("bandwidth_slope", 0.0)),
             float("inf") if (scale := doc.get("shrink_scale", 1.0)) is None else float(scale),
             bool(doc.get("family_for_new", True)),
+            tuple(doc.get("model_types") or ()),
         )
